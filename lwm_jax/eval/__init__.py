@@ -1,0 +1,1 @@
+"""lwm_jax.eval."""

@@ -1,0 +1,39 @@
+"""Package set-up for lwm_jax: Language World Models in JAX."""
+from setuptools import find_packages, setup
+
+RUNTIME = [
+    "jax>=0.7",
+    "flax>=0.11",
+    "optax",
+    "orbax-checkpoint",
+    "grain",
+    "tensorflow-datasets>=4.9.9",
+    "array-record",
+    "sentencepiece",
+    "tokenizers",
+    "absl-py",
+    "ml-collections",
+    "safetensors",
+    "numpy",
+    "tqdm",
+    "tensorboardX",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+]
+
+setup(
+    name="lwm_jax",
+    version="0.1.0",
+    description="Train, serve and evaluate Language World Models (agent environment simulators) in JAX.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["lwm_jax", "lwm_jax.*"]),
+    include_package_data=True,
+    install_requires=RUNTIME,
+    extras_require={
+        "dev": ["pytest", "pytest-timeout", "openai", "mcp", "requests"],
+        # Only for generating Hugging Face parity fixtures; never imported by lwm_jax.
+        "hf": ["torch==2.13.0", "transformers"],
+    },
+)
