@@ -1,0 +1,121 @@
+"""The environment API shared by all seven domains, and the scripted-agent interface.
+
+An environment runs for real on this machine (a bash session, an MCP server, an HTTP app, ...):
+`reset(seed)` builds a fresh seeded world and returns its initial state as text, `step(action)`
+executes one action and returns the observation text (errors are observations), `describe()` gives
+the task, action space and initial state for a system prompt, and `close()` frees what it holds.
+Volatile values (clock, PIDs, temp paths, ports, timings) are normalised at the source so that an
+episode is the same bytes for the same seed.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+import random
+from typing import Any, ClassVar
+
+# Fixed wall clock of every sandbox: 2024-06-01 09:00:00 UTC. Each step advances it by a minute.
+FIXED_EPOCH = 1717232400
+STEP_SECONDS = 60
+
+
+@dataclasses.dataclass
+class EnvInfo:
+  """What a system prompt needs to know about the world of one episode."""
+  task: str
+  action_space: str
+  initial_state: str
+
+
+class Env(abc.ABC):
+  """A real environment. Subclasses set `domain` and implement reset/step/describe."""
+  domain: ClassVar[str] = ""
+  # Observations longer than this are cut, with a note saying how much was left out.
+  max_obs_chars: ClassVar[int] = 3000
+
+  def __init__(self) -> None:
+    self.goal: dict[str, Any] = {}   # structured task spec, read by the scripted agent
+    self.steps = 0
+
+  @abc.abstractmethod
+  def reset(self, seed: int) -> str:
+    """Starts a fresh episode for `seed`; returns the initial state text."""
+
+  @abc.abstractmethod
+  def step(self, action: str) -> str:
+    """Executes one action; returns the observation (an error is an observation too)."""
+
+  @abc.abstractmethod
+  def describe(self) -> EnvInfo:
+    """Task, action space and initial state of the current episode."""
+
+  def episode_meta(self) -> dict[str, Any]:
+    """Extra facts about the episode for `Trajectory.meta` (e.g. what was normalised)."""
+    return {}
+
+  def close(self) -> None:
+    """Releases processes, servers and sandboxes. Safe to call twice."""
+
+  def __enter__(self) -> "Env":
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+
+class Agent(abc.ABC):
+  """A scripted agent: goal-directed heuristics mixed with seeded exploration and mistakes."""
+
+  def __init__(self, rng: random.Random) -> None:
+    self.rng = rng
+
+  @abc.abstractmethod
+  def begin(self, env: Env, initial_state: str) -> None:
+    """Plans the episode from the env's goal and the initial state."""
+
+  @abc.abstractmethod
+  def act(self, observation: str) -> str | None:
+    """The next action given the last observation, or None to end the episode."""
+
+
+def truncate(text: str, limit: int) -> str:
+  """Cuts `text` to `limit` characters on a line boundary and says how much was cut."""
+  if len(text) <= limit:
+    return text
+  cut = text.rfind("\n", 0, limit)
+  if cut < limit // 2:
+    cut = limit
+  rest = text[cut:].count("\n")
+  return text[:cut].rstrip("\n") + f"\n... [output truncated: {rest} more lines]"
+
+
+# name -> (module, env class, agent class); imported lazily so one env needs no other's deps.
+_REGISTRY: dict[str, tuple[str, str, str]] = {
+    "terminal": ("lwm_jax.envs.terminal", "TerminalEnv", "TerminalAgent"),
+    "mcp": ("lwm_jax.envs.mcp_env", "McpEnv", "McpAgent"),
+    "search": ("lwm_jax.envs.search", "SearchEnv", "SearchAgent"),
+    "swe": ("lwm_jax.envs.swe", "SweEnv", "SweAgent"),
+    "web": ("lwm_jax.envs.web", "WebEnv", "WebAgent"),
+    "android": ("lwm_jax.envs.android", "AndroidEnv", "AndroidAgent"),
+    "os": ("lwm_jax.envs.desktop", "DesktopEnv", "DesktopAgent"),
+}
+ENV_NAMES = tuple(_REGISTRY)
+
+
+def _lookup(name: str) -> tuple[Any, Any]:
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(_REGISTRY)})")
+  mod_name, env_cls, agent_cls = _REGISTRY[name]
+  mod = importlib.import_module(mod_name)
+  return getattr(mod, env_cls), getattr(mod, agent_cls)
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+  """Builds the environment registered as `name` (one of ENV_NAMES)."""
+  return _lookup(name)[0](**kwargs)
+
+
+def make_agent(name: str, rng: random.Random) -> Agent:
+  """Builds the scripted agent for environment `name`."""
+  return _lookup(name)[1](rng)

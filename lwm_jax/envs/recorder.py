@@ -1,0 +1,63 @@
+"""Runs a scripted agent in a real environment and records the episode as a `Trajectory`."""
+from __future__ import annotations
+
+import random
+
+from lwm_jax.data import schema
+from lwm_jax.envs import base
+
+ENV_VERSION = "1"
+
+
+def episode_seed(seed: int, index: int) -> int:
+  """Seed of episode `index` of a collection run with base `seed` (independent of workers)."""
+  return seed * 1_000_003 + index
+
+
+def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
+                max_turns: int = 30) -> schema.Trajectory:
+  """Plays one episode and returns it.
+
+  GUI domains (android, web, os) follow the paper's hygiene rule: a turn whose observation is
+  identical to the previous screen (the action changed nothing and showed no error) is not
+  recorded; the number left out goes to `meta['unchanged_turns_dropped']`. Invalid actions that
+  show an error (a toast, a banner) change the screen and are kept as recorded failures.
+  """
+  initial = env.reset(seed)
+  info = env.describe()
+  agent.begin(env, initial)
+  gui = env.domain in schema.GUI_DOMAINS
+  turns: list[schema.Turn] = []
+  last = initial
+  dropped = 0
+  for _ in range(max_turns):
+    action = agent.act(last)
+    if action is None:
+      break
+    obs = env.step(action)
+    if gui and obs == last:
+      dropped += 1
+      continue
+    turns.append(schema.Turn(action, obs))
+    last = obs
+  meta = {"source": f"lwm_jax.envs/{env.domain}", "env_version": ENV_VERSION, "seed": seed,
+          "agent": "scripted"}
+  meta.update(env.episode_meta())
+  if gui:
+    meta["unchanged_turns_dropped"] = dropped
+  return schema.Trajectory(
+      id=episode_id, domain=env.domain, task=info.task, action_space=info.action_space,
+      initial_state=info.initial_state, turns=turns, meta=meta)
+
+
+def record(name: str, seed: int, episode_id: str, env: base.Env | None = None,
+           max_turns: int = 30) -> schema.Trajectory:
+  """Convenience: builds (or reuses) env `name` and its scripted agent and plays one episode."""
+  own = env is None
+  env = env or base.make_env(name)
+  try:
+    agent = base.make_agent(name, random.Random(seed))
+    return run_episode(env, agent, seed, episode_id, max_turns)
+  finally:
+    if own:
+      env.close()

@@ -1,0 +1,331 @@
+"""A persistent real bash session in a throwaway sandbox with a seeded file tree.
+
+Every command runs in the same `bash` process (so `cd`, variables and functions persist), is
+limited in time (children are killed past the limit), and its real output plus the next prompt
+line is the observation. Determinism: TZ=UTC, LC_ALL=C, a fixed clock (`date` reads `$LWM_NOW`,
+which advances one minute per step; files touched by a command get that time as mtime), $RANDOM
+seeded, and the sandbox's real temp path shown as `/home/user`.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import random
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from lwm_jax.envs import base
+
+HOME_SHOWN = "/home/user"
+_SENTINEL = "__LWM_DONE_7f3a__"
+_BASH_INIT = r"""
+shopt -s expand_aliases
+alias ls='ls -C'
+date() { local a; for a in "$@"; do case "$a" in -d*|--date*|-r*|--reference*|-s*|--set*)
+  command date "$@"; return;; esac; done; command date -d "@$LWM_NOW" "$@"; }
+"""
+ACTION_SPACE = """\
+One bash command line per turn, typed at the prompt of a persistent interactive bash session
+(GNU coreutils, grep, sed, awk, find, sort, wc, python3, jq are installed). The shell keeps its
+working directory and variables between turns. Each command may run for at most {limit} seconds;
+longer ones are killed. Observation: everything the command printed (stdout and stderr
+interleaved) followed by the next prompt `USER@sandbox:DIR$ ` (`#` for root)."""
+
+_REGIONS = ["north", "south", "east", "west", "central"]
+_PRODUCTS = ["widget", "gadget", "sprocket", "gizmo", "doohickey", "bracket"]
+_USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+_FUNCS = ["parse_line", "load_config", "normalize", "retry_call", "format_row", "merge_maps",
+          "slugify", "checksum"]
+_LEVELS = ["INFO"] * 6 + ["WARN"] * 2 + ["ERROR"] * 2 + ["DEBUG"]
+_MSGS = ["request served", "cache miss", "db timeout", "user login", "disk usage high",
+         "retrying upstream", "config reloaded", "connection reset", "job finished"]
+
+
+def _build_tree(rng: random.Random) -> dict[str, str]:
+  """Seeded file tree: relative path -> content."""
+  files: dict[str, str] = {}
+  lines = []
+  for i in range(rng.randint(18, 40)):
+    t = f"2024-05-31T{8 + i // 6:02d}:{(i * 7) % 60:02d}:{(i * 13) % 60:02d}Z"
+    lines.append(f"{t} {rng.choice(_LEVELS)} [{rng.choice(_USERS)}] {rng.choice(_MSGS)}")
+  files["logs/app.log"] = "\n".join(lines) + "\n"
+  if rng.random() < 0.6:
+    files["logs/worker.log"] = "\n".join(
+        f"job {rng.randint(100, 999)} {rng.choice(['ok', 'ok', 'failed'])}"
+        for _ in range(rng.randint(4, 12))) + "\n"
+  rows = ["date,region,product,amount"]
+  for i in range(rng.randint(8, 20)):
+    rows.append(f"2024-05-{1 + i:02d},{rng.choice(_REGIONS)},{rng.choice(_PRODUCTS)},"
+                f"{rng.randint(5, 400)}")
+  files["data/sales.csv"] = "\n".join(rows) + "\n"
+  users = ["name,team,active"] + [f"{u},{rng.choice(['ops', 'web', 'data'])},"
+                                   f"{rng.choice(['yes', 'no'])}"
+                                   for u in rng.sample(_USERS, rng.randint(3, 7))]
+  files["data/users.csv"] = "\n".join(users) + "\n"
+  funcs = rng.sample(_FUNCS, 4)
+  files["src/utils.py"] = "".join(
+      f'def {f}(value):\n  """Helper {k}."""\n  return value\n\n\n' for k, f in enumerate(funcs[:2]))
+  files["src/main.py"] = (f"from utils import {funcs[0]}\n\n\ndef {funcs[2]}(rows):\n"
+                          f"  return [{funcs[0]}(r) for r in rows]\n\n\ndef {funcs[3]}():\n"
+                          f"  print('start')\n\n\nif __name__ == '__main__':\n  {funcs[3]}()\n")
+  files["notes/todo.txt"] = "\n".join(
+      f"- {x}" for x in rng.sample(["rotate logs", "fix flaky test", "update deps",
+                                    "write report", "archive sales", "ping bob"], 3)) + "\n"
+  for k in range(rng.randint(1, 3)):
+    files[f"notes/meeting-0{k + 1}.txt"] = f"Meeting {k + 1}\nattendees: " + ", ".join(
+        rng.sample(_USERS, 3)) + "\n"
+  files["README.md"] = "# sandbox project\n\nLogs in logs/, data in data/, code in src/.\n"
+  return files
+
+
+_TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes", "top_users")
+
+
+class TerminalEnv(base.Env):
+  domain = "terminal"
+
+  def __init__(self, time_limit: float = 3.0, root: str | None = None) -> None:
+    super().__init__()
+    self.time_limit = time_limit
+    self.root_parent = root
+    self.sandbox = ""
+    self.home = ""
+    self.proc: subprocess.Popen | None = None
+    self.files: dict[str, str] = {}
+    self._info: base.EnvInfo | None = None
+
+  # -- lifecycle -------------------------------------------------------------------------------
+  def reset(self, seed: int) -> str:
+    self.close()
+    rng = random.Random(seed * 7 + 1)
+    self.steps = 0
+    self.sandbox = tempfile.mkdtemp(prefix="lwm_term_", dir=self.root_parent)
+    self.home = os.path.join(self.sandbox, "home")
+    self.files = _build_tree(rng)
+    for rel, text in sorted(self.files.items()):
+      path = os.path.join(self.home, rel)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.makedirs(os.path.join(self.sandbox, "tmp"))
+    self._fix_mtimes(force=True)
+    kind = rng.choice(_TASKS)
+    self.goal = self._make_goal(kind, rng)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.home, "TZ": "UTC", "LC_ALL": "C",
+           "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.sandbox, "tmp"),
+           "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
+    self.proc = subprocess.Popen(
+        ["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, cwd=self.home, env=env, start_new_session=True)
+    self.cwd = self.home
+    self._run_raw(_BASH_INIT + f"RANDOM={seed % 32768}\n", quiet=True)
+    listing = "\n".join(sorted(self.files))
+    self._initial = (f"Files under ~ (= {HOME_SHOWN}):\n{listing}\n\n{self._prompt()}")
+    self._info = base.EnvInfo(task=self.goal["text"],
+                              action_space=ACTION_SPACE.format(limit=self.time_limit),
+                              initial_state=self._initial)
+    return self._initial
+
+  def describe(self) -> base.EnvInfo:
+    if self._info is None:
+      raise RuntimeError("call reset(seed) before describe()")
+    return self._info
+
+  def close(self) -> None:
+    if self.proc is not None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      self.proc.wait()
+      for f in (self.proc.stdin, self.proc.stdout):
+        if f:
+          f.close()
+      self.proc = None
+    if self.sandbox and os.path.isdir(self.sandbox):
+      shutil.rmtree(self.sandbox, ignore_errors=True)
+    self.sandbox = ""
+
+  def episode_meta(self) -> dict[str, Any]:
+    return {"task_kind": self.goal.get("kind"), "normalised": [
+        "sandbox path shown as /home/user", "clock fixed (date, file mtimes)", "TZ=UTC LC_ALL=C"]}
+
+  # -- stepping --------------------------------------------------------------------------------
+  def step(self, action: str) -> str:
+    if self.proc is None:
+      raise RuntimeError("call reset(seed) before step()")
+    self.steps += 1
+    now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
+    out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)}\n")
+    self._fix_mtimes()
+    out = re.sub(r"bash: (eval: )?line \d+: ", "bash: ", out)
+    out = out.replace(self.home, HOME_SHOWN).replace(self.sandbox, "/sandbox")
+    return base.truncate(out, self.max_obs_chars) + self._prompt()
+
+  def _prompt(self) -> str:
+    cwd = self.cwd
+    if cwd == self.home or cwd.startswith(self.home + "/"):
+      cwd = "~" + cwd[len(self.home):]
+    user = getpass.getuser()
+    return f"{user}@sandbox:{cwd}{'#' if user == 'root' else '$'} "
+
+  def _run_raw(self, script: str, quiet: bool = False) -> str:
+    assert self.proc and self.proc.stdin and self.proc.stdout
+    script += f"printf '\\n{_SENTINEL} %d %s\\n' \"$?\" \"$PWD\"\n"
+    self.proc.stdin.write(script.encode())
+    self.proc.stdin.flush()
+    fd = self.proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + self.time_limit
+    timed_out = False
+    marker = ("\n" + _SENTINEL).encode()
+    while True:
+      left = deadline - time.monotonic()
+      if left <= 0 and not timed_out:
+        timed_out = True
+        self._kill_children()
+        deadline = time.monotonic() + 5.0
+        continue
+      if left <= 0:
+        raise RuntimeError("bash did not return after its command was killed")
+      ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+      if not ready:
+        continue
+      chunk = os.read(fd, 65536)
+      if not chunk:
+        raise RuntimeError("bash exited")
+      buf += chunk
+      i = buf.find(marker)
+      if i >= 0 and b"\n" in buf[i + len(marker):]:
+        break
+    i = buf.rfind(marker)
+    tail = buf[i + len(marker):].decode("utf-8", "replace").strip().split(" ", 1)
+    self.cwd = tail[1] if len(tail) > 1 else self.cwd
+    out = buf[:i].decode("utf-8", "replace")
+    if out and not out.endswith("\n"):
+      out += "\n"
+    if timed_out:
+      out += f"^C\n[command killed after {self.time_limit:g} s time limit]\n"
+    return "" if quiet else out
+
+  def _kill_children(self) -> None:
+    """Kills every descendant of the bash process (never bash itself)."""
+    assert self.proc
+    todo, seen = [self.proc.pid], []
+    while todo:
+      pid = todo.pop()
+      try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+          kids = [int(x) for x in f.read().split()]
+      except OSError:
+        kids = []
+      seen.extend(kids)
+      todo.extend(kids)
+    for pid in seen:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+  def _fix_mtimes(self, force: bool = False) -> None:
+    """Gives files the sandbox clock's time (real time never reaches an observation)."""
+    stamp = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
+    for dirpath, dirnames, filenames in os.walk(self.sandbox):
+      for name in dirnames + filenames:
+        p = os.path.join(dirpath, name)
+        try:
+          st = os.lstat(p)
+          if force or st.st_mtime > base.FIXED_EPOCH + 10_000_000:
+            os.utime(p, (stamp, stamp), follow_symlinks=False)
+        except OSError:
+          pass
+      if force or os.stat(dirpath).st_mtime > base.FIXED_EPOCH + 10_000_000:
+        os.utime(dirpath, (stamp, stamp))
+
+  # -- tasks -----------------------------------------------------------------------------------
+  def _make_goal(self, kind: str, rng: random.Random) -> dict[str, Any]:
+    if kind == "count_errors":
+      return {"kind": kind, "text": "Count the ERROR lines in logs/app.log and write the number "
+                                    "to report.txt in the home directory."}
+    if kind == "sum_region":
+      region = rng.choice(_REGIONS)
+      return {"kind": kind, "region": region,
+              "text": f"Compute the total amount of the '{region}' region in data/sales.csv."}
+    if kind == "find_def":
+      src = self.files["src/utils.py"] + self.files["src/main.py"]
+      func = rng.choice(re.findall(r"^def (\w+)", src, re.M))
+      return {"kind": kind, "func": func,
+              "text": f"Find the file that defines the function `{func}` and show its definition."}
+    if kind == "backup_csv":
+      return {"kind": kind, "text": "Copy every CSV file under data/ into a new directory "
+                                    "backup/ and check the copies."}
+    if kind == "rename_notes":
+      return {"kind": kind, "text": "Rename every .txt file in notes/ to the .md extension."}
+    return {"kind": kind, "text": "List the users that appear in logs/app.log with how often each "
+                                  "appears, most frequent first."}
+
+
+class TerminalAgent(base.Agent):
+  """Explores a little, makes typical mistakes, then carries out the goal step by step."""
+
+  def begin(self, env: base.Env, initial_state: str) -> None:
+    r, g = self.rng, env.goal
+    plan: list[str] = []
+    explore = ["ls", "ls -la", "ls logs data", "cat README.md", "ls -R", "pwd", "head -n 5 logs/app.log",
+               "wc -l logs/app.log data/sales.csv", "cat notes/todo.txt", "date", "ls -l data",
+               "find . -name '*.py'", "tail -n 3 logs/app.log", "echo $HOME", "whoami"]
+    mistakes = ["cat logs/app.txt", "cd reports", "sl", "grep -c ERROR log/app.log", "gerp ERROR logs",
+                "python3 src/missing.py", "head -n five data/sales.csv", "ls /nonexistent",
+                "awk -F, '{print $9' data/sales.csv", "rm notes", "tail -f logs/app.log"]
+    for _ in range(r.randint(1, 4)):
+      plan.append(r.choice(explore))
+    if r.random() < 0.6:
+      plan.insert(r.randrange(len(plan) + 1), r.choice(mistakes))
+    k = g["kind"]
+    if k == "count_errors":
+      plan += ["grep -c ERROR logs/app.log", "grep -c ERROR logs/app.log > report.txt",
+               "cat report.txt"]
+      if r.random() < 0.5:
+        plan.insert(-2, "grep ERROR logs/app.log | head -n 5")
+    elif k == "sum_region":
+      reg = g["region"]
+      plan += ["head -n 3 data/sales.csv", f"grep ',{reg},' data/sales.csv",
+               f"awk -F, '$2==\"{reg}\" {{s+=$4}} END {{print s+0}}' data/sales.csv"]
+    elif k == "find_def":
+      plan += [f"grep -rn 'def {g['func']}' src", "@show_def"]
+    elif k == "backup_csv":
+      plan += ["ls data", "mkdir backup", "cp data/*.csv backup/", "ls -l backup",
+               "diff data/sales.csv backup/sales.csv && echo same"]
+      if r.random() < 0.4:
+        plan.insert(-3, "mkdir backup")  # a second mkdir fails: File exists
+    elif k == "rename_notes":
+      plan += ["ls notes", "cd notes", "for f in *.txt; do mv \"$f\" \"${f%.txt}.md\"; done",
+               "ls", "cd .."]
+    else:
+      plan += ["awk '{print $3}' logs/app.log | head -n 3",
+               "awk '{print $3}' logs/app.log | tr -d '[]' | sort | uniq -c | sort -rn"]
+    for _ in range(r.randint(0, 3)):
+      plan.insert(r.randrange(len(plan) + 1), r.choice(explore))
+    if r.random() < 0.3:
+      plan.append(r.choice(["ls", "date", "ls -l", "cat report.txt", "cat notes/todo.txt"]))
+    self.plan = plan
+    self.func = g.get("func", "")
+
+  def act(self, observation: str) -> str | None:
+    if not self.plan:
+      return None
+    a = self.plan.pop(0)
+    if a == "@show_def":
+      m = re.search(r"^(src/\w+\.py):(\d+):", observation, re.M)
+      if not m:
+        return "grep -rn 'def ' src"
+      start = int(m.group(2))
+      return f"sed -n '{start},{start + 2}p' {m.group(1)}"
+    return a
