@@ -15,10 +15,12 @@ with padding only at the end of a row (a run resumed after padding counts as a n
 """
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
+from flax import nnx
+
+from lwm_jax.model.config import ModelConfig
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, param
 
 Array = jax.Array
 F32 = jnp.float32
@@ -215,3 +217,77 @@ def chunk_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, 
   s_final, o = jax.lax.scan(body, s0, xs)                     # o [T,B,H,N,Dv]
   o = jnp.moveaxis(o, 0, 2).reshape(B, Hv, T * N, Dv)[:, :, :S]
   return jnp.swapaxes(o, 1, 2).astype(v.dtype), s_final
+
+
+# ------------------------------------------------------------------------------------------ NNX layer
+class GatedDeltaNet(nnx.Module):
+  """The linear-attention layer of Qwen3.5-MoE; parameter names follow Hugging Face.
+
+  in_proj_qkv -> causal depthwise conv1d -> SiLU -> split q|k|v per head; beta = sigmoid(in_proj_b x);
+  g = -exp(A_log) * softplus(in_proj_a x + dt_bias); gated delta rule (L2-normalised q/k, q scaled by
+  Dk**-0.5); out_proj(norm(o) * silu(in_proj_z x)) with a plain-weight RMSNorm over Dv.
+  """
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    cfg = config
+    d = cfg.hidden_size
+    self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    self.kernel_size = cfg.linear_conv_kernel_dim
+    self.chunk_size = cfg.linear_attn_chunk_size
+    self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+    self.conv_dim = 2 * self.key_dim + self.value_dim
+    if self.hv % self.hk:
+      raise ValueError(f"model.linear_num_value_heads: {self.hv} is not a multiple of "
+                       f"linear_num_key_heads={self.hk}")
+    pdt = DTYPES[cfg.param_dtype]
+    self.dtype = DTYPES[cfg.dtype]
+    kw = dict(rngs=rngs, dtype=self.dtype, param_dtype=pdt)
+    self.in_proj_qkv = Linear(d, self.conv_dim, ("embed", "linear_qkv"), **kw)
+    self.in_proj_z = Linear(d, self.value_dim, ("embed", "linear_v"), **kw)
+    self.in_proj_b = Linear(d, self.hv, ("embed", "linear_heads"), **kw)
+    self.in_proj_a = Linear(d, self.hv, ("embed", "linear_heads"), **kw)
+    # HF stores conv1d.weight as [C, 1, K]; here [C, K]. Init matches torch's default Conv1d std.
+    self.conv1d = param(rngs, (self.conv_dim, self.kernel_size), ("linear_qkv", "conv_kernel"),
+                        scale=(3 * self.kernel_size) ** -0.5, dtype=pdt)
+    a = jax.random.uniform(rngs.params(), (self.hv,), jnp.float32, 0.01, 16.0)
+    self.A_log = nnx.Param(jnp.log(a).astype(pdt), axes=("linear_heads",))
+    self.dt_bias = param(None, (self.hv,), ("linear_heads",), init="ones", dtype=pdt)
+    self.norm = RMSNorm(self.dv, cfg.rms_norm_eps, zero_centered=False, param_dtype=pdt)
+    self.out_proj = Linear(self.value_dim, d, ("linear_v", "embed"), **kw)
+
+  def init_cache(self, batch: int, max_len: int | None = None, dtype=jnp.float32) -> dict[str, Array]:
+    """Decode cache: conv_state [B, C, K-1] (in `dtype`) and ssm_state [B, Hv, Dk, Dv] (fp32).
+    `max_len` is accepted for symmetry with attention caches and ignored (the state has fixed size)."""
+    del max_len
+    return {"conv_state": jnp.zeros((batch, self.conv_dim, self.kernel_size - 1), dtype),
+            "ssm_state": jnp.zeros((batch, self.hv, self.dk, self.dv), F32)}
+
+  def __call__(self, x_BxSxD: Array, segment_ids: Array | None = None,
+               cache: dict[str, Array] | None = None) -> tuple[Array, dict[str, Array] | None]:
+    """Training (cache None): chunked form over the whole sequence, packed segments reset the state.
+    With a cache: continues from its conv/ssm state (prefill uses the chunked form, one token the
+    recurrent step) and returns the updated cache; padding tokens (segment id 0) leave it unchanged."""
+    b, s, _ = x_BxSxD.shape
+    mixed = self.in_proj_qkv(x_BxSxD)                          # [B, S, C]
+    conv_state = None if cache is None else cache["conv_state"]
+    mixed, new_conv = causal_conv1d(mixed, self.conv1d[...], conv_state, segment_ids)
+    mixed = jax.nn.silu(mixed.astype(F32))
+    q = mixed[..., :self.key_dim].reshape(b, s, self.hk, self.dk)
+    k = mixed[..., self.key_dim:2 * self.key_dim].reshape(b, s, self.hk, self.dk)
+    v = mixed[..., 2 * self.key_dim:].reshape(b, s, self.hv, self.dv)
+    z = self.in_proj_z(x_BxSxD).reshape(b, s, self.hv, self.dv)
+    beta = jax.nn.sigmoid(self.in_proj_b(x_BxSxD).astype(F32))
+    a = self.in_proj_a(x_BxSxD).astype(F32)
+    g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
+    state = None if cache is None else cache["ssm_state"]
+    if cache is not None and s == 1:
+      o, new_state = recurrent_gated_delta_rule(q, k, v, g, beta, state, segment_ids)
+    else:
+      o, new_state = chunk_gated_delta_rule(q, k, v, g, beta, self.chunk_size, state, segment_ids)
+    o = self.norm(o.astype(self.dtype))
+    o = (o.astype(F32) * jax.nn.silu(z.astype(F32))).astype(self.dtype)
+    y = self.out_proj(o.reshape(b, s, self.value_dim))
+    if cache is None:
+      return y, None
+    return y, {"conv_state": new_conv.astype(cache["conv_state"].dtype), "ssm_state": new_state}

@@ -1,0 +1,99 @@
+"""Grouped-query attention of Qwen3-MoE and the gated full attention of Qwen3.5-MoE.
+
+Masks: in training, attention is causal by index and block-diagonal by `segment_ids` (packed
+documents never see each other). With a KV cache, slot j of the cache holds position j, so a query
+at position p sees the slots j <= p; rows of a batch may sit at different positions.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lwm_jax.model.config import ModelConfig
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, apply_rope, rope_cos_sin
+
+NEG_INF = -1e30
+
+
+def dot_attention(q_BxSxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxSxT, scale: float):
+  """Softmax attention in fp32 with GQA (H query heads share G kv heads)."""
+  b, s, h, kd = q_BxSxHxK.shape
+  g = k_BxTxGxK.shape[2]
+  q = q_BxSxHxK.reshape(b, s, g, h // g, kd)
+  scores = jnp.einsum("bsgrk,btgk->bgrst", q, k_BxTxGxK,
+                      preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask_BxSxT[:, None, None], scores, NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxGxK.dtype)
+  out = jnp.einsum("bgrst,btgk->bsgrk", probs, v_BxTxGxK)
+  return out.reshape(b, s, h, -1)
+
+
+def training_mask(segment_ids_BxS: jax.Array | None, b: int, s: int) -> jax.Array:
+  causal = jnp.tril(jnp.ones((s, s), bool))[None]
+  if segment_ids_BxS is None:
+    return jnp.broadcast_to(causal, (b, s, s))
+  same = segment_ids_BxS[:, :, None] == segment_ids_BxS[:, None, :]
+  return causal & same
+
+
+def cache_mask(positions_BxS: jax.Array, cache_len: int) -> jax.Array:
+  return jnp.arange(cache_len)[None, None, :] <= positions_BxS[:, :, None]
+
+
+def write_cache(cache_BxTxGxK: jax.Array, new_BxSxGxK: jax.Array, positions_BxS: jax.Array):
+  """Writes the new keys/values at their positions (slot == position), per row."""
+  b, s = positions_BxS.shape
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
+  return cache_BxTxGxK.at[rows, positions_BxS].set(new_BxSxGxK.astype(cache_BxTxGxK.dtype),
+                                                   mode="drop")
+
+
+class Attention(nnx.Module):
+  """Qwen3-MoE attention; with `gated=True` the Qwen3.5 variant whose q_proj also yields a gate."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, gated: bool = False):
+    d, h, g, k = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    kw = dict(rngs=rngs, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype])
+    self.gated = gated
+    # Gated: per head, [query (K) | gate (K)], as Qwen3.5 lays out q_proj.
+    self.q_proj = Linear(d, h * k * (2 if gated else 1), ("embed", "q_heads"), **kw)
+    self.k_proj = Linear(d, g * k, ("embed", "kv_heads"), **kw)
+    self.v_proj = Linear(d, g * k, ("embed", "kv_heads"), **kw)
+    self.o_proj = Linear(h * k, d, ("q_heads", "embed"), **kw)
+    zc = cfg.is_hybrid
+    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc)
+    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc)
+    self.h, self.g, self.k = h, g, k
+    self.rotary_dim = cfg.rotary_dim
+    self.theta = cfg.rope_theta
+
+  def __call__(self, x_BxSxD, positions_BxS, segment_ids_BxS=None, cache=None):
+    b, s, _ = x_BxSxD.shape
+    q = self.q_proj(x_BxSxD)
+    gate = None
+    if self.gated:
+      q = q.reshape(b, s, self.h, 2 * self.k)
+      q, gate = q[..., :self.k], q[..., self.k:]
+    q = self.q_norm(q.reshape(b, s, self.h, self.k))
+    k = self.k_norm(self.k_proj(x_BxSxD).reshape(b, s, self.g, self.k))
+    v = self.v_proj(x_BxSxD).reshape(b, s, self.g, self.k)
+    cos, sin = rope_cos_sin(positions_BxS, self.rotary_dim, self.theta)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if cache is None:
+      mask = training_mask(segment_ids_BxS, b, s)
+      new_cache = None
+    else:
+      ck = write_cache(cache["k"], k, positions_BxS)
+      cv = write_cache(cache["v"], v, positions_BxS)
+      new_cache = {"k": ck, "v": cv}
+      k, v = ck.astype(q.dtype), cv.astype(q.dtype)
+      mask = cache_mask(positions_BxS, k.shape[1])
+    out = dot_attention(q, k, v, mask, self.k ** -0.5)
+    if gate is not None:
+      out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+    return self.o_proj(out.reshape(b, s, self.h * self.k)), new_cache
+
+  def init_cache(self, batch: int, max_len: int, dtype) -> dict:
+    shape = (batch, max_len, self.g, self.k)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}

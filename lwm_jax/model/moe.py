@@ -1,0 +1,273 @@
+"""Mixture-of-experts layer: fp32 softmax router, top-k, and four dispatch backends.
+
+Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
+  ragged_dot  dropless: sort assignments by expert, `jax.lax.ragged_dot` grouped matmul (GPU/TPU).
+  blocked     dropless: sort by expert, pad each expert's rows to whole blocks, one batched einsum
+              over blocks with each block's expert weights gathered (fast on CPU, where ragged_dot is
+              ~20x slower than a batched einsum).
+  capacity    sort into a fixed [E, C, D] buffer, C = ceil(capacity_factor * N * k / E); assignments
+              past an expert's capacity are dropped and counted.
+  dense       every expert on every token, weighted by the (mostly zero) routing matrix; the
+              simple reference.
+`auto` picks ragged_dot on GPU/TPU and blocked on CPU.
+
+Under a device mesh the layer runs inside `shard_map`: tokens stay on their devices, expert weights
+are split over the `expert` mesh axis (and their hidden dim over `tensor`). When the batch is split
+over `expert` too, assignments travel to the devices that own their experts by `all_to_all` and come
+back the same way; when it is not (e.g. decoding one sequence), each device runs its own experts on
+all its tokens and the partial outputs are summed over `expert`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from lwm_jax.model.config import ModelConfig
+from lwm_jax.model.layers import DTYPES, param
+
+BATCH_AXES = ("data", "fsdp", "expert")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterStats:
+  """Sums for the load-balancing and z losses, combined over layers by the transformer."""
+  counts_E: jax.Array      # top-k assignments per expert
+  prob_sum_E: jax.Array    # summed router probabilities per expert
+  rows: jax.Array          # tokens counted
+  z_sum: jax.Array         # summed logsumexp(logits)**2
+  dropped: jax.Array       # assignments dropped (capacity backends)
+
+
+def _expert_ffn_blocks(x_BxRxD, wg_BxDxI, wu_BxDxI, wd_BxIxD):
+  h = jax.nn.silu(jnp.einsum("brd,bdi->bri", x_BxRxD, wg_BxDxI)) * jnp.einsum(
+      "brd,bdi->bri", x_BxRxD, wu_BxDxI)
+  return jnp.einsum("bri,bid->brd", h, wd_BxIxD)
+
+
+def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend: str,
+                block_rows: int = 0):
+  """Applies expert `expert_N[n]` to row n (rows with valid_N False give 0); dropless."""
+  n, _ = x_NxD.shape
+  e = wg_ExDxI.shape[0]
+  key = jnp.where(valid_N, expert_N, e)  # invalid rows sort last
+  order = jnp.argsort(key, stable=True)
+  xs = x_NxD[order]
+  ks = key[order]
+  group_sizes = jnp.bincount(key, length=e + 1)[:e].astype(jnp.int32)
+  if backend == "ragged_dot":
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, wg_ExDxI, group_sizes)) * jax.lax.ragged_dot(
+        xs, wu_ExDxI, group_sizes)
+    ys = jax.lax.ragged_dot(h, wd_ExIxD, group_sizes)
+  elif backend == "blocked":
+    br = block_rows or max(8, -(-n // (2 * e)) // 8 * 8 or 8)
+    nb = (n + e * (br - 1)) // br + 1  # static bound on the number of (padded) blocks
+    starts = jnp.cumsum(group_sizes) - group_sizes
+    padded = -(-group_sizes // br) * br
+    pstarts = jnp.cumsum(padded) - padded
+    ks_c = jnp.minimum(ks, e - 1)
+    rank = jnp.arange(n) - starts[ks_c]
+    dest = jnp.where(ks < e, pstarts[ks_c] + rank, nb * br)  # invalid rows fall off the end
+    buf = jnp.zeros((nb * br, xs.shape[1]), xs.dtype).at[dest].set(xs, mode="drop")
+    block_start = jnp.arange(nb) * br
+    block_expert = jnp.clip(jnp.searchsorted(pstarts + padded, block_start, side="right"), 0, e - 1)
+    yb = _expert_ffn_blocks(buf.reshape(nb, br, -1), wg_ExDxI[block_expert],
+                            wu_ExDxI[block_expert], wd_ExIxD[block_expert])
+    ys = yb.reshape(nb * br, -1).at[dest].get(mode="fill", fill_value=0)
+  else:
+    raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
+  ys = jnp.where((ks < e)[:, None], ys, 0)
+  return jnp.zeros_like(ys).at[order].set(ys)
+
+
+def capacity_ffn(x_NxD, expert_N, valid_N, wg, wu, wd, capacity: int):
+  """Expert FFN through a fixed [E, C, D] buffer; returns (y, number of dropped rows)."""
+  n, d = x_NxD.shape
+  e = wg.shape[0]
+  onehot = jax.nn.one_hot(jnp.where(valid_N, expert_N, e), e + 1, dtype=jnp.int32)[:, :e]
+  rank = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=1)  # position within expert
+  keep = valid_N & (rank < capacity)
+  slot = jnp.where(keep, expert_N * capacity + rank, e * capacity)
+  buf = jnp.zeros((e * capacity, d), x_NxD.dtype).at[slot].set(x_NxD, mode="drop")
+  y = _expert_ffn_blocks(buf.reshape(e, capacity, d), wg, wu, wd).reshape(e * capacity, d)
+  y = y.at[slot].get(mode="fill", fill_value=0)
+  return jnp.where(keep[:, None], y, 0), jnp.sum(valid_N & ~keep)
+
+
+def _route(x_NxD, router_DxE, top_k: int, norm_topk: bool, mask_N):
+  logits = jnp.dot(x_NxD.astype(jnp.float32), router_DxE.astype(jnp.float32))
+  probs = jax.nn.softmax(logits, axis=-1)
+  top_w, top_i = jax.lax.top_k(probs, top_k)
+  if norm_topk:
+    top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+  m = mask_N.astype(jnp.float32)
+  e = router_DxE.shape[1]
+  counts = jnp.sum(jax.nn.one_hot(top_i, e, dtype=jnp.float32) * m[:, None, None], axis=(0, 1))
+  z = jax.nn.logsumexp(logits, axis=-1)
+  stats = RouterStats(counts_E=counts, prob_sum_E=jnp.sum(probs * m[:, None], axis=0),
+                      rows=jnp.sum(m), z_sum=jnp.sum(z * z * m), dropped=jnp.zeros((), jnp.int32))
+  return top_w, top_i, stats
+
+
+def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, capacity_factor,
+               expert_offset=0):
+  """Routes and applies the experts held locally ([E_local] weights starting at expert_offset)."""
+  n, d = x_NxD.shape
+  e_local = wg.shape[0]
+  top_w, top_i, stats = _route(x_NxD, router, top_k, norm_topk, mask_N)
+  rows = jnp.repeat(x_NxD, top_k, axis=0)  # assignment a = n * k + j
+  expert = top_i.reshape(-1) - expert_offset
+  valid = (expert >= 0) & (expert < e_local)
+  expert = jnp.clip(expert, 0, e_local - 1)
+  dropped = jnp.zeros((), jnp.int32)
+  if backend == "dense":
+    h = jax.nn.silu(jnp.einsum("nd,edi->eni", x_NxD, wg)) * jnp.einsum("nd,edi->eni", x_NxD, wu)
+    y_ExNxD = jnp.einsum("eni,eid->end", h, wd)
+    w_NxE = jnp.zeros((n, e_local), jnp.float32)
+    local_i = top_i - expert_offset
+    ok = (local_i >= 0) & (local_i < e_local)
+    w_NxE = w_NxE.at[jnp.arange(n)[:, None], jnp.clip(local_i, 0, e_local - 1)].add(
+        jnp.where(ok, top_w, 0.0))
+    out = jnp.einsum("end,ne->nd", y_ExNxD.astype(jnp.float32), w_NxE)
+    return out.astype(x_NxD.dtype), stats
+  if backend == "capacity":
+    cap = max(1, math.ceil(capacity_factor * n * top_k / max(e_local, 1)))
+    y, dropped = capacity_ffn(rows, expert, valid, wg, wu, wd, cap)
+  else:
+    y = grouped_ffn(rows, expert, valid, wg, wu, wd, backend)
+  y = y.reshape(n, top_k, d).astype(jnp.float32)
+  out = jnp.einsum("nkd,nk->nd", y, top_w)
+  return out.astype(x_NxD.dtype), dataclasses.replace(stats, dropped=dropped.astype(jnp.int32))
+
+
+def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, capacity_factor,
+             ep: int, ep_capacity_factor: float):
+  """Expert parallelism with tokens split over the `expert` axis: exchange by all_to_all."""
+  n, d = x_NxD.shape
+  e_local = wg.shape[0]
+  top_w, top_i, stats = _route(x_NxD, router, top_k, norm_topk, mask_N)
+  a = n * top_k
+  expert = top_i.reshape(-1)
+  dest = expert // e_local
+  # Per-destination send buffers. Dropless by default: room for every local assignment.
+  cap = a if ep_capacity_factor <= 0 else max(1, math.ceil(ep_capacity_factor * a / ep))
+  onehot = jax.nn.one_hot(dest, ep, dtype=jnp.int32)
+  rank = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=1)
+  keep = rank < cap
+  slot = jnp.where(keep, dest * cap + rank, ep * cap)
+  rows = jnp.repeat(x_NxD, top_k, axis=0)
+  send_x = jnp.zeros((ep * cap, d), x_NxD.dtype).at[slot].set(rows, mode="drop")
+  send_e = jnp.full((ep * cap,), -1, jnp.int32).at[slot].set(expert % e_local, mode="drop")
+  recv_x = jax.lax.all_to_all(send_x.reshape(ep, cap, d), "expert", 0, 0, tiled=False)
+  recv_e = jax.lax.all_to_all(send_e.reshape(ep, cap), "expert", 0, 0, tiled=False)
+  rx, re_ = recv_x.reshape(ep * cap, d), recv_e.reshape(ep * cap)
+  valid = re_ >= 0
+  if backend == "capacity":
+    c2 = max(1, math.ceil(capacity_factor * a / e_local))  # global rows per expert, as locally
+    ry, dropped_here = capacity_ffn(rx, jnp.maximum(re_, 0), valid, wg, wu, wd, c2)
+  elif backend == "dense":
+    ry = grouped_ffn(rx, jnp.maximum(re_, 0), valid, wg, wu, wd, "blocked")
+    dropped_here = jnp.zeros((), jnp.int32)
+  else:
+    ry = grouped_ffn(rx, jnp.maximum(re_, 0), valid, wg, wu, wd, backend)
+    dropped_here = jnp.zeros((), jnp.int32)
+  ry = jax.lax.psum(ry, "tensor")
+  back = jax.lax.all_to_all(ry.reshape(ep, cap, d), "expert", 0, 0, tiled=False)
+  y = back.reshape(ep * cap, d).at[slot].get(mode="fill", fill_value=0)
+  y = jnp.where(keep[:, None], y, 0).reshape(n, top_k, d).astype(jnp.float32)
+  out = jnp.einsum("nkd,nk->nd", y, top_w).astype(x_NxD.dtype)
+  dropped = jnp.sum(~keep).astype(jnp.int32) + dropped_here.astype(jnp.int32)
+  return out, dataclasses.replace(stats, dropped=dropped)
+
+
+def _batch_axes_for(mesh, batch: int) -> tuple[str, ...]:
+  """The batch mesh axes (in order) whose product divides the batch size."""
+  axes, size = [], 1
+  for ax in BATCH_AXES:
+    s = mesh.shape.get(ax, 1)
+    if s > 1 and batch % (size * s) == 0:
+      axes.append(ax)
+      size *= s
+  return tuple(axes)
+
+
+class MoE(nnx.Module):
+  """Sparse MoE block of Qwen3-MoE (and the routed part of Qwen3.5-MoE)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    pdt = DTYPES[cfg.param_dtype]
+    self.router = param(rngs, (d, e), ("embed", None), dtype=pdt)
+    self.gate_proj = param(rngs, (e, d, i), ("expert", "embed", "mlp"), dtype=pdt)
+    self.up_proj = param(rngs, (e, d, i), ("expert", "embed", "mlp"), dtype=pdt)
+    self.down_proj = param(rngs, (e, i, d), ("expert", "mlp", "embed"), dtype=pdt)
+    self.top_k = cfg.num_experts_per_tok
+    self.norm_topk = cfg.norm_topk_prob
+    self.backend = cfg.moe_backend
+    self.capacity_factor = cfg.capacity_factor
+    self.ep_capacity_factor = cfg.ep_capacity_factor
+    self.dtype = DTYPES[cfg.dtype]
+
+  def _backend(self) -> str:
+    if self.backend != "auto":
+      return self.backend
+    return "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+
+  def __call__(self, x_BxSxD: jax.Array, mask_BxS: jax.Array | None = None):
+    b, s, d = x_BxSxD.shape
+    if mask_BxS is None:
+      mask_BxS = jnp.ones((b, s), bool)
+    dt = self.dtype
+    weights = (self.router[...], self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
+               self.down_proj[...].astype(dt))
+    kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=self._backend(),
+              capacity_factor=self.capacity_factor)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+      y, stats = _local_moe(x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),
+                            *weights, **kw)
+      return y.reshape(b, s, d), stats
+    return self._sharded(x_BxSxD.astype(dt), mask_BxS, weights, kw, mesh)
+
+  def _sharded(self, x, mask, weights, kw, mesh):
+    b, s, d = x.shape
+    baxes = _batch_axes_for(mesh, b)
+    ep = mesh.shape.get("expert", 1)
+    tp = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
+    a2a = ep > 1 and "expert" in baxes
+    bspec = P(baxes or None, None, None)
+    w_specs = (P(), P("expert" if ep > 1 else None, None, tp),
+               P("expert" if ep > 1 else None, None, tp), P("expert" if ep > 1 else None, tp, None))
+    ep_cf = self.ep_capacity_factor
+
+    def body(x_l, m_l, router, wg, wu, wd):
+      bl, sl, _ = x_l.shape
+      xf, mf = x_l.reshape(bl * sl, d), m_l.reshape(-1)
+      if a2a:
+        y, st = _a2a_moe(xf, mf, router, wg, wu, wd, ep=ep, ep_capacity_factor=ep_cf, **kw)
+      else:
+        offset = jax.lax.axis_index("expert") * wg.shape[0] if ep > 1 else 0
+        y, st = _local_moe(xf, mf, router, wg, wu, wd, expert_offset=offset, **kw)
+        red = tuple(a for a in ("expert", "tensor") if mesh.shape.get(a, 1) > 1)
+        if red:
+          y = jax.lax.psum(y, red)
+        if ep > 1:
+          st = dataclasses.replace(st, dropped=jax.lax.psum(st.dropped, "expert"))
+      if baxes:  # router statistics over the whole batch
+        st = jax.tree_util.tree_map(lambda v: jax.lax.psum(v, baxes), st)
+      return y.reshape(bl, sl, d), st
+
+    stats_spec = RouterStats(P(), P(), P(), P(), P())
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(bspec, P(baxes or None, None), *w_specs),
+                       out_specs=(bspec, stats_spec), check_vma=False)
+    return fn(x, mask, *weights)
+
+
+jax.tree_util.register_dataclass(
+    RouterStats, data_fields=["counts_E", "prob_sum_E", "rows", "z_sum", "dropped"],
+    meta_fields=[])
