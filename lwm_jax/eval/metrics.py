@@ -1,0 +1,191 @@
+"""AgentWorldBench scoring: the judge aggregate of SPECS section 3 and judge-free text metrics.
+
+Judge aggregate. A judged record is `{"task": domain, "id": ..., "scores": {dimension: 1-5}}`. A
+dimension is valid when it is a real number (not a bool) in [1, 5]; a sample's score is the mean of
+its valid dimensions; a sample with none (judge failed, scores missing or all out of range) is
+excluded and counted, never scored 0. Domain score = (mean of sample scores - 1) / 4 * 100; the
+overall is the unweighted mean of the domains that have at least one scored sample.
+
+Judge-free metrics compare a prediction with the ground truth:
+- exact match after normalising line ends, trailing spaces on each line and blank lines around;
+- token F1 over lowercased word tokens (`\\w+`) counted as multisets (both empty -> 1);
+- edit similarity 1 - levenshtein / max(len): exact Levenshtein with the bit-parallel algorithm of
+  Myers/Hyyrö (Python big ints as bit vectors: about len(a) big-int steps, ~0.1 s for two 10k-char
+  strings). Past `EDIT_CAP` characters the distance is the exact distance of the prefixes plus the
+  longer remaining tail (an upper bound), so the similarity there is a lower bound.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+DIMENSIONS = ("format", "factuality", "consistency", "realism", "quality")
+EDIT_CAP = 20_000
+
+
+def domain_of(task: str) -> str:
+  """The domain named by a record's `task` ('agentworldbench/mcp' -> 'mcp')."""
+  return task.rsplit("/", 1)[-1]
+
+
+def valid_score(value: Any) -> float | None:
+  """A dimension score as a float in [1, 5], or None when it is not one."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return None
+  v = float(value)
+  return v if math.isfinite(v) and 1.0 <= v <= 5.0 else None
+
+
+def sample_score(scores: Mapping[str, Any] | None) -> float | None:
+  """Mean of a sample's valid dimensions, None when it has none."""
+  if not isinstance(scores, Mapping):
+    return None
+  vals = [v for v in (valid_score(scores.get(d)) for d in DIMENSIONS) if v is not None]
+  return sum(vals) / len(vals) if vals else None
+
+
+def to_percent(mean_1_to_5: float) -> float:
+  return (mean_1_to_5 - 1.0) / 4.0 * 100.0
+
+
+def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+  """Per-domain and overall scores (0-100) of judged records, with sample and excluded counts.
+
+  Returns {"domains": {domain: score}, "overall": score or None, "counts": {domain: scored n},
+  "excluded": {domain: n}, "dimensions": {domain: {dimension: score}}}. A domain whose samples were
+  all excluded appears in counts/excluded but not in domains, and does not enter the overall.
+  """
+  per_domain: dict[str, list[float]] = collections.defaultdict(list)
+  per_dim: dict[str, dict[str, list[float]]] = collections.defaultdict(
+      lambda: collections.defaultdict(list))
+  excluded: dict[str, int] = collections.defaultdict(int)
+  for i, rec in enumerate(judged_records):
+    if "task" not in rec:
+      raise ValueError(f"judged record {i} (id {rec.get('id')!r}) has no 'task'")
+    dom = domain_of(str(rec["task"]))
+    scores = rec.get("scores")
+    s = sample_score(scores)
+    if s is None:
+      excluded[dom] += 1
+      continue
+    per_domain[dom].append(s)
+    for d in DIMENSIONS:
+      v = valid_score(scores.get(d))
+      if v is not None:
+        per_dim[dom][d].append(v)
+  all_domains = sorted(set(per_domain) | set(excluded))
+  domains = {d: to_percent(sum(v) / len(v)) for d, v in per_domain.items()}
+  overall = sum(domains.values()) / len(domains) if domains else None
+  return {
+      "domains": {d: domains[d] for d in all_domains if d in domains},
+      "overall": overall,
+      "counts": {d: len(per_domain.get(d, [])) for d in all_domains},
+      "excluded": {d: excluded.get(d, 0) for d in all_domains},
+      "dimensions": {d: {k: to_percent(sum(v) / len(v)) for k, v in per_dim[d].items()}
+                     for d in all_domains if d in per_dim},
+  }
+
+
+# ---------------------------------------------------------------------------- judge-free metrics
+
+
+def normalise(text: str) -> str:
+  lines = [ln.rstrip() for ln in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+  return "\n".join(lines).strip("\n")
+
+
+def exact_match(pred: str, truth: str) -> float:
+  return float(normalise(pred) == normalise(truth))
+
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def token_f1(pred: str, truth: str) -> float:
+  p = collections.Counter(_WORD_RE.findall(pred.lower()))
+  t = collections.Counter(_WORD_RE.findall(truth.lower()))
+  if not p and not t:
+    return 1.0
+  common = sum((p & t).values())
+  if common == 0:
+    return 0.0
+  precision = common / sum(p.values())
+  recall = common / sum(t.values())
+  return 2 * precision * recall / (precision + recall)
+
+
+def levenshtein(a: str, b: str) -> int:
+  """Exact edit distance (unit insert/delete/substitute), bit-parallel over the shorter string."""
+  if a == b:
+    return 0
+  # Common prefix and suffix cost nothing and are often long (a copied observation).
+  n = 0
+  while n < min(len(a), len(b)) and a[n] == b[n]:
+    n += 1
+  a, b = a[n:], b[n:]
+  n = 0
+  while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+    n += 1
+  if n:
+    a, b = a[:-n], b[:-n]
+  if len(a) < len(b):
+    a, b = b, a
+  m = len(b)
+  if m == 0:
+    return len(a)
+  peq: dict[str, int] = {}
+  for i, ch in enumerate(b):
+    peq[ch] = peq.get(ch, 0) | (1 << i)
+  mask = (1 << m) - 1
+  high = 1 << (m - 1)
+  pv, mv, dist = mask, 0, m
+  for ch in a:
+    eq = peq.get(ch, 0)
+    xv = eq | mv
+    xh = ((((eq & pv) + pv) & mask) ^ pv) | eq
+    ph = (mv | ~(xh | pv)) & mask
+    mh = pv & xh
+    if ph & high:
+      dist += 1
+    elif mh & high:
+      dist -= 1
+    ph = ((ph << 1) | 1) & mask
+    mh = (mh << 1) & mask
+    pv = (mh | ~(xv | ph)) & mask
+    mv = ph & xv
+  return dist
+
+
+def edit_similarity(pred: str, truth: str, cap: int = EDIT_CAP) -> float:
+  """1 - levenshtein / max length, in [0, 1]; both empty -> 1. See the module note on `cap`."""
+  longest = max(len(pred), len(truth))
+  if longest == 0:
+    return 1.0
+  dist = levenshtein(pred[:cap], truth[:cap])
+  dist += max(len(pred[cap:]), len(truth[cap:]))
+  return 1.0 - dist / longest
+
+
+FREE_METRICS = {"exact": exact_match, "token_f1": token_f1, "edit_sim": edit_similarity}
+
+
+def free_metrics(pred: str, truth: str) -> dict[str, float]:
+  return {k: fn(pred, truth) for k, fn in FREE_METRICS.items()}
+
+
+def aggregate_free(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+  """Per-domain means (in percent) of judge-free metric rows `{"task", "exact", "token_f1",
+  "edit_sim"}`; the overall is the unweighted mean of domains, as for the judge."""
+  sums: dict[str, dict[str, list[float]]] = collections.defaultdict(
+      lambda: collections.defaultdict(list))
+  for r in rows:
+    dom = domain_of(str(r["task"]))
+    for k in FREE_METRICS:
+      sums[dom][k].append(float(r[k]))
+  out: dict[str, Any] = {"counts": {d: len(v["exact"]) for d, v in sorted(sums.items())}}
+  for k in FREE_METRICS:
+    doms = {d: 100.0 * sum(v[k]) / len(v[k]) for d, v in sorted(sums.items())}
+    out[k] = {"domains": doms, "overall": sum(doms.values()) / len(doms) if doms else None}
+  return out

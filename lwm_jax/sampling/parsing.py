@@ -1,0 +1,103 @@
+"""Splitting a world model's reply into its reasoning and its predicted observation.
+
+A thinking-mode reply looks like `<think>...</think>` then
+`<predicted_observation>...</predicted_observation>`. Real replies deviate: the opening `<think>`
+may sit in the chat template (the reply then starts inside the reasoning and only `</think>`
+appears), a reply cut off by the token budget never closes `<think>`, a model may write a draft
+block while reasoning, and a non-thinking model writes the observation bare.
+
+The rules, applied in this order:
+
+1. Reasoning. Every closed `<think>...</think>` span is reasoning. A `</think>` left without an
+   opening closes reasoning that began at the start of the reply (template-injected `<think>`).
+   A `<think>` left without a closing makes everything after it reasoning (the reply was cut off
+   while thinking). What remains is the content.
+2. Prediction. In the content, the LAST complete `<predicted_observation>...</predicted_observation>`
+   block wins. An opening tag after the last complete block (or with no complete block at all)
+   whose closing tag never came is tolerated: the text after it is the prediction (cut off while
+   answering). A closing tag with no opening (the opening was in the prompt) ends the prediction.
+   Without any tag, the whole content, stripped, is the prediction.
+3. Unclosed reasoning with an answer inside. When rule 1 found an unclosed `<think>` and the
+   content holds no tag, the last COMPLETE block written inside that unfinished reasoning is the
+   prediction (some models open `<think>` and answer without closing it). An unfinished block
+   inside unfinished reasoning is not trusted: the prediction is then empty. Reasoning text itself
+   never becomes a prediction, so thinking never reaches a judge.
+"""
+from __future__ import annotations
+
+import re
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+OBS_OPEN = "<predicted_observation>"
+OBS_CLOSE = "</predicted_observation>"
+
+_CLOSED_THINK_RE = re.compile(re.escape(THINK_OPEN) + r"(.*?)" + re.escape(THINK_CLOSE), re.S)
+_BLOCK_RE = re.compile(re.escape(OBS_OPEN) + r"(.*?)" + re.escape(OBS_CLOSE), re.S)
+
+
+def _split(text: str) -> tuple[list[str], str, str | None]:
+  """Returns (reasoning pieces, content, unclosed reasoning tail or None)."""
+  pieces: list[str] = []
+  # A stray `</think>` before any `<think>`: the reply began inside template-opened reasoning.
+  first_close = text.find(THINK_CLOSE)
+  first_open = text.find(THINK_OPEN)
+  if first_close != -1 and (first_open == -1 or first_close < first_open):
+    pieces.append(text[:first_close])
+    text = text[first_close + len(THINK_CLOSE):]
+
+  def _take(m: re.Match) -> str:
+    pieces.append(m.group(1))
+    return ""
+
+  text = _CLOSED_THINK_RE.sub(_take, text)
+  unclosed = None
+  open_at = text.find(THINK_OPEN)
+  if open_at != -1:
+    unclosed = text[open_at + len(THINK_OPEN):]
+    pieces.append(unclosed)
+    text = text[:open_at]
+  # A `</think>` still left closes nothing we saw; it is dropped from the content.
+  text = text.replace(THINK_CLOSE, "")
+  return pieces, text, unclosed
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+  """Returns (reasoning, content): the thinking (tags removed, pieces joined by a blank line) and
+  the rest of the reply, stripped. Used by the OpenAI-compatible server for `reasoning_content`."""
+  pieces, content, _ = _split(text)
+  reasoning = "\n\n".join(p.strip() for p in pieces if p.strip())
+  return reasoning, content.strip()
+
+
+def _clean_block(s: str) -> str:
+  """Drops blank lines around a block's inside and trailing spaces; keeps first-line indentation."""
+  s = s.rstrip()
+  return re.sub(r"\A(?:[ \t]*\r?\n)+", "", s)
+
+
+def _last_block(text: str, allow_unclosed: bool) -> str | None:
+  blocks = list(_BLOCK_RE.finditer(text))
+  tail_start = blocks[-1].end() if blocks else 0
+  if allow_unclosed:
+    open_at = text.rfind(OBS_OPEN, tail_start)
+    if open_at != -1:
+      return _clean_block(text[open_at + len(OBS_OPEN):])
+  if blocks:
+    return _clean_block(blocks[-1].group(1))
+  return None
+
+
+def parse_prediction(text: str) -> str:
+  """The predicted observation in a model's reply, by the rules in this module's docstring."""
+  _, content, unclosed = _split(text)
+  found = _last_block(content, allow_unclosed=True)
+  if found is not None:
+    return found
+  if unclosed is not None:
+    found = _last_block(unclosed, allow_unclosed=False)
+    return found if found is not None else content.strip()
+  close_at = content.rfind(OBS_CLOSE)
+  if close_at != -1:  # the opening tag sat in the prompt: the answer ends at the closing tag
+    return _clean_block(content[:close_at]).strip()
+  return content.strip()
