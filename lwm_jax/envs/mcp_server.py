@@ -1,0 +1,228 @@
+"""A real Model Context Protocol tool server over a shop database in SQLite.
+
+Run as `python -m lwm_jax.envs.mcp_server --db PATH`; it speaks MCP (JSON-RPC 2.0) over stdio
+through the `mcp` package. Every call opens the database afresh, so the client may rebuild the
+file between episodes (see `build_database`) and keep the server process. Errors are real: SQLite
+constraint violations, unknown ids, bad arguments (validated by the MCP server from the schemas).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+from typing import Any
+
+FIXED_TIME = "2024-06-01T09:00:00Z"
+_SCHEMA = """
+CREATE TABLE customers (
+  id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL UNIQUE,
+  city TEXT NOT NULL, tier TEXT NOT NULL CHECK (tier IN ('basic', 'silver', 'gold')));
+CREATE TABLE products (
+  id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, category TEXT NOT NULL,
+  price REAL NOT NULL CHECK (price > 0), stock INTEGER NOT NULL CHECK (stock >= 0));
+CREATE TABLE orders (
+  id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id),
+  status TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'shipped', 'refunded')),
+  total REAL NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE order_items (
+  order_id INTEGER NOT NULL REFERENCES orders(id), product_id INTEGER NOT NULL REFERENCES products(id),
+  quantity INTEGER NOT NULL CHECK (quantity > 0), unit_price REAL NOT NULL);
+CREATE TABLE refunds (
+  order_id INTEGER PRIMARY KEY REFERENCES orders(id), amount REAL NOT NULL, reason TEXT NOT NULL,
+  created_at TEXT NOT NULL);
+"""
+FIRST = ["Ana", "Ben", "Chloe", "Dmitri", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jonas",
+         "Kemi", "Luca", "Maya", "Nils", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
+LAST = ["Silva", "Novak", "Okafor", "Berg", "Tanaka", "Moreau", "Khan", "Rossi", "Weber", "Lund"]
+CITIES = ["Lisbon", "Oslo", "Lagos", "Kyoto", "Lyon", "Austin", "Pune", "Graz"]
+PRODUCTS = [("USB-C cable", "cables"), ("HDMI cable", "cables"), ("Laptop stand", "desk"),
+            ("Desk lamp", "desk"), ("Wireless mouse", "input"), ("Mechanical keyboard", "input"),
+            ("Webcam", "video"), ("Monitor 27in", "video"), ("Headset", "audio"),
+            ("Speaker", "audio"), ("Power bank", "power"), ("Wall charger", "power"),
+            ("Mouse pad", "desk"), ("Trackpad", "input"), ("Microphone", "audio")]
+
+
+def build_database(path: str, seed: int) -> dict[str, Any]:
+  """Writes a fresh seeded shop database to `path`; returns a summary for the initial state."""
+  rng = random.Random(seed * 31 + 5)
+  con = sqlite3.connect(path)
+  con.executescript(_SCHEMA)
+  n_cust = rng.randint(6, 14)
+  names = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], n_cust)
+  for i, name in enumerate(names, 1):
+    email = name.lower().replace(" ", ".") + "@example.com"
+    con.execute("INSERT INTO customers VALUES (?,?,?,?,?)",
+                (i, name, email, rng.choice(CITIES), rng.choice(["basic", "basic", "silver", "gold"])))
+  prods = rng.sample(PRODUCTS, rng.randint(7, 12))
+  for i, (name, cat) in enumerate(prods, 1):
+    con.execute("INSERT INTO products VALUES (?,?,?,?,?)",
+                (i, name, cat, round(rng.uniform(5, 300), 2), rng.choice([0, 2, 5, 12, 30, 60])))
+  for oid in range(1, rng.randint(5, 16) + 1):
+    cust = rng.randint(1, n_cust)
+    items = rng.sample(range(1, len(prods) + 1), rng.randint(1, 3))
+    total = 0.0
+    con.execute("INSERT INTO orders VALUES (?,?,?,?,?)",
+                (oid, cust, rng.choice(["pending", "paid", "paid", "shipped", "refunded"]), 0,
+                 f"2024-05-{rng.randint(1, 30):02d}T{rng.randint(8, 20):02d}:00:00Z"))
+    for pid in items:
+      qty = rng.randint(1, 3)
+      price = con.execute("SELECT price FROM products WHERE id=?", (pid,)).fetchone()[0]
+      con.execute("INSERT INTO order_items VALUES (?,?,?,?)", (oid, pid, qty, price))
+      total += qty * price
+    con.execute("UPDATE orders SET total=? WHERE id=?", (round(total, 2), oid))
+  for (oid, total) in con.execute("SELECT id, total FROM orders WHERE status='refunded'").fetchall():
+    con.execute("INSERT INTO refunds VALUES (?,?,?,?)", (oid, total, "damaged item", "2024-05-31T12:00:00Z"))
+  con.commit()
+  counts = {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("customers", "products", "orders", "order_items", "refunds")}
+  con.close()
+  return counts
+
+
+def _rows(cur: sqlite3.Cursor, limit: int = 50) -> str:
+  cols = [d[0] for d in cur.description or []]
+  rows = cur.fetchmany(limit + 1)
+  out = {"columns": cols, "rows": [list(r) for r in rows[:limit]], "row_count": min(len(rows), limit)}
+  if len(rows) > limit:
+    out["truncated"] = True
+  return json.dumps(out)
+
+
+def make_server(db_path: str) -> Any:
+  """Builds the MCP server whose tools act on the database file at `db_path`."""
+  from mcp.server.mcpserver import MCPServer
+  from mcp.server.mcpserver.exceptions import ToolError
+
+  app = MCPServer("shop-db", instructions="Tools over the shop's SQLite database.")
+
+  def connect() -> sqlite3.Connection:
+    con = sqlite3.connect(db_path)
+    con.execute("PRAGMA foreign_keys = ON")
+    return con
+
+  def run(fn: Any) -> str:
+    con = connect()
+    try:
+      out = fn(con)
+      con.commit()
+      return out
+    except sqlite3.Error as e:
+      con.rollback()
+      raise ToolError(f"sqlite3.{type(e).__name__}: {e}") from None
+    finally:
+      con.close()
+
+  @app.tool()
+  def list_tables() -> str:
+    """Lists the tables of the shop database."""
+    return run(lambda c: json.dumps([r[0] for r in c.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]))
+
+  @app.tool()
+  def describe_table(table: str) -> str:
+    """Shows the columns (name, type, not-null, primary key) of one table."""
+    def fn(c: sqlite3.Connection) -> str:
+      cols = c.execute("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?)", (table,)).fetchall()
+      if not cols:
+        raise ToolError(f"no such table: {table}")
+      return json.dumps([{"name": n, "type": t, "not_null": bool(nn), "primary_key": bool(pk)}
+                         for n, t, nn, pk in cols])
+    return run(fn)
+
+  @app.tool()
+  def query(sql: str) -> str:
+    """Runs one read-only SELECT statement and returns up to 50 rows."""
+    if not sql.lstrip().lower().startswith(("select", "with")):
+      raise ToolError("only SELECT statements are allowed; use the write tools to change data")
+    return run(lambda c: _rows(c.execute(sql)))
+
+  @app.tool()
+  def get_customer(customer_id: int) -> str:
+    """Returns one customer by id."""
+    def fn(c: sqlite3.Connection) -> str:
+      r = c.execute("SELECT id, name, email, city, tier FROM customers WHERE id=?", (customer_id,)).fetchone()
+      if r is None:
+        raise ToolError(f"customer {customer_id} not found")
+      return json.dumps(dict(zip(("id", "name", "email", "city", "tier"), r)))
+    return run(fn)
+
+  @app.tool()
+  def search_products(keyword: str, max_price: float | None = None) -> str:
+    """Finds products whose name or category contains `keyword`, optionally under a price."""
+    def fn(c: sqlite3.Connection) -> str:
+      sql = ("SELECT id, name, category, price, stock FROM products WHERE (name LIKE ? OR category LIKE ?)")
+      args: list[Any] = [f"%{keyword}%", f"%{keyword}%"]
+      if max_price is not None:
+        sql += " AND price <= ?"
+        args.append(max_price)
+      return _rows(c.execute(sql + " ORDER BY id", args))
+    return run(fn)
+
+  @app.tool()
+  def list_orders(customer_id: int, status: str | None = None) -> str:
+    """Lists a customer's orders, optionally only those with one status."""
+    sql = "SELECT id, status, total, created_at FROM orders WHERE customer_id=?"
+    args: list[Any] = [customer_id]
+    if status is not None:
+      sql += " AND status=?"
+      args.append(status)
+    return run(lambda c: _rows(c.execute(sql + " ORDER BY id", args)))
+
+  @app.tool()
+  def create_order(customer_id: int, product_id: int, quantity: int) -> str:
+    """Places a paid order of `quantity` units of one product and takes them from stock."""
+    def fn(c: sqlite3.Connection) -> str:
+      p = c.execute("SELECT price, stock, name FROM products WHERE id=?", (product_id,)).fetchone()
+      if p is None:
+        raise ToolError(f"product {product_id} not found")
+      oid = (c.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM orders").fetchone()[0])
+      total = round(p[0] * quantity, 2)
+      c.execute("INSERT INTO orders VALUES (?,?,?,?,?)", (oid, customer_id, "paid", total, FIXED_TIME))
+      c.execute("INSERT INTO order_items VALUES (?,?,?,?)", (oid, product_id, quantity, p[0]))
+      c.execute("UPDATE products SET stock = stock - ? WHERE id=?", (quantity, product_id))
+      return json.dumps({"order_id": oid, "status": "paid", "product": p[2], "quantity": quantity,
+                         "total": total, "stock_left": p[1] - quantity})
+    return run(fn)
+
+  @app.tool()
+  def update_customer(customer_id: int, email: str | None = None, city: str | None = None,
+                      tier: str | None = None) -> str:
+    """Changes a customer's email, city or tier (basic, silver, gold)."""
+    def fn(c: sqlite3.Connection) -> str:
+      fields = {k: v for k, v in (("email", email), ("city", city), ("tier", tier)) if v is not None}
+      if not fields:
+        raise ToolError("nothing to update: give email, city or tier")
+      sets = ", ".join(f"{k}=?" for k in fields)
+      cur = c.execute(f"UPDATE customers SET {sets} WHERE id=?", (*fields.values(), customer_id))
+      if cur.rowcount == 0:
+        raise ToolError(f"customer {customer_id} not found")
+      r = c.execute("SELECT id, name, email, city, tier FROM customers WHERE id=?", (customer_id,)).fetchone()
+      return json.dumps({"updated": sorted(fields), "customer": dict(zip(("id", "name", "email", "city", "tier"), r))})
+    return run(fn)
+
+  @app.tool()
+  def refund_order(order_id: int, reason: str) -> str:
+    """Refunds a paid or shipped order in full and marks it refunded."""
+    def fn(c: sqlite3.Connection) -> str:
+      o = c.execute("SELECT status, total FROM orders WHERE id=?", (order_id,)).fetchone()
+      if o is None:
+        raise ToolError(f"order {order_id} not found")
+      if o[0] == "pending":
+        raise ToolError(f"order {order_id} is pending and has not been paid; nothing to refund")
+      c.execute("INSERT INTO refunds VALUES (?,?,?,?)", (order_id, o[1], reason, FIXED_TIME))
+      c.execute("UPDATE orders SET status='refunded' WHERE id=?", (order_id,))
+      return json.dumps({"order_id": order_id, "refunded": o[1], "status": "refunded"})
+    return run(fn)
+
+  return app
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--db", required=True, help="SQLite database file the tools act on")
+  make_server(ap.parse_args().db).run("stdio")
+
+
+if __name__ == "__main__":
+  main()
