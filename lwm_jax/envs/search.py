@@ -1,0 +1,300 @@
+"""The `search` environment: a real full-text search engine over the Python standard library docs.
+
+The collection is built at run time from this interpreter's own documentation (pydoc's plain-text
+rendering of a fixed list of modules; one document per module overview, function and class) into
+an SQLite FTS5 index in a cache directory; queries are ranked with FTS5's bm25. Actions:
+`search(query="...", page=1)` returns ranked snippets five per page, `open(doc_id="...", page=1)`
+returns a page of the document. The collection depends on the Python version (kept in `meta`).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import pydoc
+import random
+import re
+import sqlite3
+import sys
+import tempfile
+import warnings
+from typing import Any
+
+from lwm_jax.envs import base
+
+MODULES = (
+    "abc argparse array base64 bisect calendar collections colorsys contextlib copy csv dataclasses "
+    "datetime decimal difflib enum filecmp fnmatch fractions functools getopt glob gzip hashlib heapq "
+    "hmac html inspect io ipaddress itertools json keyword linecache locale logging math mimetypes "
+    "numbers operator os.path pathlib pickle pprint queue random re reprlib sched secrets shelve shlex "
+    "shutil signal socket sqlite3 statistics string struct subprocess tarfile tempfile textwrap "
+    "threading time timeit tokenize traceback types typing unicodedata urllib.parse uuid warnings "
+    "weakref zipfile zlib").split()
+PER_PAGE = 5
+LINES_PER_PAGE = 40
+INDEX_VERSION = "1"
+ACTION_SPACE = """\
+One call per turn, Python call syntax with literal arguments:
+  search(query="words", page=1)   full-text search (all words must match; "quoted phrases" allowed),
+                                  ranked by BM25, 5 results per page
+  open(doc_id="json.dumps", page=1)  show one page (40 lines) of a document
+Observation: the ranked result list with doc ids, titles and snippets, or the document page."""
+
+
+def default_cache_dir() -> str:
+  return os.environ.get("LWM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lwm_jax"))
+
+
+def _clean(text: str) -> str:
+  text = pydoc.plain(text)
+  text = re.sub(r" at 0x[0-9a-fA-F]+", " at 0x0", text)
+  return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n")
+
+
+def build_documents() -> list[tuple[str, str, str]]:
+  """(doc_id, title, body) for every module overview, public function and class of MODULES."""
+  docs = []
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for name in MODULES:
+      mod = importlib.import_module(name)
+      summary = (inspect.getdoc(mod) or "").strip()
+      members = []
+      for attr in sorted(vars(mod)):
+        obj = getattr(mod, attr)
+        if attr.startswith("_") or getattr(obj, "__module__", None) not in (mod.__name__, name):
+          continue
+        if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+          continue
+        members.append(attr)
+        doc = (inspect.getdoc(obj) or "").strip()
+        title = f"{name}.{attr}: " + (doc.splitlines()[0] if doc else "(no docstring)")
+        body = _clean(pydoc.plaintext.document(obj, attr))
+        docs.append((f"{name}.{attr}", title[:120], body))
+      overview = summary + "\n\nMembers: " + ", ".join(members) if members else summary
+      first = summary.splitlines()[0] if summary else "(no docstring)"
+      docs.append((name, f"{name}: {first}"[:120], f"Module {name}\n\n{overview}".strip()))
+  docs.sort()
+  return docs
+
+
+def ensure_index(cache_dir: str | None = None) -> str:
+  """Path of the FTS5 index, building it (atomically) on first use."""
+  cache_dir = cache_dir or default_cache_dir()
+  v = f"{sys.version_info.major}.{sys.version_info.minor}"
+  path = os.path.join(cache_dir, f"search-stdlib-py{v}-v{INDEX_VERSION}.sqlite")
+  if os.path.exists(path):
+    return path
+  os.makedirs(cache_dir, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+  os.close(fd)
+  con = sqlite3.connect(tmp)
+  con.execute("CREATE VIRTUAL TABLE docs USING fts5(doc_id UNINDEXED, title, body, "
+              "tokenize='porter unicode61')")
+  con.executemany("INSERT INTO docs VALUES (?,?,?)", build_documents())
+  con.commit()
+  con.close()
+  os.replace(tmp, path)
+  return path
+
+
+def _fts_query(query: str) -> str:
+  """User query -> FTS5 expression: every word (or quoted phrase) must match."""
+  parts = re.findall(r'"([^"]+)"|(\S+)', query)
+  terms = []
+  for phrase, word in parts:
+    t = phrase or word
+    t = re.sub(r"[^\w\s.]", " ", t).strip()
+    if t:
+      terms.append('"' + t.replace('"', '""') + '"')
+  return " AND ".join(terms)
+
+
+def parse_call(action: str) -> tuple[str, dict[str, Any]]:
+  """`name(args...)` with literal arguments -> (name, kwargs); raises ValueError with why."""
+  try:
+    node = ast.parse(action.strip(), mode="eval").body
+  except SyntaxError as e:
+    raise ValueError(f"cannot parse action: {e.msg}") from None
+  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+    raise ValueError("expected a call such as search(query=\"...\") or open(doc_id=\"...\")")
+  params = {"search": ("query", "page"), "open": ("doc_id", "page")}.get(node.func.id)
+  if params is None:
+    raise ValueError(f"unknown action '{node.func.id}' (available: search, open)")
+  try:
+    kwargs = {params[i]: ast.literal_eval(a) for i, a in enumerate(node.args[:2])}
+    for kw in node.keywords:
+      if kw.arg not in params:
+        raise ValueError(f"{node.func.id}() got an unexpected argument '{kw.arg}'")
+      kwargs[kw.arg] = ast.literal_eval(kw.value)
+  except (ValueError, IndexError) as e:
+    raise ValueError(str(e) or "arguments must be literals") from None
+  return node.func.id, kwargs
+
+
+class SearchEnv(base.Env):
+  domain = "search"
+
+  def __init__(self, cache_dir: str | None = None) -> None:
+    super().__init__()
+    self.path = ensure_index(cache_dir)
+    self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+    self.ids = [r[0] for r in self.con.execute("SELECT doc_id FROM docs ORDER BY doc_id")]
+    self._info: base.EnvInfo | None = None
+
+  def reset(self, seed: int) -> str:
+    rng = random.Random(seed * 7 + 1)
+    self.steps = 0
+    funcs = [d for d in self.ids if "." in d and d.split(".")[-1][:1].islower()]
+    target = rng.choice(funcs)
+    title, body = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (target,)).fetchone()
+    words = [w for w in re.findall(r"[a-z]{4,}", title.split(":", 1)[-1].lower())
+             if w not in _STOP]
+    name = target.split(".")[-1]
+    what = re.sub(rf"\b{re.escape(name)}\b", "...", title.split(": ", 1)[-1])
+    self.goal = {"target": target, "words": words, "name": name,
+                 "module": target.rsplit(".", 1)[0],
+                 "text": f"Find the standard-library function or class documented as \"{what}\" "
+                         "and read its signature."}
+    initial = (f"Search engine over the Python {sys.version_info.major}.{sys.version_info.minor} "
+               f"standard library documentation: {len(self.ids)} documents indexed (modules, "
+               "classes, functions). No query has been run yet.")
+    self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
+    return initial
+
+  def describe(self) -> base.EnvInfo:
+    if self._info is None:
+      raise RuntimeError("call reset(seed) before describe()")
+    return self._info
+
+  def episode_meta(self) -> dict[str, Any]:
+    return {"target_doc": self.goal.get("target"), "collection":
+            f"pydoc text of {len(MODULES)} stdlib modules, python {sys.version.split()[0]}"}
+
+  def step(self, action: str) -> str:
+    self.steps += 1
+    try:
+      name, kw = parse_call(action)
+      if name == "search":
+        return self.search(str(kw.get("query", "")), kw.get("page", 1))
+      return self.open(str(kw.get("doc_id", "")), kw.get("page", 1))
+    except ValueError as e:
+      return f"Error: {e}"
+
+  def search(self, query: str, page: Any = 1) -> str:
+    if not isinstance(page, int) or page < 1:
+      return f"Error: page must be a positive integer, got {page!r}"
+    expr = _fts_query(query)
+    if not expr:
+      return "Error: empty query"
+    n = self.con.execute("SELECT COUNT(*) FROM docs WHERE docs MATCH ?", (expr,)).fetchone()[0]
+    if n == 0:
+      return f'No results for "{query}".'
+    pages = (n + PER_PAGE - 1) // PER_PAGE
+    if page > pages:
+      return f'Error: page {page} is past the last page ({pages}) of results for "{query}".'
+    rows = self.con.execute(
+        "SELECT doc_id, title, snippet(docs, 2, '**', '**', ' ... ', 16), bm25(docs, 0, 5.0, 1.0) AS s "
+        "FROM docs WHERE docs MATCH ? ORDER BY s, doc_id LIMIT ? OFFSET ?",
+        (expr, PER_PAGE, (page - 1) * PER_PAGE)).fetchall()
+    out = [f'Results {(page - 1) * PER_PAGE + 1}-{(page - 1) * PER_PAGE + len(rows)} of {n} for '
+           f'"{query}" (page {page} of {pages})']
+    for k, (doc_id, title, snip, score) in enumerate(rows, (page - 1) * PER_PAGE + 1):
+      snip = " ".join(snip.split())
+      out.append(f"\n{k}. [{doc_id}] {title}\n   score {-score:.2f} | {snip}")
+    return "\n".join(out)
+
+  def open(self, doc_id: str, page: Any = 1) -> str:
+    if not isinstance(page, int) or page < 1:
+      return f"Error: page must be a positive integer, got {page!r}"
+    row = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (doc_id,)).fetchone()
+    if row is None:
+      return f"Error: no document with id '{doc_id}'."
+    lines = row[1].splitlines()
+    pages = max(1, (len(lines) + LINES_PER_PAGE - 1) // LINES_PER_PAGE)
+    if page > pages:
+      return f"Error: document '{doc_id}' has {pages} page(s); page {page} does not exist."
+    chunk = "\n".join(lines[(page - 1) * LINES_PER_PAGE: page * LINES_PER_PAGE])
+    return base.truncate(f"[{doc_id}] page {page} of {pages}\n\n{chunk}", self.max_obs_chars)
+
+  def close(self) -> None:
+    if self.con is not None:
+      self.con.close()
+      self.con = None  # type: ignore[assignment]
+
+
+_STOP = {"return", "returns", "with", "from", "that", "this", "into", "given", "object", "objects",
+         "none", "true", "false", "which", "their", "each", "when", "than", "them", "they", "over"}
+
+
+class SearchAgent(base.Agent):
+  """Searches with words from the task, pages on, reformulates, opens the best-looking hit."""
+
+  def begin(self, env: base.Env, initial_state: str) -> None:
+    r, g = self.rng, env.goal
+    self.g = g
+    words = g["words"] or [g["name"]]
+    q = " ".join(r.sample(words, min(len(words), r.randint(1, 3))))
+    self.queries = []
+    if r.random() < 0.4:  # a broad first query: many pages of results
+      self.queries.append(r.choice(words))
+    if r.random() < 0.25:  # a typo or an over-specific query that finds nothing
+      self.queries.append(q + " " + r.choice(["asynchronously recursively", "zzqx", "frobnicate"]))
+    self.queries.append(q)
+    self.queries.append(f"{g['name']} {g['module'].split('.')[-1]}")
+    self.follow = r.randint(1, 5)
+    self.pages_seen = 0
+    self.opened = False
+    self.budget = r.randint(8, 16)
+    self.last_query = ""
+    self.page = 1
+    self.doc_page = 1
+
+  def act(self, observation: str) -> str | None:
+    r, g = self.rng, self.g
+    self.budget -= 1
+    if self.budget < 0:
+      return None
+    if self.opened:
+      if "page 1 of" in observation and "page 1 of 1\n" not in observation and r.random() < 0.5:
+        self.doc_page += 1
+        return f'open(doc_id="{g["target"]}", page={self.doc_page})'
+      if self.follow <= 0:
+        return None
+      self.follow -= 1
+      return self._follow_up()
+    return self._look(observation)
+
+  def _follow_up(self) -> str:
+    r, g = self.rng, self.g
+    if not hasattr(self, "options"):
+      self.options = r.sample([f'open(doc_id="{g["module"]}")', f'open(doc_id="{g["target"]}", page=9)',
+                       f'open(doc_id="{g["name"]}")', f'search(query="{g["name"]} example")',
+                       f'search(query="{g["module"]}", page=2)', f'search(query="{g["name"]}")',
+                       f'search(query="{r.choice(g["words"] or [g["name"]])} {g["module"]}")',
+                       f'open(doc_id="{g["module"]}.{r.choice(["load", "open", "run", "copy", "get"])}")'], 8)
+    return self.options.pop()
+
+  def _look(self, observation: str) -> str:
+    r, g = self.rng, self.g
+    ids = re.findall(r"^\d+\. \[([^\]]+)\]", observation, re.M)
+    if g["target"] in ids:
+      self.opened = True
+      if r.random() < 0.3 and ids[0] != g["target"]:
+        self.opened = False
+        return f'open(doc_id="{ids[0]}")'  # opens a wrong hit first
+      return f'open(doc_id="{g["target"]}")'
+    if ids and "(page " in observation and self.pages_seen < 2 and r.random() < 0.7:
+      m = re.search(r"\(page (\d+) of (\d+)\)", observation)
+      if m and int(m.group(1)) < int(m.group(2)):
+        self.pages_seen += 1
+        return f'search(query="{self.last_query}", page={int(m.group(1)) + 1})'
+    if self.queries:
+      self.last_query = self.queries.pop(0)
+      self.pages_seen = 0
+      if r.random() < 0.1:
+        return f"search({self.last_query!r}, 0)"
+      return f'search(query="{self.last_query}")'
+    self.opened = True
+    return f'open(doc_id="{g["target"]}")'
