@@ -160,8 +160,10 @@ class SamplerBackend(Backend):
   """Our `lwm_jax.sampling.Sampler`, fed `batch_size` conversations per `generate` call."""
 
   def __init__(self, sampler: Any, *, temperature: float = 0.6, max_new_tokens: int = 32768,
-               seed: int = 0, batch_size: int = 8, name: str = "sampler"):
+               seed: int = 0, batch_size: int = 8, name: str = "sampler",
+               make_params: Callable[..., Any] | None = None):
     self.sampler, self.name, self.batch_size = sampler, name, max(1, batch_size)
+    self.make_params = make_params
     self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
 
   @classmethod
@@ -175,13 +177,16 @@ class SamplerBackend(Backend):
     return cls(sampler_cls.from_checkpoint(directory), **kw)
 
   def _params(self, batch_no: int) -> Any:
+    kw = dict(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+              seed=self.seed + batch_no)
+    if self.make_params is not None:
+      return self.make_params(**kw)
     from lwm_jax import sampling
     params_cls = getattr(sampling, "SamplingParams", None)
     if params_cls is None:
       from lwm_jax.sampling import sampler as sampler_mod
       params_cls = sampler_mod.SamplingParams
-    return params_cls(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                      seed=self.seed + batch_no)
+    return params_cls(**kw)
 
   def complete_many(self, convs: Sequence[Messages]
                     ) -> Iterator[tuple[int, Completion | Exception]]:

@@ -1,0 +1,160 @@
+"""Scoring a run directory and reporting it: markdown tables, a JSON file and bar charts.
+
+The markdown follows the layout of the paper's Table 5: one row per system (the model(s) and the
+baselines), one column per domain in the order MCP, Search, Terminal, SWE, Android, Web, OS, then
+the overall. Judge scores come with their excluded counts; the judge-free metrics get a table each.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+from lwm_jax.data import schema
+from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.eval import agentworldbench as A
+from lwm_jax.eval import records as R
+from lwm_jax.eval.metrics import FREE_METRICS, aggregate, aggregate_free, free_metrics
+
+DISPLAY = {"mcp": "MCP", "search": "Search", "terminal": "Term.", "swe": "SWE",
+           "android": "Android", "web": "Web", "os": "OS"}
+METRIC_TITLES = {"judge": "Judge score: five-dimension rubric mean, 0-100",
+                 "exact": "Exact match, %", "token_f1": "Token F1, %",
+                 "edit_sim": "Edit similarity, %"}
+
+
+def score_run(records: Iterable[AWBRecord], out_dir: str) -> dict[str, Any]:
+  """Judge-free metrics of every predictions file and the aggregate of every judged file."""
+  recs = list(records)
+  by_key = {R.record_key(r): r for r in recs}
+  truths = {k: R.ground_truth(r) for k, r in by_key.items()}
+  n_records: dict[str, int] = {}
+  for r in recs:
+    n_records[R.domain(r)] = n_records.get(R.domain(r), 0) + 1
+  systems: dict[str, Any] = {}
+  for name in A.list_systems(out_dir, A.PRED_DIR):
+    preds = A.load_rows(A.predictions_path(out_dir, name))
+    rows, missing = [], 0
+    for key, truth in truths.items():
+      if truth is None:
+        continue
+      if key not in preds:
+        missing += 1
+        continue
+      rows.append({"task": by_key[key].task, **free_metrics(str(preds[key]["prediction"]), truth)})
+    entry: dict[str, Any] = {"free": aggregate_free(rows), "missing_predictions": missing,
+                             "judge": None}
+    judged_file = A.judged_path(out_dir, name)
+    if os.path.exists(judged_file):
+      judged = [row for k, row in A.load_rows(judged_file).items() if k in by_key]
+      entry["judge"] = aggregate(judged)
+      entry["judge"]["not_judged"] = sum(1 for k, t in truths.items()
+                                         if t is not None and k in preds) - len(judged)
+    systems[name] = entry
+  domains = [d for d in schema.DOMAINS if d in n_records] + sorted(
+      d for d in n_records if d not in schema.DOMAINS)
+  return {"domains": domains, "n_records": n_records, "systems": systems}
+
+
+def _cell(v: float | None) -> str:
+  return "-" if v is None else f"{v:.2f}"
+
+
+def _table(results: dict[str, Any], metric: str) -> str | None:
+  doms = results["domains"]
+  head = "| System | " + " | ".join(DISPLAY.get(d, d) for d in doms) + " | **Overall** |"
+  lines = [head, "|:--" + "|:-:" * (len(doms) + 1) + "|"]
+  any_row = False
+  for name, entry in results["systems"].items():
+    if metric == "judge":
+      agg = entry["judge"]
+      if agg is None:
+        continue
+      cells = []
+      for d in doms:
+        ex = agg["excluded"].get(d, 0)
+        cells.append(_cell(agg["domains"].get(d)) + (f" ({ex} excl.)" if ex else ""))
+    else:
+      agg = entry["free"][metric]
+      cells = [_cell(agg["domains"].get(d)) for d in doms]
+    any_row = True
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | **{_cell(agg['overall'])}** |")
+  return "\n".join(lines) if any_row else None
+
+
+def markdown_report(results: dict[str, Any]) -> str:
+  n = results["n_records"]
+  parts = ["# AgentWorldBench results", "",
+           "Samples per domain: " + ", ".join(f"{DISPLAY.get(d, d)} {n[d]}"
+                                             for d in results["domains"]) + ".",
+           "Baselines: `copy_previous` repeats the observation before the action; `empty` predicts "
+           "nothing. Overall = unweighted mean of the domains present."]
+  for metric in ("judge", *FREE_METRICS):
+    table = _table(results, metric)
+    if table:
+      parts += ["", f"## {METRIC_TITLES[metric]}", "", table]
+  notes = []
+  for name, e in results["systems"].items():
+    if e["missing_predictions"]:
+      notes.append(f"- {name}: {e['missing_predictions']} samples without a prediction "
+                   "(inference failed; rerun `infer` to retry), left out of every metric.")
+    if e["judge"] and e["judge"].get("not_judged"):
+      notes.append(f"- {name}: {e['judge']['not_judged']} predictions not judged yet "
+                   "(judge call failed; rerun `judge`).")
+  if notes:
+    parts += ["", "## Notes", "", *notes]
+  return "\n".join(parts) + "\n"
+
+
+def plot(results: dict[str, Any], metric: str, path: str) -> bool:
+  """One figure per metric, one bar chart per domain (and the overall), a bar per system."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names, aggs = [], []
+  for name, e in results["systems"].items():
+    agg = e["judge"] if metric == "judge" else e["free"][metric]
+    if agg is not None:
+      names.append(name)
+      aggs.append(agg)
+  if not names:
+    return False
+  panels = results["domains"] + ["overall"]
+  cols = min(4, len(panels))
+  rows = (len(panels) + cols - 1) // cols
+  fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+  colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(names))]
+  for ax, panel in zip(axes.flat, panels):
+    vals = [(a["overall"] if panel == "overall" else a["domains"].get(panel)) or 0.0
+            for a in aggs]
+    ax.bar(range(len(names)), vals, color=colors)
+    ax.set_title(DISPLAY.get(panel, panel.capitalize()), fontsize=10)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(0, 100)
+    for i, v in enumerate(vals):
+      ax.text(i, v + 1, f"{v:.1f}", ha="center", fontsize=7)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.axis("off")
+  fig.suptitle(METRIC_TITLES[metric], fontsize=11)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
+  """Writes scores.json, scores.md and scores_{metric}.png; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, "scores.json"),
+           "markdown": os.path.join(out_dir, "scores.md")}
+  with open(paths["json"], "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2, sort_keys=False)
+  with open(paths["markdown"], "w", encoding="utf-8") as f:
+    f.write(markdown_report(results))
+  for metric in ("judge", *FREE_METRICS):
+    p = os.path.join(out_dir, f"scores_{metric}.png")
+    if plot(results, metric, p):
+      paths[f"png_{metric}"] = p
+  return paths
