@@ -10,6 +10,7 @@ episode is the same bytes for the same seed.
 from __future__ import annotations
 
 import abc
+import ast
 import dataclasses
 import importlib
 import random
@@ -88,6 +89,37 @@ def truncate(text: str, limit: int) -> str:
     cut = limit
   rest = text[cut:].count("\n")
   return text[:cut].rstrip("\n") + f"\n... [output truncated: {rest} more lines]"
+
+
+def parse_call(action: str, signatures: dict[str, tuple[str, ...]]) -> tuple[str, dict[str, Any]]:
+  """Parses `name(arg, key=value)` with literal arguments against `signatures` (name -> params).
+
+  Returns (name, kwargs); raises ValueError with the reason a tool would give.
+  """
+  try:
+    node = ast.parse(action.strip(), mode="eval").body
+  except SyntaxError as e:
+    raise ValueError(f"cannot parse action: {e.msg}") from None
+  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+    raise ValueError("expected a call such as " + ", ".join(f"{n}(...)" for n in signatures))
+  name = node.func.id
+  if name not in signatures:
+    raise ValueError(f"unknown action '{name}' (available: {', '.join(signatures)})")
+  params = signatures[name]
+  if len(node.args) > len(params):
+    raise ValueError(f"{name}() takes at most {len(params)} arguments ({len(node.args)} given)")
+  kwargs: dict[str, Any] = {}
+  try:
+    for i, a in enumerate(node.args):
+      kwargs[params[i]] = ast.literal_eval(a)
+    for kw in node.keywords:
+      if kw.arg not in params:
+        raise ValueError(f"{name}() got an unexpected argument '{kw.arg}'")
+      kwargs[kw.arg] = ast.literal_eval(kw.value)
+  except ValueError as e:
+    msg = str(e)
+    raise ValueError(msg if "unexpected" in msg else f"{name}(): arguments must be literals") from None
+  return name, kwargs
 
 
 # name -> (module, env class, agent class); imported lazily so one env needs no other's deps.

@@ -8,7 +8,6 @@ returns a page of the document. The collection depends on the Python version (ke
 """
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import os
@@ -112,25 +111,8 @@ def _fts_query(query: str) -> str:
 
 
 def parse_call(action: str) -> tuple[str, dict[str, Any]]:
-  """`name(args...)` with literal arguments -> (name, kwargs); raises ValueError with why."""
-  try:
-    node = ast.parse(action.strip(), mode="eval").body
-  except SyntaxError as e:
-    raise ValueError(f"cannot parse action: {e.msg}") from None
-  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-    raise ValueError("expected a call such as search(query=\"...\") or open(doc_id=\"...\")")
-  params = {"search": ("query", "page"), "open": ("doc_id", "page")}.get(node.func.id)
-  if params is None:
-    raise ValueError(f"unknown action '{node.func.id}' (available: search, open)")
-  try:
-    kwargs = {params[i]: ast.literal_eval(a) for i, a in enumerate(node.args[:2])}
-    for kw in node.keywords:
-      if kw.arg not in params:
-        raise ValueError(f"{node.func.id}() got an unexpected argument '{kw.arg}'")
-      kwargs[kw.arg] = ast.literal_eval(kw.value)
-  except (ValueError, IndexError) as e:
-    raise ValueError(str(e) or "arguments must be literals") from None
-  return node.func.id, kwargs
+  """`search(...)` / `open(...)` -> (name, kwargs); raises ValueError saying why."""
+  return base.parse_call(action, {"search": ("query", "page"), "open": ("doc_id", "page")})
 
 
 class SearchEnv(base.Env):
