@@ -1,0 +1,205 @@
+"""Losses: weighted next-token cross-entropy, and the policy-gradient losses GSPO, GSPO-token and GRPO.
+
+Conventions for the policy losses (SPECS 2.3): every per-token array is [B, T] over the response
+positions of B sampled responses, `mask_BxT` is 1 on response tokens and 0 elsewhere (prompt, padding);
+`logp_BxT` are the current policy's log-probabilities of the sampled tokens, `old_logp_BxT` those of
+the policy that sampled them. Each loss returns (scalar loss to MINIMISE, metrics dict). The
+advantages are per sequence `[B]` (broadcast over tokens) or per token `[B, T]` (GSPO-token, GRPO).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Metrics = dict[str, jax.Array]
+
+
+# ----------------------------------------------------------------------- next-token cross-entropy
+def token_logprobs(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """log p(target) per position and the log-partition (fp32), both [B, S]."""
+  logits = logits_BxSxV.astype(jnp.float32)
+  lse_BxS = jax.nn.logsumexp(logits, axis=-1)
+  picked_BxS = jnp.take_along_axis(logits, targets_BxS[..., None], axis=-1)[..., 0]
+  return picked_BxS - lse_BxS, lse_BxS
+
+
+def shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS):
+  """Targets tokens[:, 1:] with weights loss_weights[:, 1:]; pairs that cross a segment boundary or
+  lead into padding (segment 0) get weight 0."""
+  same = (segment_ids_BxS[:, 1:] == segment_ids_BxS[:, :-1]) & (segment_ids_BxS[:, 1:] != 0)
+  w = loss_weights_BxS[:, 1:].astype(jnp.float32) * same.astype(jnp.float32)
+  return tokens_BxS[:, 1:], w
+
+
+def cross_entropy_sums(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_BxS,
+                       z_loss_coef: float = 0.0) -> Metrics:
+  """Sums (not means) so that micro-batches and devices can be added before normalising:
+  `nll` = sum w * -log p, `z` = sum w * logZ^2, `weight` = sum w, `correct` = sum w * [argmax hit]."""
+  targets, w = shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS)
+  logits = logits_BxSxV[:, :-1]
+  logp, lse = token_logprobs(logits, targets)
+  hit = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  out = {"nll": -jnp.sum(w * logp), "weight": jnp.sum(w), "correct": jnp.sum(w * hit),
+         "tokens": jnp.sum((w > 0).astype(jnp.float32))}
+  out["z"] = jnp.sum(w * lse * lse) if z_loss_coef else jnp.zeros((), jnp.float32)
+  return out
+
+
+def cross_entropy_loss(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_BxS,
+                       z_loss_coef: float = 0.0) -> tuple[jax.Array, Metrics]:
+  """Mean weighted next-token cross-entropy over kept tokens (+ z_loss_coef * mean logZ^2)."""
+  s = cross_entropy_sums(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_BxS, z_loss_coef)
+  denom = jnp.maximum(s["weight"], 1e-8)
+  xent = s["nll"] / denom
+  loss = xent + z_loss_coef * s["z"] / denom
+  return loss, {"xent": xent, "weight": s["weight"], "accuracy": s["correct"] / denom}
+
+
+# ----------------------------------------------------------------------- advantages
+def group_advantages(rewards_N: jax.Array, group_size: int, eps: float = 1e-6) -> jax.Array:
+  """A_i = (r_i - mean_group r) / (std_group r + eps), unbiased std (ddof=1); groups are consecutive
+  runs of `group_size` rewards."""
+  n = rewards_N.shape[0]
+  if group_size < 2 or n % group_size:
+    raise ValueError(f"group_advantages: group_size={group_size} must be >= 2 and divide the "
+                     f"number of rewards ({n})")
+  r = rewards_N.astype(jnp.float32).reshape(n // group_size, group_size)
+  mean = r.mean(axis=1, keepdims=True)
+  std = jnp.std(r, axis=1, keepdims=True, ddof=1)
+  return ((r - mean) / (std + eps)).reshape(n)
+
+
+def _per_token(adv, like_BxT):
+  adv = adv.astype(jnp.float32)
+  return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, like_BxT.shape)
+
+
+def _masked_seq_mean(x_BxT, mask_BxT):
+  """Mean over each sequence's masked tokens, [B] (0 for an empty sequence)."""
+  n = jnp.sum(mask_BxT, axis=1)
+  return jnp.sum(x_BxT * mask_BxT, axis=1) / jnp.maximum(n, 1.0)
+
+
+def _valid_seqs(mask_BxT):
+  return (jnp.sum(mask_BxT, axis=1) > 0).astype(jnp.float32)
+
+
+def _mean_over(x_B, valid_B):
+  return jnp.sum(x_B * valid_B) / jnp.maximum(jnp.sum(valid_B), 1.0)
+
+
+def kl_k3(logp_BxT, ref_logp_BxT):
+  """Schulman's k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+  d = ref_logp_BxT - logp_BxT
+  return jnp.exp(d) - d - 1.0
+
+
+def _add_kl(loss, metrics, logp, ref_logp, mask, valid, kl_coef):
+  if ref_logp is None or not kl_coef:
+    return loss, metrics
+  kl_B = _masked_seq_mean(kl_k3(logp, ref_logp), mask)
+  kl = _mean_over(kl_B, valid)
+  metrics["kl"] = kl
+  return loss + kl_coef * kl, metrics
+
+
+# ----------------------------------------------------------------------- policy losses
+def gspo_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, eps_low: float = 3e-4,
+              eps_high: float = 4e-4, log_ratio_cap: float | None = 10.0,
+              ref_logp_BxT=None, kl_coef: float = 0.0) -> tuple[jax.Array, Metrics]:
+  """GSPO: s_i = exp(mean_t (logp - logp_old)); loss = -mean_i min(s_i A_i, clip(s_i) A_i).
+
+  `advantages` is [B]. `log_ratio_cap` caps the sequence log-ratio from above before exp (verl uses
+  10); None disables it."""
+  mask = mask_BxT.astype(jnp.float32)
+  valid = _valid_seqs(mask)
+  log_s_B = _masked_seq_mean(logp_BxT - old_logp_BxT, mask)
+  if log_ratio_cap is not None:
+    log_s_B = jnp.minimum(log_s_B, log_ratio_cap)
+  s_B = jnp.exp(log_s_B)
+  adv_B = advantages.astype(jnp.float32)
+  unclipped = s_B * adv_B
+  clipped = jnp.clip(s_B, 1.0 - eps_low, 1.0 + eps_high) * adv_B
+  obj_B = jnp.minimum(unclipped, clipped)
+  loss = -_mean_over(obj_B, valid)
+  metrics = _ratio_metrics(s_B, (clipped < unclipped).astype(jnp.float32), valid)
+  return _add_kl(loss, metrics, logp_BxT, ref_logp_BxT, mask, valid, kl_coef)
+
+
+def gspo_token_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, eps_low: float = 3e-4,
+                    eps_high: float = 4e-4, log_ratio_cap: float | None = 10.0,
+                    ref_logp_BxT=None, kl_coef: float = 0.0) -> tuple[jax.Array, Metrics]:
+  """GSPO-token: s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)], per-token clipped objective, averaged
+  over each sequence's tokens and then over sequences. Equals GSPO (value and gradient) when every
+  token of a sequence has the same advantage."""
+  mask = mask_BxT.astype(jnp.float32)
+  valid = _valid_seqs(mask)
+  log_s_B = jax.lax.stop_gradient(_masked_seq_mean(logp_BxT - old_logp_BxT, mask))
+  log_s_BxT = logp_BxT - jax.lax.stop_gradient(logp_BxT) + log_s_B[:, None]
+  if log_ratio_cap is not None:
+    log_s_BxT = jnp.minimum(log_s_BxT, log_ratio_cap)
+  s_BxT = jnp.exp(log_s_BxT)
+  adv = _per_token(advantages, mask)
+  unclipped = s_BxT * adv
+  clipped = jnp.clip(s_BxT, 1.0 - eps_low, 1.0 + eps_high) * adv
+  obj_B = _masked_seq_mean(jnp.minimum(unclipped, clipped), mask)
+  loss = -_mean_over(obj_B, valid)
+  clip_B = _masked_seq_mean((clipped < unclipped).astype(jnp.float32), mask)
+  metrics = _ratio_metrics(jnp.exp(log_s_B), clip_B, valid)
+  return _add_kl(loss, metrics, logp_BxT, ref_logp_BxT, mask, valid, kl_coef)
+
+
+def grpo_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, eps_low: float = 0.2,
+              eps_high: float = 0.27, ref_logp_BxT=None, kl_coef: float = 0.0,
+              aggregation: str = "seq_mean_token_mean") -> tuple[jax.Array, Metrics]:
+  """GRPO/PPO-clip with token-level ratios r_it = exp(logp - logp_old).
+
+  aggregation: `seq_mean_token_mean` (GRPO paper: mean over each sequence's tokens, then over
+  sequences) or `token_mean` (DAPO: mean over all response tokens of the batch)."""
+  mask = mask_BxT.astype(jnp.float32)
+  valid = _valid_seqs(mask)
+  r_BxT = jnp.exp(logp_BxT - old_logp_BxT)
+  adv = _per_token(advantages, mask)
+  unclipped = r_BxT * adv
+  clipped = jnp.clip(r_BxT, 1.0 - eps_low, 1.0 + eps_high) * adv
+  obj_BxT = jnp.minimum(unclipped, clipped)
+  is_clip = (clipped < unclipped).astype(jnp.float32)
+  if aggregation == "seq_mean_token_mean":
+    loss = -_mean_over(_masked_seq_mean(obj_BxT, mask), valid)
+  elif aggregation == "token_mean":
+    loss = -jnp.sum(obj_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  else:
+    raise ValueError(f"grpo_loss: aggregation '{aggregation}' is not seq_mean_token_mean or "
+                     "token_mean")
+  metrics = _ratio_metrics(jnp.exp(_masked_seq_mean(jnp.log(r_BxT), mask)),
+                           _masked_seq_mean(is_clip, mask), valid)
+  return _add_kl(loss, metrics, logp_BxT, ref_logp_BxT, mask, valid, kl_coef)
+
+
+def _ratio_metrics(s_B, clip_B, valid_B) -> Metrics:
+  big = jnp.finfo(jnp.float32).max
+  return {"clip_frac": _mean_over(clip_B, valid_B),
+          "ratio_mean": _mean_over(s_B, valid_B),
+          "ratio_min": jnp.min(jnp.where(valid_B > 0, s_B, big)),
+          "ratio_max": jnp.max(jnp.where(valid_B > 0, s_B, -big))}
+
+
+POLICY_LOSSES = {"gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss}
+
+
+def policy_loss(algo: str, logp_BxT, old_logp_BxT, advantages, mask_BxT, **kw: Any):
+  """Dispatches to one of POLICY_LOSSES by name."""
+  if algo not in POLICY_LOSSES:
+    raise ValueError(f"rl.algo: '{algo}' is not one of {sorted(POLICY_LOSSES)}")
+  return POLICY_LOSSES[algo](logp_BxT, old_logp_BxT, advantages, mask_BxT, **kw)
+
+
+def masked_entropy(logits_BxTxV, mask_BxT) -> jax.Array:
+  """Mean token entropy of the policy over masked positions."""
+  logits = logits_BxTxV.astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  ent_BxT = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  m = mask_BxT.astype(jnp.float32)
+  return jnp.sum(ent_BxT * m) / jnp.maximum(jnp.sum(m), 1.0)
