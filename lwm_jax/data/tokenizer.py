@@ -9,7 +9,6 @@ assistant content the thinking tags (`<think>`, `</think>`, `<predicted_observat
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Callable, Iterable, Sequence
@@ -200,12 +199,12 @@ class HFTokenizer(Tokenizer):
     if not os.path.isfile(path):
       raise FileNotFoundError(f"no tokenizer.json at {path}")
     self.path = path
-    with open(path, encoding="utf-8") as f:
-      spec = json.load(f)
-    self._full = _Tok.from_str(json.dumps(spec))
+    self._full = _Tok.from_file(path)
     # The same pipeline without added tokens: text is never parsed into control tokens.
-    plain = dict(spec, added_tokens=[])
-    self._plain = _Tok.from_str(json.dumps(plain))
+    self._plain = _Tok(self._full.model)
+    self._plain.normalizer = self._full.normalizer
+    self._plain.pre_tokenizer = self._full.pre_tokenizer
+    self._plain.decoder = self._full.decoder
     self.special_tokens = {}
     for s in SPECIAL_TOKENS:
       i = self._full.token_to_id(s)
