@@ -1,0 +1,395 @@
+"""The `web` environment: a browser-like client for the local shop, seeing an accessibility tree.
+
+Each episode starts the real HTTP shop (`web_app.ShopServer`) on loopback; the client keeps a
+cookie, follows redirects, and renders each HTML page as an accessibility-tree text in which
+interactive elements carry numeric ids. Actions: `click(id)`, `type(id, "text")`,
+`select(id, "option")`, `submit(id)`, `goto("/path")`, `back()`. URLs are shown on the fixed host
+`http://shop.local` (the real port never appears). An invalid action leaves the page as it was and
+shows an error line above it.
+"""
+from __future__ import annotations
+
+import html.parser
+import http.client
+import random
+import re
+import urllib.parse
+from typing import Any
+
+from lwm_jax.envs import base, web_app
+
+HOST = "http://shop.local"
+SIGNATURES = {"click": ("id",), "type": ("id", "text"), "select": ("id", "option"),
+              "submit": ("id",), "goto": ("url",), "back": ()}
+ACTION_SPACE = """\
+One browser action per turn, Python call syntax:
+  click(id)               follow a link or press a button (buttons submit their form)
+  type(id, "text")        replace the text of a textbox
+  select(id, "option")    choose an option of a combobox
+  submit(id)              submit the form that contains element `id`
+  goto("/path?query")     open a URL of the site
+  back()                  return to the previous page
+Observation: the page as an accessibility tree; interactive elements are shown as [id] role "name"."""
+
+_CONTAINERS = {"nav": "navigation", "main": "main", "ul": "list", "li": "listitem", "form": "form"}
+
+
+class _TreeParser(html.parser.HTMLParser):
+  """HTML -> a flat list of nodes (role, name, depth, attrs, form index)."""
+
+  def __init__(self) -> None:
+    super().__init__(convert_charrefs=True)
+    self.nodes: list[dict[str, Any]] = []
+    self.forms: list[dict[str, Any]] = []
+    self.labels: dict[str, str] = {}
+    self.title = ""
+    self.depth = 0
+    self.stack: list[str] = []
+    self.capture: dict[str, Any] | None = None
+    self.in_title = False
+    self.label_for = ""
+    self.form = -1
+    self.select: dict[str, Any] | None = None
+
+  def handle_starttag(self, tag: str, attrs_list: list[tuple[str, str | None]]) -> None:
+    a = {k: v or "" for k, v in attrs_list}
+    if tag == "title":
+      self.in_title = True
+    elif tag in _CONTAINERS:
+      if tag == "form":
+        self.form = len(self.forms)
+        self.forms.append({"action": a.get("action", ""), "method": a.get("method", "get").upper(),
+                           "hidden": {}})
+      self.nodes.append({"role": _CONTAINERS[tag], "name": "", "depth": self.depth})
+      self.depth += 1
+      self.stack.append(tag)
+    elif tag in ("a", "button", "h1", "h2", "p", "label", "option"):
+      role = {"a": "link", "button": "button", "h1": "heading", "h2": "heading", "p": "text",
+              "label": "label", "option": "option"}[tag]
+      node = {"role": role, "name": "", "depth": self.depth, "attrs": a, "form": self.form}
+      if tag == "p" and a.get("role") == "alert":
+        node["role"] = "alert"
+      if tag == "option":
+        if self.select is not None:
+          self.select["options"].append(a.get("value", ""))
+          if "selected" in a:
+            self.select["value"] = a.get("value", "")
+        self.capture = None
+        return
+      if tag == "label":
+        self.label_for = a.get("for", "")
+      self.capture = node
+      if role != "label":
+        self.nodes.append(node)
+    elif tag == "input":
+      if a.get("type") == "hidden":
+        if self.form >= 0:
+          self.forms[self.form]["hidden"][a.get("name", "")] = a.get("value", "")
+        return
+      self.nodes.append({"role": "textbox", "name": a.get("id", ""), "depth": self.depth, "attrs": a,
+                         "form": self.form, "value": a.get("value", ""), "secret": a.get("type") == "password"})
+    elif tag == "select":
+      self.select = {"role": "combobox", "name": a.get("id", ""), "depth": self.depth, "attrs": a,
+                     "form": self.form, "options": [], "value": None}
+      self.nodes.append(self.select)
+
+  def handle_endtag(self, tag: str) -> None:
+    if tag == "title":
+      self.in_title = False
+    elif tag in _CONTAINERS and self.stack and self.stack[-1] == tag:
+      self.stack.pop()
+      self.depth -= 1
+      if tag == "form":
+        self.form = -1
+    elif tag == "select" and self.select is not None:
+      if self.select["value"] is None:
+        self.select["value"] = self.select["options"][0] if self.select["options"] else ""
+      self.select = None
+    elif tag == "label" and self.capture is not None:
+      self.labels[self.label_for] = self.capture["name"].strip()
+      self.capture = None
+    elif tag in ("a", "button", "h1", "h2", "p"):
+      self.capture = None
+
+  def handle_data(self, data: str) -> None:
+    if self.in_title:
+      self.title += data
+    elif self.capture is not None:
+      self.capture["name"] += data
+    elif data.strip() and self.select is None:
+      self.nodes.append({"role": "text", "name": data, "depth": self.depth})
+
+
+class WebEnv(base.Env):
+  domain = "web"
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.server: web_app.ShopServer | None = None
+    self._info: base.EnvInfo | None = None
+
+  # -- http --------------------------------------------------------------------------------------
+  def _request(self, method: str, url: str, form: dict[str, str] | None = None) -> None:
+    assert self.server is not None
+    for _ in range(5):
+      conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=10)
+      body = urllib.parse.urlencode(form) if form is not None else None
+      headers = {"Cookie": f"sid={self.sid}"} if self.sid else {}
+      if body is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+      conn.request(method, url, body=body, headers=headers)
+      resp = conn.getresponse()
+      text = resp.read().decode()
+      m = re.match(r"sid=([^;]+)", resp.getheader("Set-Cookie", "") or "")
+      if m:
+        self.sid = m.group(1)
+      conn.close()
+      if resp.status in (301, 302, 303):
+        url, method, form = resp.getheader("Location", "/"), "GET", None
+        continue
+      self.status = resp.status
+      self.url = url
+      self._load(text)
+      return
+    raise RuntimeError("too many redirects")
+
+  def _load(self, text: str) -> None:
+    p = _TreeParser()
+    p.feed(text)
+    p.close()
+    self.forms = p.forms
+    self.title = p.title.strip()
+    self.nodes = []
+    for n in p.nodes:
+      n["name"] = " ".join(n["name"].split())
+      if n["role"] in ("textbox", "combobox"):
+        n["name"] = p.labels.get(n["name"], n["name"])
+      if n["role"] == "text" and not n["name"]:
+        continue
+      self.nodes.append(n)
+    self.elements: dict[int, dict[str, Any]] = {}
+    for n in self.nodes:
+      if n["role"] in ("link", "button", "textbox", "combobox"):
+        n["id"] = len(self.elements) + 1
+        self.elements[n["id"]] = n
+
+  def render(self) -> str:
+    status = "" if self.status == 200 else f" [HTTP {self.status}]"
+    lines = [f'Page "{self.title}" at {HOST}{self.url}{status}']
+    for n in self.nodes:
+      pad = "  " * n["depth"]
+      role, name = n["role"], n["name"]
+      if "id" in n:
+        extra = ""
+        if role == "textbox":
+          extra = f' value="{"*" * len(n["value"]) if n.get("secret") else n["value"]}"'
+        elif role == "combobox":
+          extra = f' value="{n["value"]}" options=[{", ".join(n["options"])}]'
+        lines.append(f'{pad}[{n["id"]}] {role} "{name}"{extra}')
+      elif name:
+        lines.append(f'{pad}{role} "{name}"')
+      else:
+        lines.append(f"{pad}{role}")
+    return "\n".join(lines)
+
+  # -- env api -----------------------------------------------------------------------------------
+  def reset(self, seed: int) -> str:
+    self.close()
+    rng = random.Random(seed * 7 + 1)
+    self.steps = 0
+    self.server = web_app.ShopServer(seed)
+    self.sid = ""
+    self.history: list[str] = []
+    self._request("GET", "/")
+    prods = self.server.state.products
+    kind = rng.choice(["buy", "cheapest", "account", "buy"])
+    user = rng.choice(sorted(web_app.USERS))
+    target = rng.choice(prods)
+    cat = rng.choice(sorted({p["category"] for p in prods}))
+    self.goal = {"kind": kind, "user": user, "password": web_app.USERS[user], "product": target["name"],
+                 "category": cat, "qty": rng.choice([1, 1, 2, 3]), "shipping": rng.choice(["standard", "express"]),
+                 "address": rng.choice(["12 Harbour Road, Bristol", "4 Elm Street, Leeds", "9 Mill Lane, York"])}
+    g = self.goal
+    g["text"] = {"buy": f"Sign in as {user} (password {g['password']}) and order {g['qty']} x "
+                        f"'{g['product']}' with {g['shipping']} shipping to {g['address']}.",
+                 "cheapest": f"Find the cheapest product in the '{cat}' category and open its page.",
+                 "account": f"Sign in as {user} (password {g['password']}) and check the account's orders."}[kind]
+    initial = self.render()
+    self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
+    return initial
+
+  def describe(self) -> base.EnvInfo:
+    if self._info is None:
+      raise RuntimeError("call reset(seed) before describe()")
+    return self._info
+
+  def episode_meta(self) -> dict[str, Any]:
+    return {"task_kind": self.goal.get("kind"), "app": "lwm_jax.envs.web_app (http.server on loopback)",
+            "normalised": ["host shown as shop.local (real port hidden)"]}
+
+  def close(self) -> None:
+    if self.server is not None:
+      self.server.close()
+      self.server = None
+
+  def step(self, action: str) -> str:
+    if self.server is None:
+      raise RuntimeError("call reset(seed) before step()")
+    self.steps += 1
+    try:
+      name, kw = base.parse_call(action, SIGNATURES)
+      getattr(self, "_do_" + name)(**kw)
+    except (ValueError, TypeError) as e:
+      return f"Error: {e}\n" + self.render()
+    return self.render()
+
+  def _element(self, id: Any) -> dict[str, Any]:
+    if not isinstance(id, int) or id not in self.elements:
+      raise ValueError(f"no element with id {id!r} on this page")
+    return self.elements[id]
+
+  def _navigate(self, method: str, url: str, form: dict[str, str] | None = None) -> None:
+    self.history.append(self.url)
+    self._request(method, url, form)
+
+  def _do_click(self, id: Any) -> None:
+    n = self._element(id)
+    if n["role"] == "link":
+      self._navigate("GET", urllib.parse.urljoin(self.url, n["attrs"].get("href", "")))
+    elif n["role"] == "button":
+      self._submit_form(n["form"], n)
+    else:
+      raise ValueError(f"element [{id}] is a {n['role']}; use type() or select()")
+
+  def _do_type(self, id: Any, text: Any) -> None:
+    n = self._element(id)
+    if n["role"] != "textbox":
+      raise ValueError(f"element [{id}] is a {n['role']}, not a textbox")
+    n["value"] = str(text)
+
+  def _do_select(self, id: Any, option: Any) -> None:
+    n = self._element(id)
+    if n["role"] != "combobox":
+      raise ValueError(f"element [{id}] is a {n['role']}, not a combobox")
+    if str(option) not in n["options"]:
+      raise ValueError(f"option {option!r} not in [{', '.join(n['options'])}]")
+    n["value"] = str(option)
+
+  def _do_submit(self, id: Any) -> None:
+    n = self._element(id)
+    if n.get("form", -1) < 0:
+      raise ValueError(f"element [{id}] is not inside a form")
+    self._submit_form(n["form"], None)
+
+  def _submit_form(self, form_idx: int, button: dict[str, Any] | None) -> None:
+    if form_idx < 0:
+      raise ValueError("the button is not inside a form")
+    f = self.forms[form_idx]
+    data = dict(f["hidden"])
+    for n in self.nodes:
+      if n.get("form") == form_idx and n["role"] in ("textbox", "combobox"):
+        data[n["attrs"].get("name", "")] = n["value"]
+    url = urllib.parse.urljoin(self.url, f["action"] or self.url)
+    if f["method"] == "GET":
+      sep = "&" if "?" in url else "?"
+      self._navigate("GET", url.split("?")[0] + "?" + urllib.parse.urlencode(data) if data else url)
+    else:
+      self._navigate("POST", url, data)
+
+  def _do_goto(self, url: Any) -> None:
+    u = urllib.parse.urlsplit(str(url))
+    if u.netloc and u.netloc != "shop.local":
+      raise ValueError(f"cannot reach {u.netloc}: only {HOST} is available")
+    self._navigate("GET", urllib.parse.urlunsplit(("", "", u.path or "/", u.query, "")))
+
+  def _do_back(self) -> None:
+    if not self.history:
+      raise ValueError("no previous page")
+    url = self.history.pop()
+    self._request("GET", url)
+
+
+def find(obs: str, role: str, name: str = "") -> int | None:
+  """Id of the first element of `role` whose name contains `name` in an observation."""
+  for m in re.finditer(r'^\s*\[(\d+)\] (\w+) "([^"]*)"', obs, re.M):
+    if m.group(2) == role and name.lower() in m.group(3).lower():
+      return int(m.group(1))
+  return None
+
+
+class WebAgent(base.Agent):
+  """Navigates by reading the tree; mixes in detours (404s, bad ids, wrong password)."""
+
+  def begin(self, env: base.Env, initial_state: str) -> None:
+    r, g = self.rng, env.goal
+    self.g = g
+    steps: list[Any] = []
+    if r.random() < 0.3:
+      steps.append(r.choice(['goto("/admin")', "click(99)", 'type(1, "hello")', "back()",
+                             'goto("https://example.org/")', 'select(2, "x")']))
+    if g["kind"] == "buy":
+      if r.random() < 0.5:
+        steps += [("type", "textbox", "Search", g["product"].split()[0]), ("click", "button", "Search")]
+      else:
+        steps += [("click", "link", "Products"), ("find_product",)]
+      steps += [("click", "link", g["product"]), ("select", "combobox", "Quantity", str(g["qty"])),
+                ("click", "button", "Add to cart"), ("click", "link", "Cart"), ("click", "link", "Checkout"),
+                ("type", "textbox", "Username", g["user"])]
+      if r.random() < 0.3:
+        steps += [("type", "textbox", "Password", "letmein"), ("click", "button", "Sign in"),
+                  ("type", "textbox", "Username", g["user"])]
+      steps += [("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
+      if r.random() < 0.3:
+        steps.append(("click", "button", "Place order"))  # no address yet: a form error
+      steps += [("type", "textbox", "Delivery address", g["address"]),
+                ("select", "combobox", "Shipping", g["shipping"]), ("click", "button", "Place order")]
+    elif g["kind"] == "cheapest":
+      steps += [("click", "link", "Products"), ("select", "combobox", "Category", g["category"]),
+                ("click", "button", "Filter"), ("next_pages",), ("open_cheapest",)]
+    else:
+      steps += ['goto("/account")', ("type", "textbox", "Username", g["user"]),
+                ("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
+      if r.random() < 0.5:
+        steps += [("click", "link", "Products"), ("click", "link", "Next page")]
+      steps.append(("click", "link", "Log out"))
+    if r.random() < 0.3:
+      steps.append(r.choice([("click", "link", "Home"), "back()", ("click", "link", "Cart")]))
+    self.steps = steps
+    self.prices: list[tuple[float, str]] = []
+
+  def act(self, observation: str) -> str | None:
+    while self.steps:
+      s = self.steps.pop(0)
+      if isinstance(s, str):
+        return s
+      op = s[0]
+      if op == "find_product":  # page through the catalogue until the product shows up
+        if find(observation, "link", self.g["product"]) is None:
+          nxt = find(observation, "link", "Next page")
+          if nxt is not None:
+            self.steps.insert(0, s)
+            return f"click({nxt})"
+        continue
+      if op == "next_pages":
+        self.prices += re.findall(r'link "([^"]+)"\n\s*text "\$([\d.]+)', observation)
+        nxt = find(observation, "link", "Next page")
+        if nxt is not None:
+          self.steps.insert(0, s)
+          return f"click({nxt})"
+        continue
+      if op == "open_cheapest":
+        if not self.prices:
+          continue
+        name = min(self.prices, key=lambda x: (float(x[1]), x[0]))[0]
+        i = find(observation, "link", name)
+        return f"click({i})" if i is not None else f'goto("/products?category={self.g["category"]}")'
+      i = find(observation, s[1], s[2])
+      if i is None:
+        continue  # the element is not on this page: skip the step, as a hurried agent would
+      if op == "click":
+        return f"click({i})"
+      if op == "type":
+        return f"type({i}, {s[3]!r})"
+      if op == "select":
+        return f"select({i}, {s[3]!r})"
+    return None
