@@ -141,6 +141,7 @@ def main(argv: list[str]) -> None:
   if not _DATA.value or not _OUT.value:
     raise app.UsageError("--data and --out are required")
   step = argv[1]
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
   records = R.load_bench(_DATA.value, domains=_DOMAINS.value, limit_per_domain=_LIMIT.value)
   logging.info("%d records from %s", len(records), _DATA.value)
   os.makedirs(_OUT.value, exist_ok=True)

@@ -29,6 +29,8 @@ class _Server:
     outer = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
+      disable_nagle_algorithm = True  # headers and body go out as two writes
+
       def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         outer.requests.append(body)

@@ -57,7 +57,12 @@ def run_inference(records: Iterable[AWBRecord], backend: Backend, out_path: str,
   jobs = [Job(k, R.chat_messages(r)) for k, r in by_key.items()]
 
   def finish(job: Job, out: Completion, last: bool) -> dict[str, Any]:
-    pred = R.clean_prediction(parse_prediction(out.text))
+    text = out.text
+    if not text.strip() and out.reasoning:
+      # The server moved an unclosed reasoning into `reasoning_content`: read it as unfinished
+      # reasoning, so only a complete answer block written inside it counts.
+      text = "<think>" + out.reasoning
+    pred = R.clean_prediction(parse_prediction(text))
     return _row(by_key[job.key], pred, raw=out.text, reasoning=out.reasoning,
                 finish_reason=out.finish_reason)
 

@@ -156,6 +156,19 @@ def _parse_chat_response(resp: httpx.Response, url: str) -> Completion:
       reasoning, str) else "", finish_reason=choice.get("finish_reason"))
 
 
+def _sampling_attr(name: str) -> Any:
+  """`lwm_jax.sampling.<name>`, or from its submodules sampler / params (imported lazily)."""
+  import importlib
+  for mod in ("lwm_jax.sampling", "lwm_jax.sampling.sampler", "lwm_jax.sampling.params"):
+    try:
+      obj = getattr(importlib.import_module(mod), name, None)
+    except ImportError:
+      continue
+    if obj is not None:
+      return obj
+  raise ImportError(f"lwm_jax.sampling provides no {name}: is the sampler installed?")
+
+
 class SamplerBackend(Backend):
   """Our `lwm_jax.sampling.Sampler`, fed `batch_size` conversations per `generate` call."""
 
@@ -168,11 +181,7 @@ class SamplerBackend(Backend):
 
   @classmethod
   def from_checkpoint(cls, directory: str, **kw: Any) -> "SamplerBackend":
-    from lwm_jax import sampling  # lazy: JAX and the model load only when a checkpoint is used
-    sampler_cls = getattr(sampling, "Sampler", None)
-    if sampler_cls is None:
-      from lwm_jax.sampling import sampler as sampler_mod
-      sampler_cls = sampler_mod.Sampler
+    sampler_cls = _sampling_attr("Sampler")  # lazy: JAX and the model load only when used
     kw.setdefault("name", directory.rstrip("/").rsplit("/", 1)[-1] or "checkpoint")
     return cls(sampler_cls.from_checkpoint(directory), **kw)
 
@@ -181,12 +190,7 @@ class SamplerBackend(Backend):
               seed=self.seed + batch_no)
     if self.make_params is not None:
       return self.make_params(**kw)
-    from lwm_jax import sampling
-    params_cls = getattr(sampling, "SamplingParams", None)
-    if params_cls is None:
-      from lwm_jax.sampling import sampler as sampler_mod
-      params_cls = sampler_mod.SamplingParams
-    return params_cls(**kw)
+    return _sampling_attr("SamplingParams")(**kw)
 
   def complete_many(self, convs: Sequence[Messages]
                     ) -> Iterator[tuple[int, Completion | Exception]]:
@@ -201,6 +205,8 @@ class SamplerBackend(Backend):
           yield start + j, e
         continue
       for j, r in enumerate(results):
+        if isinstance(r, (list, tuple)):  # n > 1 samples per prompt: the first is used
+          r = r[0]
         yield start + j, Completion(text=getattr(r, "text", r),
                                     finish_reason=getattr(r, "finish_reason", None))
 
