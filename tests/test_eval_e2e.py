@@ -272,3 +272,24 @@ def test_sampler_backend_contract():
   assert fake.calls[1][1] == {"temperature": 0.6, "max_new_tokens": 64, "seed": 8}
   assert out[0].text == "<think>t</think>a!" and out[4].text == "<think>t</think>e!"
   assert isinstance(out[2], RuntimeError) and isinstance(out[3], RuntimeError)
+
+
+def test_http_client_errors_fail_fast_and_reasoning_fallback(tmp_path):
+  recs = _write_bench(tmp_path / "b.jsonl")[:1]
+  srv = _Server(lambda body: (400, "bad request"))
+  try:
+    stats = A.run_inference(recs, OpenAIBackend(srv.url, "m", retries=3, backoff_s=0.01),
+                            str(tmp_path / "p.jsonl"), progress=False)
+    assert stats.errors == 1 and len(srv.requests) == 1  # a 4xx other than 429 is not retried
+  finally:
+    srv.close()
+
+  class ReasoningOnly(FunctionBackend):
+    def complete(self, messages):
+      from lwm_jax.eval.backends import Completion
+      return Completion(text="", reasoning="thinking <predicted_observation>hello"
+                                           "</predicted_observation> more thinking")
+
+  path = str(tmp_path / "q.jsonl")
+  A.run_inference(recs, ReasoningOnly(None), path, progress=False)
+  assert A.load_rows(path)["terminal:t#t1"]["prediction"] == "hello"
