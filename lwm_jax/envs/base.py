@@ -51,6 +51,10 @@ class Env(abc.ABC):
   def describe(self) -> EnvInfo:
     """Task, action space and initial state of the current episode."""
 
+  def screen_state(self, observation: str) -> str:
+    """The part of an observation that is world state (GUI envs drop clocks); used by hygiene."""
+    return observation
+
   def episode_meta(self) -> dict[str, Any]:
     """Extra facts about the episode for `Trajectory.meta` (e.g. what was normalised)."""
     return {}

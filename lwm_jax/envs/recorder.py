@@ -19,7 +19,8 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
   """Plays one episode and returns it.
 
   GUI domains (android, web, os) follow the paper's hygiene rule: a turn whose observation is
-  identical to the previous screen (the action changed nothing and showed no error) is not
+  equal to the previous screen (`env.screen_state`: the action changed nothing and showed
+  no error) is not
   recorded; the number left out goes to `meta['unchanged_turns_dropped']`. Invalid actions that
   show an error (a toast, a banner) change the screen and are kept as recorded failures.
   """
@@ -35,7 +36,7 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
     if action is None:
       break
     obs = env.step(action)
-    if gui and obs == last:
+    if gui and env.screen_state(obs) == env.screen_state(last):
       dropped += 1
       continue
     turns.append(schema.Turn(action, obs))

@@ -1,0 +1,277 @@
+"""The `android` environment: a deterministic model of phone apps shown as a view hierarchy.
+
+This is a program that models Android apps (launcher, Contacts, Clock alarms, Settings, Notes),
+not the apps themselves (`meta['model']` says so). Its logic really executes: contacts are saved
+and validated, alarms toggle, settings change; the screen is rendered as an Android-style view
+hierarchy with numbered interactive nodes. Actions: `tap(id)`, `type(id, "text")`, `back()`,
+`home()`, `open_app("Name")`.
+"""
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from lwm_jax.envs import base, ui
+from lwm_jax.envs.ui import Widget
+
+ACTION_SPACE = """\
+One action per turn, Python call syntax:
+  tap(id)              tap a clickable node
+  type(id, "text")     replace the text of an editable node
+  back()               system back button
+  home()               go to the home screen
+  open_app("Name")     launch an installed app from the launcher
+Observation: the view hierarchy of the screen; nodes that accept input have an id."""
+APPS = {"Contacts": "com.android.contacts", "Clock": "com.android.deskclock",
+        "Settings": "com.android.settings", "Notes": "com.example.notes"}
+NAMES = ["Ada Park", "Bruno Diaz", "Cleo Grant", "Dev Patel", "Eva Lind", "Femi Ade", "Gus Hale",
+         "Hana Sato", "Ivo Brun", "Juno West"]
+
+
+class AndroidEnv(ui.UiEnv):
+  domain = "android"
+  style = "android"
+  signatures = {"tap": ("id",), "type": ("id", "text"), "back": (), "home": (), "open_app": ("name",)}
+
+  def reset(self, seed: int) -> str:
+    rng = random.Random(seed * 7 + 1)
+    self.steps = 0
+    self.stack: list[tuple[str, dict[str, Any]]] = [("home", {})]
+    self.contacts = [{"name": n, "phone": f"+1 555 {rng.randint(1000, 9999)}"}
+                     for n in sorted(rng.sample(NAMES, rng.randint(2, 6)))]
+    self.alarms = [{"time": f"{h:02d}:{m:02d}", "label": lbl, "on": rng.random() < 0.6}
+                   for h, m, lbl in sorted((rng.randint(5, 9), rng.choice([0, 15, 30, 45]), l)
+                                           for l in rng.sample(["Work", "Gym", "Meds", "Wake up"], 2))]
+    self.settings = {"Wi-Fi": rng.random() < 0.7, "Bluetooth": rng.random() < 0.4,
+                     "Dark theme": rng.random() < 0.3, "brightness": rng.choice([30, 50, 70])}
+    self.notes = [{"title": t, "body": b} for t, b in rng.sample(
+        [("Groceries", "milk, eggs, rice"), ("Ideas", "garden bench"), ("Trip", "book train")], rng.randint(0, 2))]
+    kind = rng.choice(["add_contact", "alarm", "settings", "note", "delete_contact"])
+    name = rng.choice([n for n in NAMES if n not in {c["name"] for c in self.contacts}])
+    self.goal = {"kind": kind, "name": name, "phone": f"+1 555 {rng.randint(1000, 9999)}",
+                 "hour": rng.randint(5, 11), "minute": rng.choice([0, 10, 30, 45]),
+                 "label": rng.choice(["Run", "Call mom", "Standup"]), "victim": rng.choice(self.contacts)["name"],
+                 "toggle": rng.choice(["Wi-Fi", "Bluetooth", "Dark theme"]),
+                 "note": rng.choice(["Pay rent", "Water plants", "Return books"])}
+    g = self.goal
+    g["text"] = {"add_contact": f"Add a contact {g['name']} with phone {g['phone']}.",
+                 "alarm": f"Create an alarm at {g['hour']:02d}:{g['minute']:02d} labelled '{g['label']}'.",
+                 "settings": f"Turn {'off' if self.settings[g['toggle']] else 'on'} {g['toggle']} and raise the brightness.",
+                 "note": f"Write a note titled '{g['note']}'.",
+                 "delete_contact": f"Delete the contact {g['victim']}."}[kind]
+    self.error = ""
+    initial = self.current()
+    self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
+    return initial
+
+  def describe(self) -> base.EnvInfo:
+    return self._info
+
+  def screen_state(self, observation: str) -> str:
+    return re.sub(r"\b\d\d:\d\d(\s+Wi-Fi)", r"\1", re.sub(r' time="[^"]*"', "", observation))
+
+  def episode_meta(self) -> dict[str, Any]:
+    return {"task_kind": self.goal.get("kind"),
+            "model": "deterministic program modelling Android apps as a view hierarchy; not the real apps"}
+
+  # -- navigation ----------------------------------------------------------------------------------
+  def push(self, view: str, **params: Any) -> None:
+    self.stack.append((view, params))
+
+  def pop(self) -> None:
+    if len(self.stack) > 1:
+      self.stack.pop()
+
+  def key(self, name: str, kw: dict[str, Any]) -> None:
+    if name == "back":
+      self.pop()
+    elif name == "home":
+      self.stack = [("home", {})]
+    elif name == "open_app":
+      app = kw.get("name")
+      if app not in APPS:
+        raise ValueError(f"no app named {app!r} is installed")
+      self.stack = [("home", {}), (app, {})]
+    else:
+      raise ValueError(f"unsupported action {name}")
+
+  # -- screens -------------------------------------------------------------------------------------
+  def draw(self) -> tuple[str, list[Widget]]:
+    view, p = self.stack[-1]
+    now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
+    clock = f"{(now // 3600) % 24:02d}:{(now // 60) % 60:02d}"
+    app = view.split(":")[0]
+    pkg = APPS.get(app, "com.android.launcher")
+    header = f'<hierarchy package="{pkg}" screen="{view}" time="{clock}">'
+    status = Widget("android.widget.TextView", f"{clock}  Wi-Fi {'on' if self.settings['Wi-Fi'] else 'off'}",
+                    attrs={"resource-id": "status_bar"})
+    w: list[Widget] = [status]
+    getattr(self, "_draw_" + view.replace(":", "_").lower())(w, p)
+    return header, w
+
+  def _draw_home(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Home"))
+    for app in APPS:
+      w.append(Widget("android.widget.ImageView", app, 1, on_tap=lambda a=app: self.push(a),
+                      attrs={"content-desc": f"{app} app"}))
+
+  def _draw_contacts(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Contacts"))
+    if not self.contacts:
+      w.append(Widget("android.widget.TextView", "No contacts", 1))
+    for c in self.contacts:
+      w.append(Widget("android.widget.TextView", c["name"], 1, on_tap=lambda c=c: self.push("Contacts:detail", c=c)))
+    w.append(Widget("android.widget.ImageButton", "Add contact", on_tap=lambda: self.push("Contacts:edit", draft={"Name": "", "Phone": ""})))
+
+  def _draw_contacts_detail(self, w: list[Widget], p: dict[str, Any]) -> None:
+    c = p["c"]
+    w += [Widget("android.widget.TextView", c["name"]), Widget("android.widget.TextView", c["phone"], 1)]
+    if p.get("confirm"):
+      w += [Widget("android.app.AlertDialog", f"Delete {c['name']}?", 1),
+            Widget("android.widget.Button", "Cancel", 2, on_tap=lambda: p.pop("confirm")),
+            Widget("android.widget.Button", "Delete", 2, on_tap=lambda: self._delete_contact(c))]
+    else:
+      w.append(Widget("android.widget.Button", "Delete", 1, on_tap=lambda: p.__setitem__("confirm", True)))
+
+  def _delete_contact(self, c: dict[str, str]) -> None:
+    self.contacts.remove(c)
+    self.pop()
+
+  def _form(self, w: list[Widget], draft: dict[str, str], save: Any, p: dict[str, Any]) -> None:
+    for field in draft:
+      w.append(Widget("android.widget.EditText", draft[field], 1, on_type=lambda t, f=field: draft.__setitem__(f, t),
+                      attrs={"hint": field}))
+    if p.get("error"):
+      w.append(Widget("android.widget.TextView", p["error"], 1, attrs={"resource-id": "error"}))
+    w.append(Widget("android.widget.Button", "Save", 1, on_tap=save))
+
+  def _draw_contacts_edit(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "New contact"))
+    d = p["draft"]
+
+    def save() -> None:
+      if not d["Name"].strip():
+        p["error"] = "Name is required"
+      elif not re.fullmatch(r"\+?[\d ]{7,}", d["Phone"]):
+        p["error"] = "Invalid phone number"
+      else:
+        self.contacts.append({"name": d["Name"].strip(), "phone": d["Phone"]})
+        self.contacts.sort(key=lambda c: c["name"])
+        self.pop()
+    self._form(w, d, save, p)
+
+  def _draw_clock(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Alarms"))
+    for a in self.alarms:
+      w.append(Widget("android.widget.TextView", f"{a['time']} {a['label']}", 1))
+      w.append(Widget("android.widget.Switch", "", 2, on_tap=lambda a=a: a.__setitem__("on", not a["on"]),
+                      attrs={"checked": a["on"], "content-desc": f"alarm {a['time']}"}))
+    w.append(Widget("android.widget.ImageButton", "Add alarm",
+                    on_tap=lambda: self.push("Clock:edit", draft={"Hour": "", "Minute": "", "Label": ""})))
+
+  def _draw_clock_edit(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "New alarm"))
+    d = p["draft"]
+
+    def save() -> None:
+      if not (d["Hour"].isdigit() and int(d["Hour"]) < 24 and d["Minute"].isdigit() and int(d["Minute"]) < 60):
+        p["error"] = "Enter an hour 0-23 and a minute 0-59"
+        return
+      self.alarms.append({"time": f"{int(d['Hour']):02d}:{int(d['Minute']):02d}", "label": d["Label"] or "Alarm", "on": True})
+      self.alarms.sort(key=lambda a: a["time"])
+      self.pop()
+    self._form(w, d, save, p)
+
+  def _draw_settings(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Settings"))
+    for key in ("Wi-Fi", "Bluetooth", "Dark theme"):
+      w.append(Widget("android.widget.Switch", key, 1, on_tap=lambda k=key: self.settings.__setitem__(k, not self.settings[k]),
+                      attrs={"checked": self.settings[key]}))
+    b = self.settings["brightness"]
+    w.append(Widget("android.widget.SeekBar", "Brightness", 1, attrs={"progress": b}))
+    w.append(Widget("android.widget.Button", "Brightness down", 2,
+                    on_tap=lambda: self.settings.__setitem__("brightness", max(0, b - 10))))
+    w.append(Widget("android.widget.Button", "Brightness up", 2,
+                    on_tap=lambda: self.settings.__setitem__("brightness", min(100, b + 10))))
+
+  def _draw_notes(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Notes"))
+    for n in self.notes:
+      w.append(Widget("android.widget.TextView", n["title"], 1, on_tap=lambda n=n: self.push("Notes:view", n=n)))
+    w.append(Widget("android.widget.ImageButton", "New note", on_tap=lambda: self.push("Notes:edit", draft={"Title": "", "Body": ""})))
+
+  def _draw_notes_view(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w += [Widget("android.widget.TextView", p["n"]["title"]), Widget("android.widget.TextView", p["n"]["body"], 1),
+          Widget("android.widget.Button", "Delete note", 1, on_tap=lambda: (self.notes.remove(p["n"]), self.pop()))]
+
+  def _draw_notes_edit(self, w: list[Widget], p: dict[str, Any]) -> None:
+    w.append(Widget("android.widget.TextView", "Edit note"))
+    d = p["draft"]
+
+    def save() -> None:
+      if not d["Title"].strip():
+        p["error"] = "A note needs a title"
+        return
+      self.notes.append({"title": d["Title"], "body": d["Body"]})
+      self.pop()
+    self._form(w, d, save, p)
+
+
+class AndroidAgent(base.Agent):
+  """Opens the right app (by launcher or open_app), fills forms, with slips and detours."""
+
+  def begin(self, env: base.Env, initial_state: str) -> None:
+    r, g = self.rng, env.goal
+    app = {"add_contact": "Contacts", "delete_contact": "Contacts", "alarm": "Clock",
+           "settings": "Settings", "note": "Notes"}[g["kind"]]
+    s: list[Any] = []
+    if r.random() < 0.3:
+      other = r.choice([a for a in APPS if a != app])
+      s += [("tap", other), "back()"]
+    if r.random() < 0.15:
+      s.append('open_app("Camera")')
+    s.append(("tap", app) if r.random() < 0.6 else f'open_app("{app}")')
+    k = g["kind"]
+    if k == "add_contact":
+      s.append(("tap", "Add contact"))
+      if r.random() < 0.3:
+        s.append(("tap", "Save"))  # empty form: validation error
+      s += [("type", 'hint="Name"', g["name"]), ("type", 'hint="Phone"', g["phone"] if r.random() > 0.2 else "call me")]
+      s += [("tap", "Save"), ("type", 'hint="Phone"', g["phone"]), ("tap", "Save")]
+    elif k == "delete_contact":
+      s += [("tap", g["victim"]), ("tap", "Delete")]
+      if r.random() < 0.3:
+        s += [("tap", "Cancel"), ("tap", "Delete")]
+      s.append(("tap", "Delete"))
+    elif k == "alarm":
+      if r.random() < 0.4:
+        s.append(("tap", "content-desc=\"alarm"))
+      s += [("tap", "Add alarm"), ("type", 'hint="Hour"', str(g["hour"] + (20 if r.random() < 0.2 else 0))),
+            ("type", 'hint="Minute"', str(g["minute"])), ("type", 'hint="Label"', g["label"]), ("tap", "Save"),
+            ("type", 'hint="Hour"', str(g["hour"])), ("tap", "Save")]
+    elif k == "settings":
+      s += [("tap", g["toggle"]), ("tap", "Brightness up")]
+      if r.random() < 0.5:
+        s.append(("tap", "Brightness up"))
+    else:
+      s += [("tap", "New note"), ("type", 'hint="Body"', "remember this")]
+      if r.random() < 0.3:
+        s.append(("tap", "Save"))
+      s += [("type", 'hint="Title"', g["note"]), ("tap", "Save")]
+    if r.random() < 0.2:
+      s.insert(r.randrange(1, len(s)), r.choice(["tap(77)", 'type(1, "x")', "tap(0)"]))
+    if r.random() < 0.4:
+      s.append(r.choice(["home()", "back()"]))
+    self.s = s
+
+  def act(self, observation: str) -> str | None:
+    while self.s:
+      x = self.s.pop(0)
+      if isinstance(x, str):
+        return x
+      i = ui.find(observation, x[1])
+      if i is None:
+        continue
+      return f"tap({i})" if x[0] == "tap" else f"type({i}, {x[2]!r})"
+    return None
