@@ -4,8 +4,10 @@ A record holds the system prompt (`system_str`), the earlier actions (`prompt`) 
 ground-truth observations (`response`), the action to predict for (`current_prompt`), and where
 that turn sits in its trajectory (`turn_idx`, 1-based, of `total_turns`). Actions are rendered as a
 `### Turn k` heading, an `**Action:**` line and a fenced block; observations start with
-`**Environment Observation:**`. The last observation of `response` is the ground truth for
-`current_prompt` when a file ships it (ours do); the official files keep it in `response` too.
+`**Environment Observation:**`. Positions are taken from `turn_idx`: the history is the first
+`turn_idx - 1` action/observation pairs and the ground truth is `response[turn_idx - 1]` when
+present. That reads both the official files (whose `prompt`/`response` may hold the whole
+trajectory) and ours (which hold the history plus the ground truth) the same way.
 """
 from __future__ import annotations
 
@@ -60,14 +62,15 @@ class AWBRecord:
   @property
   def ground_truth(self) -> str | None:
     """The observation that follows `current_prompt`, when the record carries it."""
-    if len(self.response) >= len(self.prompt) + 1:
-      return parse_observation(self.response[len(self.prompt)])
+    if len(self.response) >= self.turn_idx:
+      return parse_observation(self.response[self.turn_idx - 1])
     return None
 
   def messages(self) -> list[dict[str, str]]:
     """Chat messages for inference: system, then the history as user/assistant pairs, then the action."""
     msgs = [{"role": "system", "content": self.system_str}]
-    for act, obs in zip(self.prompt, self.response):
+    h = self.turn_idx - 1
+    for act, obs in zip(self.prompt[:h], self.response[:h]):
       msgs.append({"role": "user", "content": act})
       msgs.append({"role": "assistant", "content": obs})
     msgs.append({"role": "user", "content": self.current_prompt})
@@ -94,9 +97,12 @@ class AWBRecord:
     for key in ("prompt", "response"):
       if not all(isinstance(x, str) for x in d[key]):
         raise ValueError(f"field '{key}' must be a list of strings")
-    if len(d["response"]) < len(d["prompt"]):
-      raise ValueError(f"'response' has {len(d['response'])} observations for "
-                       f"{len(d['prompt'])} earlier actions")
+    if d["turn_idx"] < 1:
+      raise ValueError(f"field 'turn_idx' must be >= 1, got {d['turn_idx']}")
+    h = d["turn_idx"] - 1
+    if len(d["prompt"]) < h or len(d["response"]) < h:
+      raise ValueError(f"turn_idx {d['turn_idx']} needs {h} earlier actions and observations, "
+                       f"found {len(d['prompt'])} and {len(d['response'])}")
     known = {"task", "id", "prompt", "response", "current_prompt", "system_str", "turn_idx",
              "total_turns"}
     return cls(task=d["task"], id=str(d["id"]), system_str=d["system_str"], prompt=d["prompt"],
