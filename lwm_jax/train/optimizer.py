@@ -1,0 +1,56 @@
+"""AdamW with linear warmup + cosine decay, global-norm clipping and a weight-decay mask; precision.
+
+Weight decay applies only to matrices (ndim >= 2): norms, biases and other 1-D parameters are exempt.
+Precision policy: parameters and optimizer state are always float32; the compute dtype is bfloat16 on
+GPU/TPU and float32 on CPU unless `train.precision` names one explicitly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from lwm_jax.model.config import ModelConfig
+
+
+def lr_schedule(peak_lr: float, warmup_steps: int, total_steps: int,
+                end_lr_ratio: float = 0.1) -> optax.Schedule:
+  """0 -> peak linearly over `warmup_steps`, then cosine to `end_lr_ratio * peak` at `total_steps`."""
+  warmup_steps = max(int(warmup_steps), 0)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak_lr, warmup_steps=warmup_steps,
+      decay_steps=max(int(total_steps), warmup_steps + 1), end_value=peak_lr * end_lr_ratio)
+
+
+def decay_mask(params: Any) -> Any:
+  """True for leaves that get weight decay: every parameter with two or more dimensions."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(optim_cfg: Any, total_steps: int) -> tuple[optax.GradientTransformation,
+                                                                optax.Schedule]:
+  """The optax chain of a config's `optim` section, and its learning-rate schedule."""
+  schedule = lr_schedule(optim_cfg.lr, optim_cfg.warmup_steps,
+                         optim_cfg.decay_steps or total_steps, optim_cfg.end_lr_ratio)
+  parts = []
+  if optim_cfg.grad_clip and optim_cfg.grad_clip > 0:
+    parts.append(optax.clip_by_global_norm(optim_cfg.grad_clip))
+  parts.append(optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
+                           weight_decay=optim_cfg.weight_decay, mask=decay_mask))
+  return optax.chain(*parts), schedule
+
+
+def compute_dtype(precision: str, backend: str | None = None) -> str:
+  """`auto` -> bfloat16 on GPU/TPU, float32 on CPU; otherwise the named dtype."""
+  if precision == "auto":
+    backend = backend or jax.default_backend()
+    return "float32" if backend == "cpu" else "bfloat16"
+  if precision not in ("float32", "bfloat16"):
+    raise ValueError(f"train.precision: '{precision}' is not auto, float32 or bfloat16")
+  return precision
+
+
+def apply_precision(cfg: ModelConfig, precision: str) -> ModelConfig:
+  """fp32 parameters, compute dtype from the policy."""
+  return cfg.replace(dtype=compute_dtype(precision), param_dtype="float32")
