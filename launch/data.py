@@ -1,0 +1,218 @@
+"""Trajectory data tools.
+
+  python launch/data.py build   --inputs=a.jsonl,b.jsonl.gz --out=/tmp/lwm_tfds [--mode=skip]
+  python launch/data.py stats   --inputs=data/corpus [--tokenizer=path] [--png=stats.png]
+  python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
+
+`--inputs` takes files or folders (every *.jsonl / *.jsonl.gz inside), or a built TFDS dir with
+`--tfds_dir`. Without `--tokenizer`, a small SentencePiece model is trained on the inputs.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lwm_jax.data import hygiene, importers, masking, pipeline, prompts  # noqa: E402
+from lwm_jax.data import tokenizer as tk  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("inputs", [], "JSONL files or folders of them.")
+flags.DEFINE_string("tfds_dir", "", "A built TFDS dir (instead of --inputs).")
+flags.DEFINE_string("split", "train", "TFDS split for stats/inspect.")
+flags.DEFINE_string("out", "", "build: output data dir.")
+flags.DEFINE_enum("mode", "strict", ["strict", "skip"], "Validation mode.")
+flags.DEFINE_string("quarantine_dir", "", "skip mode: where bad records go.")
+flags.DEFINE_string("fmt", "auto", "Input format: auto, trajectory, awb, chat.")
+flags.DEFINE_list("fractions", ["0.9", "0.05", "0.05"], "train,validation,test fractions.")
+flags.DEFINE_string("tokenizer", "", "SentencePiece .model or tokenizer.json (or its folder).")
+flags.DEFINE_integer("sp_vocab", 2000, "Vocab of the SentencePiece model trained on the fly.")
+flags.DEFINE_string("png", "", "stats: where to write the length histogram PNG.")
+flags.DEFINE_enum("stage", "cpt", ["cpt", "sft", "rl-prompts"], "inspect: which sample.")
+flags.DEFINE_integer("index", 0, "inspect: trajectory index.")
+flags.DEFINE_integer("seq_len", 4096, "inspect/stats: token budget.")
+flags.DEFINE_integer("seed", 0, "Seed for target turns, variants and masking.")
+flags.DEFINE_bool("color", True, "inspect: ANSI colours (masked tokens dimmed).")
+
+
+def input_files() -> list[str]:
+  files = []
+  for p in FLAGS.inputs:
+    if os.path.isdir(p):
+      files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
+      files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl.gz"), recursive=True))
+    else:
+      files.append(p)
+  if not files and not FLAGS.tfds_dir:
+    raise app.UsageError("give --inputs (files or folders) or --tfds_dir")
+  return files
+
+
+def load_trajectories():
+  if FLAGS.tfds_dir:
+    from lwm_jax.data import tfds_trajectories
+    src = tfds_trajectories.load_split(FLAGS.tfds_dir, FLAGS.split)
+    return [src[i] for i in range(len(src))], []
+  trajs, reports = [], []
+  for f in input_files():
+    t, rep = importers.load_any(f, FLAGS.fmt, FLAGS.mode)
+    trajs += t
+    reports.append(rep)
+  return trajs, reports
+
+
+def get_tokenizer(trajs) -> tk.Tokenizer:
+  if FLAGS.tokenizer:
+    return tk.load_tokenizer(FLAGS.tokenizer)
+  texts = []
+  for t in trajs:
+    texts.append(prompts.system_prompt(t, 1))
+    for x in t.turns:
+      texts += [x.action, x.observation]
+  prefix = os.path.join(tempfile.mkdtemp(prefix="lwm_sp_"), "sp")
+  print(f"(no --tokenizer: training a {FLAGS.sp_vocab}-piece SentencePiece model on the inputs)")
+  return tk.load_tokenizer(tk.train_sentencepiece(texts, FLAGS.sp_vocab, prefix))
+
+
+def cmd_build() -> None:
+  from lwm_jax.data import tfds_trajectories
+  if not FLAGS.out:
+    raise app.UsageError("build needs --out")
+  res = tfds_trajectories.build(
+      input_files(), FLAGS.out, fmt=FLAGS.fmt, mode=FLAGS.mode,
+      quarantine_dir=FLAGS.quarantine_dir or None,
+      split_fractions=[float(x) for x in FLAGS.fractions], split_seed=FLAGS.seed)
+  for r in res.load_reports:
+    print(r.summary())
+  print("hygiene:", res.hygiene.summary())
+  print(f"built {res.data_dir}: " + ", ".join(f"{k}={v}" for k, v in res.split_sizes.items()))
+
+
+def _pct(xs, qs=(50, 90, 99, 100)) -> str:
+  if not xs:
+    return "-"
+  return " ".join(f"p{q}={int(np.percentile(xs, q))}" for q in qs)
+
+
+def cmd_stats() -> None:
+  trajs, reports = load_trajectories()
+  for r in reports:
+    print(r.summary())
+  hrep = hygiene.HygieneReport()
+  trajs = hygiene.filter_trajectories(trajs, hrep)
+  print("hygiene:", hrep.summary())
+  tok = get_tokenizer(trajs)
+  cfg = pipeline.default_data_config()
+  cfg.update(dict(seq_len=FLAGS.seq_len, seed=FLAGS.seed, mask_seed=FLAGS.seed))
+  by_domain = collections.defaultdict(lambda: collections.Counter())
+  classes = collections.defaultdict(collections.Counter)
+  lengths = collections.defaultdict(list)
+  obs_tok = kept_tok = 0
+  for t in trajs:
+    d = by_domain[t.domain]
+    d["trajectories"] += 1
+    d["turns"] += len(t.turns)
+    for k, x in enumerate(t.turns):
+      classes[t.domain][masking.classify_turn(x.action, x.observation).value] += 1
+    for s in pipeline.cpt_samples(t, tok, cfg):
+      n = len(s["tokens"])
+      lengths[t.domain].append(n)
+      d["tokens"] += n
+      kept_tok += int((s["loss_weights"] > 0).sum())
+    msgs = prompts.render_messages(t, None, 1)
+    obs_tok += sum(len(tok.encode(m["content"])) + 1 for m in msgs if m["role"] == "assistant")
+  print(f"\ntokenizer: {type(tok).__name__} vocab {tok.vocab_size}")
+  print(f"{'domain':9} {'traj':>6} {'turns':>7} {'tokens':>10}  CPT document length")
+  for dom in sorted(by_domain):
+    d = by_domain[dom]
+    print(f"{dom:9} {d['trajectories']:6d} {d['turns']:7d} {d['tokens']:10d}  {_pct(lengths[dom])}")
+  allc = sum(classes.values(), collections.Counter())
+  total = sum(allc.values()) or 1
+  print("\nturn classes (all domains): " + ", ".join(
+      f"{c.value} {100 * allc[c.value] / total:.1f}%" for c in masking.TurnClass))
+  for dom in sorted(classes):
+    n = sum(classes[dom].values())
+    print(f"  {dom:9} " + " ".join(f"{c.value[:5]}={100 * classes[dom][c.value] / n:.0f}%"
+                                   for c in masking.TurnClass))
+  all_tok = sum(d["tokens"] for d in by_domain.values()) or 1
+  print(f"\nCPT loss tokens: {kept_tok} = {100 * kept_tok / all_tok:.1f}% of all tokens, "
+        f"{100 * kept_tok / max(obs_tok, 1):.1f}% of observation tokens")
+  all_len = [n for v in lengths.values() for n in v]
+  print(f"CPT document lengths: {_pct(all_len)} (seq_len {FLAGS.seq_len})")
+  if FLAGS.png:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bins = np.logspace(np.log10(max(1, min(all_len))), np.log10(max(all_len) + 1), 40)
+    ax.hist([lengths[d] for d in sorted(lengths)], bins=bins, stacked=True,
+            label=sorted(lengths))
+    ax.set_xscale("log")
+    ax.set_xlabel("CPT document length (tokens)")
+    ax.set_ylabel("documents")
+    ax.set_title(f"{len(trajs)} trajectories, {all_tok} tokens, {100 * kept_tok / all_tok:.1f}% "
+                 "in the loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(FLAGS.png, dpi=110)
+    print(f"wrote {FLAGS.png}")
+
+
+def cmd_inspect() -> None:
+  trajs, _ = load_trajectories()
+  if not 0 <= FLAGS.index < len(trajs):
+    raise app.UsageError(f"--index must be in [0, {len(trajs)})")
+  t = trajs[FLAGS.index]
+  tok = get_tokenizer(trajs)
+  cfg = pipeline.default_data_config()
+  cfg.update(dict(seq_len=FLAGS.seq_len, seed=FLAGS.seed, mask_seed=FLAGS.seed))
+  if FLAGS.stage == "cpt":
+    samples = pipeline.cpt_samples(t, tok, cfg)
+    for k, x in enumerate(t.turns):
+      c = masking.classify_turn(x.action, x.observation).value
+      keep = masking.keep_turn(t.id, k, x.action, x.observation, FLAGS.seed)
+      print(f"turn {k + 1}: class={c} keep={keep}")
+  elif FLAGS.stage == "sft":
+    samples = [pipeline.sft_sample(t, tok, cfg)]
+  else:
+    s = pipeline.rl_prompt_sample(t, tok, cfg)
+    samples = [{"tokens": s["tokens"], "loss_weights": np.zeros(len(s["tokens"]), np.float32)}]
+    print(f"ground truth for turn {s['turn'] + 1}:\n{s['ground_truth']}\n")
+  dim, bold, reset = ("\033[2m", "\033[1;32m", "\033[0m") if FLAGS.color else ("", "", "")
+  for i, s in enumerate(samples):
+    print(f"--- {t.id} [{FLAGS.stage}] document {i + 1}/{len(samples)}: {len(s['tokens'])} tokens, "
+          f"{int((s['loss_weights'] > 0).sum())} in the loss "
+          f"({'bright green' if FLAGS.color else '[[...]]'} = loss, rest dimmed) ---")
+    out, cur, run = [], None, []
+    for tid, w in zip(s["tokens"], s["loss_weights"]):
+      on = w > 0
+      if on != cur and run:
+        out.append((cur, tok.decode(run)))
+        run = []
+      cur = on
+      run.append(int(tid))
+    if run:
+      out.append((cur, tok.decode(run)))
+    for on, text in out:
+      if FLAGS.color:
+        print((bold if on else dim) + text + reset, end="")
+      else:
+        print(f"[[{text}]]" if on else text, end="")
+    print()
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2 or argv[1] not in ("build", "stats", "inspect"):
+    raise app.UsageError("usage: data.py {build|stats|inspect} [--flags]")
+  {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect}[argv[1]]()
+
+
+if __name__ == "__main__":
+  app.run(main)
