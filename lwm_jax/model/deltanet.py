@@ -66,7 +66,7 @@ def _mask_padding(g: Array, beta: Array, segment_ids_BxS: Array | None) -> tuple
 
 # --------------------------------------------------------------------------------------- causal conv
 def causal_conv1d(x_BxSxC: Array, w_CxK: Array, conv_state_BxCxKm1: Array | None = None,
-                  segment_ids_BxS: Array | None = None) -> tuple[Array, Array]:
+                  segment_ids: Array | None = None) -> tuple[Array, Array]:
   """Depthwise causal conv, no bias, no activation: y[t] = sum_j w[:, j] * xpad[t + j], where xpad is x
   left-padded with the K-1 carried inputs (zeros when none). With segment ids, inputs from an earlier
   segment are left out of a window. Returns (y_BxSxC, new conv_state_BxCxKm1 = the last K-1 inputs;
@@ -82,16 +82,16 @@ def causal_conv1d(x_BxSxC: Array, w_CxK: Array, conv_state_BxCxKm1: Array | None
     prev = jnp.swapaxes(conv_state_BxCxKm1, 1, 2).astype(F32)
   xp = jnp.concatenate([prev, x], axis=1)                      # [B, S+K-1, C]
   w = w_CxK.astype(F32)
-  if segment_ids_BxS is None:
+  if segment_ids is None:
     y = sum(xp[:, j:j + S] * w[:, j] for j in range(K))
     new_state = xp[:, S:]                                      # [B, K-1, C]
   else:
-    grp = segment_groups(segment_ids_BxS)                     # [B, S]; the carried inputs are group 0
+    grp = segment_groups(segment_ids)                     # [B, S]; the carried inputs are group 0
     grp_p = jnp.concatenate([jnp.zeros((B, K - 1), grp.dtype), grp], axis=1)
     y = sum(jnp.where((grp_p[:, j:j + S] == grp)[..., None], xp[:, j:j + S], 0.0) * w[:, j]
             for j in range(K))
     # Window ending at the last real token of each row (index into xp: last + K-1).
-    n_real = jnp.sum(segment_ids_BxS != 0, axis=1)            # right padding: the real prefix length
+    n_real = jnp.sum(segment_ids != 0, axis=1)            # right padding: the real prefix length
     last = jnp.maximum(n_real - 1, -1)                        # -1 = no real token: keep the carried state
     idx = last[:, None] + 1 + jnp.arange(K - 1)[None, :]      # [B, K-1] positions in xp
     win = jnp.take_along_axis(xp, idx[..., None], axis=1)
