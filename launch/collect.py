@@ -1,0 +1,37 @@
+"""Collect scripted-agent trajectories from a real local environment into a JSONL(.gz) file.
+
+  python launch/collect.py --env=terminal --episodes=50 --seed=0 --out=/tmp/terminal.jsonl.gz
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lwm_jax.envs import base, collect  # noqa: E402
+from lwm_jax.data import schema  # noqa: E402
+
+FLAGS = flags.DEFINE_enum("env", None, list(base.ENV_NAMES), "environment to run")
+EPISODES = flags.DEFINE_integer("episodes", 10, "number of episodes")
+SEED = flags.DEFINE_integer("seed", 0, "base seed; episode i uses a seed derived from (seed, i)")
+OUT = flags.DEFINE_string("out", None, "output JSONL file (.gz for gzip)")
+WORKERS = flags.DEFINE_integer("workers", 2, "parallel worker processes")
+MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "turn limit per episode")
+flags.mark_flags_as_required(["env", "out"])
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value, MAX_TURNS.value)
+  os.makedirs(os.path.dirname(os.path.abspath(OUT.value)), exist_ok=True)
+  n = schema.write_jsonl(OUT.value, trajs)
+  print(json.dumps({**stats, "dropped": len(stats["dropped"]), "written": n, "out": OUT.value}))
+  for tid, why in stats["dropped"].items():
+    print(f"dropped {tid}: {why}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  app.run(main)

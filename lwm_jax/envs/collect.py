@@ -1,0 +1,120 @@
+"""Parallel, deterministic collection of scripted-agent episodes from a real environment.
+
+Episode `i` of a run with base seed `S` always uses seed `recorder.episode_seed(S, i)` and id
+`{env}-s{S}-{i:05d}`, and each episode starts from a full reset, so the output does not depend on
+the number of workers or which worker ran what. Trajectories that fail data hygiene (fewer than 2
+turns; an MCP or SWE call to a tool that was not declared) are not returned; they are counted.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  (Finalize)
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from lwm_jax.data import schema
+from lwm_jax.envs import base, recorder, swe
+
+_WORKER_ENV: dict[str, base.Env] = {}
+
+
+def hygiene_problem(traj: schema.Trajectory) -> str | None:
+  """Why `traj` must be dropped from a corpus, or None when it is fine."""
+  if len(traj.turns) < 2:
+    return "fewer than 2 turns"
+  if traj.domain == "mcp":
+    declared = set(traj.meta.get("declared_tools", []))
+    for i, t in enumerate(traj.turns):
+      try:
+        call = json.loads(t.action)
+      except json.JSONDecodeError:
+        continue  # a malformed request calls no tool; the server answers with a parse error
+      if isinstance(call, dict) and call.get("tool") not in declared:
+        return f"turn {i}: undeclared tool {call.get('tool')!r}"
+  if traj.domain == "swe":
+    for i, t in enumerate(traj.turns):
+      name = t.action.split("(", 1)[0].strip()
+      if name not in swe.SIGNATURES:
+        return f"turn {i}: undeclared tool {name!r}"
+  return None
+
+
+def episode_id(name: str, seed: int, index: int) -> str:
+  return f"{name}-s{seed}-{index:05d}"
+
+
+def _work(job: tuple[str, int, int, int]) -> dict[str, Any]:
+  name, seed, index, max_turns = job
+  env = _WORKER_ENV.get(name)
+  if env is None:
+    env = _WORKER_ENV[name] = base.make_env(name)
+  traj = recorder.record(name, recorder.episode_seed(seed, index), episode_id(name, seed, index),
+                         env=env, max_turns=max_turns)
+  return traj.to_dict()
+
+
+def _close_worker_envs() -> None:
+  for env in _WORKER_ENV.values():
+    env.close()
+  _WORKER_ENV.clear()
+
+
+def _init_worker(tmp_root: str) -> None:
+  # Sandboxes of this worker live under tmp_root, which `collect` removes at the end.
+  tempfile.tempdir = tmp_root
+  mp.util.Finalize(None, _close_worker_envs, exitpriority=10)
+
+
+def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns: int = 30,
+            progress: bool = True, start: int = 0) -> tuple[list[schema.Trajectory], dict[str, Any]]:
+  """Plays episodes `start .. start+episodes-1`; returns (kept trajectories in order, stats)."""
+  if name not in base.ENV_NAMES:
+    raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(base.ENV_NAMES)})")
+  jobs = [(name, seed, i, max_turns) for i in range(start, start + episodes)]
+  bar = None
+  if progress:
+    from tqdm import tqdm
+    bar = tqdm(total=len(jobs), desc=f"collect {name}", unit="ep", file=sys.stderr)
+  results: list[dict[str, Any]] = []
+  if workers <= 1:
+    try:
+      for j in jobs:
+        results.append(_work(j))
+        if bar:
+          bar.update()
+    finally:
+      _close_worker_envs()
+  else:
+    ctx = mp.get_context("fork")
+    tmp_root = tempfile.mkdtemp(prefix="lwm_collect_")
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tmp_root,))
+    try:
+      for r in pool.imap(_work, jobs, chunksize=1):
+        results.append(r)
+        if bar:
+          bar.update()
+      pool.close()  # workers exit normally and run their finalizer (closing servers, sandboxes)
+    except BaseException:
+      pool.terminate()
+      raise
+    finally:
+      pool.join()
+      shutil.rmtree(tmp_root, ignore_errors=True)
+  if bar:
+    bar.close()
+  kept, dropped = [], {}
+  for d in results:
+    t = schema.Trajectory.from_dict(d)
+    why = hygiene_problem(t)
+    if why is None:
+      kept.append(t)
+    else:
+      dropped[t.id] = why
+  turns = [len(t.turns) for t in kept]
+  stats = {"env": name, "episodes": episodes, "kept": len(kept), "dropped": dropped,
+           "turns_min": min(turns, default=0), "turns_max": max(turns, default=0),
+           "turns_mean": round(sum(turns) / max(1, len(turns)), 2)}
+  return kept, stats
