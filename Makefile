@@ -28,5 +28,9 @@ fixtures: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[hf]'
 	$(PY) tools/make_hf_fixtures.py
 
+# Bundled corpus (7 domains x 300 real trajectories) and the mini benchmark; byte-identical on re-run.
+corpus: $(VENV)/.installed
+	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2
+
 clean:
 	rm -rf $(VENV) *.egg-info
