@@ -1,0 +1,90 @@
+"""Shared training config and presets (`tiny`, `small`, pod sizes) for configs/{cpt,sft,rl}.py.
+
+Sections: model (ModelConfig fields), mesh, optim, train, checkpoint, data (the Grain pipeline's
+fields plus `source` and `tokenizer`), rl, dist. Every field can be overridden on the command line,
+e.g. `--config.train.num_steps=100 --config.model.num_hidden_layers=4`.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from lwm_jax.model.config import get_preset
+
+# name -> (model preset, overrides of train/optim/mesh/checkpoint)
+PRESETS = {
+    # seconds on one CPU: synthetic data unless data.source says otherwise
+    "tiny": ("tiny", dict(train=dict(num_steps=40, batch_size=8, seq_len=64, log_every=5,
+                                     eval_every=20, eval_batches=2),
+                          optim=dict(lr=3e-3, warmup_steps=5),
+                          checkpoint=dict(every=20, keep=2))),
+    # the SPECS 6 CPU benchmark shape: minutes on CPU
+    "small": ("small", dict(train=dict(num_steps=200, batch_size=8, seq_len=256, log_every=10,
+                                       eval_every=100, eval_batches=4),
+                            optim=dict(lr=1e-3, warmup_steps=20),
+                            checkpoint=dict(every=100, keep=2))),
+    # a released size on a pod: 4-way expert x tensor split, the rest FSDP
+    "qwen3_30b_a3b": ("qwen3_30b_a3b", dict(
+        train=dict(num_steps=10000, batch_size=256, seq_len=8192, micro_batches=4, log_every=10,
+                   eval_every=500, eval_batches=8, precision="auto"),
+        optim=dict(lr=1e-5, warmup_steps=100),
+        mesh=dict(data=1, fsdp=-1, expert=8, tensor=1),
+        checkpoint=dict(every=500, keep=3),
+        model=dict(remat=True))),
+}
+
+
+def base_config(stage: str) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.stage = stage                    # cpt | sft | rl
+  c.seed = 0
+  c.model_preset = "tiny"
+  c.model = ml_collections.ConfigDict(get_preset("tiny").to_dict())
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-3, warmup_steps=10, decay_steps=0, end_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8,
+      weight_decay=0.1, grad_clip=1.0))
+  c.train = ml_collections.ConfigDict(dict(
+      num_steps=100, batch_size=8, seq_len=128, micro_batches=1, precision="auto",
+      z_loss_coef=0.0, aux_loss_coef=-1.0,   # -1: the model's router_aux_loss_coef
+      log_every=10, eval_every=0, eval_batches=2, progress=True, stop_after=0))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=100, keep=2, use_async=True, resume=True))
+  c.data = ml_collections.ConfigDict(dict(
+      source="synthetic",            # synthetic | pipeline
+      tokenizer="",                  # sentencepiece .model or HF tokenizer.json (pipeline)
+      eval_jsonl="",                 # held-out trajectories for validation (pipeline)
+      pipeline=_pipeline_defaults()))
+  c.rl = ml_collections.ConfigDict(dict(
+      algo="gspo", eps_low=3e-4, eps_high=4e-4, log_ratio_cap=10.0, kl_coef=0.0, group_size=4,
+      response_len=16))
+  c.dist = ml_collections.ConfigDict(dict(
+      coordinator_address="", num_processes=1, process_id=0, timeout_s=300,
+      cpu_collectives="", auto=False))
+  c.init_from_hf = ""
+  c.export_hf = False
+  c.export_hf_dir = ""               # default <workdir>/hf
+  return c
+
+
+def _pipeline_defaults() -> ml_collections.ConfigDict:
+  from lwm_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  return pipeline.default_data_config()
+
+
+def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset '{preset}' (known: {', '.join(PRESETS)})")
+  model_name, over = PRESETS[preset]
+  c.model_preset = model_name
+  model = get_preset(model_name).to_dict()
+  model.update(over.get("model", {}))
+  c.model = ml_collections.ConfigDict(model)
+  for section, fields in over.items():
+    if section == "model":
+      continue
+    for k, v in fields.items():
+      c[section][k] = v
+  return c
+
+
+def get_stage_config(stage: str, arg: str | None) -> ml_collections.ConfigDict:
+  return apply_preset(base_config(stage), arg or "tiny")

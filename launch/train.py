@@ -1,0 +1,44 @@
+"""Training entry point for every stage and every machine size.
+
+  python launch/train.py --config=configs/cpt.py:tiny --workdir=/tmp/cpt
+  python launch/train.py --config=configs/sft.py:small --workdir=DIR --config.train.num_steps=50
+  python launch/train.py --config=configs/rl.py:tiny --workdir=DIR --config.rl.algo=gspo_token
+
+Multi-host: on TPU pods / SLURM pass `--config.dist.auto=true` (jax.distributed auto-detection), or
+`--config.dist.coordinator_address=HOST:PORT --config.dist.num_processes=N --config.dist.process_id=I`
+(e.g. CPU processes on loopback with `--config.dist.cpu_collectives=gloo`).
+"""
+import json
+import logging
+import os
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lwm_jax.train import trainer  # noqa: E402  pylint: disable=wrong-import-position
+
+config_flags.DEFINE_config_file("config", None, "configs/<stage>.py:<preset>", lock_config=True)
+flags.DEFINE_string("workdir", None, "output folder (checkpoints, metrics, config.json)")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  logging.getLogger().setLevel(logging.INFO)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
+  try:
+    summary = trainer.train(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (ValueError, PermissionError, trainer.TrainingDiverged) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  losses = summary.pop("losses")
+  summary["first_loss"] = losses[0] if losses else None
+  summary["last_loss"] = losses[-1] if losses else None
+  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+
+
+if __name__ == "__main__":
+  app.run(main)

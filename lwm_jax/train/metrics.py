@@ -1,0 +1,137 @@
+"""Training metrics: FLOPs per token and MFU, peak figures, metrics.jsonl + TensorBoard, loss plot."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lwm_jax.model.config import ModelConfig
+
+# Dense bf16 peak FLOP/s per chip (vendor figures) for MFU on accelerators.
+PEAK_FLOPS = {
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "NVIDIA A100": 312e12, "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA B200": 2250e12,
+}
+
+
+def active_params(cfg: ModelConfig) -> int:
+  """Parameters touched per token, embedding lookup excluded (LM head included)."""
+  d = cfg.hidden_size
+  total = 0
+  for i in range(cfg.num_hidden_layers):
+    if cfg.layer_type(i) == "linear_attention":
+      kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+      vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
+      total += d * (2 * kd + vd) + d * vd + 2 * d * cfg.linear_num_value_heads + vd * d
+    else:
+      q = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.is_hybrid else 1)
+      kv = cfg.num_key_value_heads * cfg.head_dim
+      total += d * q + 2 * d * kv + cfg.num_attention_heads * cfg.head_dim * d
+    if cfg.is_moe_layer(i):
+      total += d * cfg.num_experts + cfg.num_experts_per_tok * 3 * d * cfg.moe_intermediate_size
+      if cfg.shared_expert_intermediate_size:
+        total += 3 * d * cfg.shared_expert_intermediate_size + d
+    else:
+      total += 3 * d * cfg.intermediate_size
+  return total + d * cfg.vocab_size
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+  """Training FLOPs per token: 6 x active params + 12 x L x (heads x head_dim) x S (attention)."""
+  n_attn = sum(cfg.layer_type(i) == "full_attention" for i in range(cfg.num_hidden_layers))
+  return 6.0 * active_params(cfg) + 12.0 * n_attn * cfg.num_attention_heads * cfg.head_dim * seq_len
+
+
+def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
+  """Best observed fp32 matmul FLOP/s on the default device (the CPU reference peak)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n ** 3 / best
+
+
+def peak_flops_per_device(measure_cpu: bool = True) -> tuple[float, str]:
+  """(peak FLOP/s of one device, where the figure came from)."""
+  dev = jax.devices()[0]
+  kind = getattr(dev, "device_kind", "")
+  for name, f in PEAK_FLOPS.items():
+    if kind.startswith(name):
+      return f, f"table ({kind})"
+  if dev.platform == "cpu" and measure_cpu:
+    return measure_matmul_peak(), "measured fp32 matmul"
+  return float("nan"), f"unknown device kind '{kind}'"
+
+
+class MetricsWriter:
+  """Appends scalars to <workdir>/metrics.jsonl and TensorBoard event files (primary process only)."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, scalars: dict[str, Any], prefix: str = "train") -> None:
+    if not self.enabled:
+      return
+    row: dict[str, Any] = {"step": int(step), "split": prefix}
+    for k, v in scalars.items():
+      a = np.asarray(v)
+      if a.ndim == 0:
+        row[k] = float(a)
+        self._tb.add_scalar(f"{prefix}/{k}", float(a), step)
+      elif k == "expert_load" and a.size:
+        for layer, load in enumerate(a):
+          for e, x in enumerate(load):
+            self._tb.add_scalar(f"{prefix}/expert_load/layer{layer}/e{e}", float(x), step)
+        row[k] = np.round(a, 5).tolist()
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def plot_losses(workdir: str) -> str | None:
+  """loss.png from metrics.jsonl (train and validation loss against step)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  series: dict[str, list[tuple[int, float]]] = {}
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line)
+      if "loss" in row:
+        series.setdefault(row["split"], []).append((row["step"], row["loss"]))
+  if not series:
+    return None
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for split, pts in series.items():
+    xs, ys = zip(*pts)
+    ax.plot(xs, ys, label=split, marker="o" if split != "train" else None)
+  ax.set_xlabel("step")
+  ax.set_ylabel("loss")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  out = os.path.join(workdir, "loss.png")
+  fig.tight_layout()
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out
