@@ -1,0 +1,256 @@
+"""Hugging Face checkpoint import/export against fixtures written by `transformers`.
+
+Fixtures (tools/make_hf_fixtures.py) hold tiny random HF checkpoints and the logits / aux loss that
+`transformers` computed for them (fp32, eager attention). Here they must load through
+`hf.load_pretrained` and match; save -> load must be exact; broken folders must give clear errors.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from lwm_jax import hf
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN3_CASES = ["q3_topk_norm", "q3_dense_mid", "q3_dense_mid_fused", "q3_sparse_step_tied"]
+QWEN35_CASES = ["q35_per_expert", "q35_released", "q35_interval"]
+HAS_DELTANET = importlib.util.find_spec("lwm_jax.model.deltanet") is not None
+
+
+def _check_parity(case: str, **overrides) -> None:
+  folder = os.path.join(FIX, case)
+  ref = np.load(os.path.join(folder, "ref.npz"))
+  model = hf.load_pretrained(folder, **overrides)
+  out = model(jnp.asarray(ref["input_ids"]))
+  err = float(np.abs(np.asarray(out.logits) - ref["logits"]).max())
+  assert err < 1e-4, f"{case}: max |logits - transformers| = {err}"
+  aux_err = abs(float(out.aux_loss) - float(ref["aux_loss"]))
+  assert aux_err < 1e-5, f"{case}: aux loss {float(out.aux_loss)} vs {float(ref['aux_loss'])}"
+
+
+def _params(model) -> dict:
+  return {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _assert_same_params(a, b) -> None:
+  pa, pb = _params(a), _params(b)
+  assert pa.keys() == pb.keys()
+  for k in pa:
+    assert pa[k].dtype == pb[k].dtype and np.array_equal(pa[k], pb[k]), k
+
+
+# ------------------------------------------------------------------------------------------ parity
+@pytest.mark.parametrize("case", QWEN3_CASES)
+def test_qwen3_logits_and_aux_loss_match_transformers(case):
+  _check_parity(case)
+
+
+def test_qwen3_dense_dispatch_matches_too():
+  _check_parity("q3_dense_mid", moe_backend="dense")
+
+
+@pytest.mark.skipif(not HAS_DELTANET, reason="lwm_jax.model.deltanet (GatedDeltaNet) not written yet")
+@pytest.mark.parametrize("case", QWEN35_CASES)
+def test_qwen35_logits_and_aux_loss_match_transformers(case):
+  _check_parity(case)
+
+
+def test_released_layout_skips_visual_and_mtp_in_one_log_line(caplog):
+  if not HAS_DELTANET:
+    pytest.skip("lwm_jax.model.deltanet (GatedDeltaNet) not written yet")
+  with caplog.at_level(logging.INFO, logger="lwm_jax.hf"):
+    hf.load_pretrained(os.path.join(FIX, "q35_released"))
+  lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+  assert len(lines) == 1 and "skipped 4 tensor(s)" in lines[0], lines
+  assert "2 model.visual.*" in lines[0] and "2 mtp.*" in lines[0]
+
+
+def test_config_spellings():
+  a = hf.read_config(os.path.join(FIX, "q3_dense_mid"))        # num_local_experts, rope_parameters
+  b = hf.read_config(os.path.join(FIX, "q3_dense_mid_fused"))  # num_experts, top-level rope_theta
+  assert a == b and a.num_experts == 6 and a.mlp_only_layers == (1,) and a.rope_theta == 1e4
+  r = hf.read_config(os.path.join(FIX, "q35_released"))        # nested text_config
+  assert r.is_hybrid and r.partial_rotary_factor == 0.5 and r.shared_expert_intermediate_size == 24
+  assert [r.layer_type(i) for i in range(3)] == ["linear_attention", "full_attention",
+                                                 "linear_attention"]
+  i = hf.read_config(os.path.join(FIX, "q35_interval"))        # no layer_types: interval 2
+  assert i.layer_types is None and i.layer_type(0) == "linear_attention"
+  assert i.layer_type(1) == "full_attention" and i.partial_rotary_factor == 0.25
+
+
+# -------------------------------------------------------------------------------------- round trip
+@pytest.mark.parametrize("layout", ["per_expert", "fused"])
+def test_save_load_round_trip_is_exact(tmp_path, layout):
+  model = hf.load_pretrained(os.path.join(FIX, "q3_dense_mid"))
+  out = str(tmp_path / layout)
+  names = hf.save_pretrained(model, out, expert_layout=layout, max_shard_bytes=40_000)
+  assert len(names) > 1 and os.path.exists(os.path.join(out, hf.INDEX))
+  index = json.load(open(os.path.join(out, hf.INDEX)))
+  assert set(index["weight_map"].values()) == set(names)
+  keys = set(index["weight_map"])
+  if layout == "fused":
+    assert "model.layers.0.mlp.experts.gate_up_proj" in keys
+  else:
+    assert "model.layers.0.mlp.experts.5.down_proj.weight" in keys
+  _assert_same_params(model, hf.load_pretrained(out))
+  one = str(tmp_path / (layout + "_single"))                  # and a single file
+  assert hf.save_pretrained(model, one, expert_layout=layout) == [hf.SINGLE]
+  _assert_same_params(model, hf.load_pretrained(one))
+
+
+def test_tied_round_trip_writes_no_lm_head(tmp_path):
+  model = hf.load_pretrained(os.path.join(FIX, "q3_sparse_step_tied"))
+  hf.save_pretrained(model, str(tmp_path))
+  assert "lm_head.weight" not in load_file(str(tmp_path / hf.SINGLE))
+  _assert_same_params(model, hf.load_pretrained(str(tmp_path)))
+
+
+@pytest.mark.skipif(not HAS_DELTANET, reason="lwm_jax.model.deltanet (GatedDeltaNet) not written yet")
+@pytest.mark.parametrize("released", [False, True])
+def test_qwen35_round_trip_is_exact(tmp_path, released):
+  model = hf.load_pretrained(os.path.join(FIX, "q35_released"))
+  layout = "fused" if released else "per_expert"
+  hf.save_pretrained(model, str(tmp_path), expert_layout=layout, released_layout=released)
+  cfg = json.load(open(tmp_path / hf.CONFIG))
+  assert ("text_config" in cfg) == released
+  _assert_same_params(model, hf.load_pretrained(str(tmp_path)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("torch") is None,
+                    reason="needs the `hf` extra (torch + transformers)")
+def test_transformers_loads_what_we_save(tmp_path):
+  import torch  # pylint: disable=import-outside-toplevel
+  from transformers import AutoModelForCausalLM  # pylint: disable=import-outside-toplevel
+  ref = np.load(os.path.join(FIX, "q3_dense_mid", "ref.npz"))
+  model = hf.load_pretrained(os.path.join(FIX, "q3_dense_mid"))
+  for layout in ("per_expert", "fused"):
+    out = str(tmp_path / layout)
+    hf.save_pretrained(model, out, expert_layout=layout, max_shard_bytes=60_000)
+    tm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    with torch.no_grad():
+      logits = tm(torch.from_numpy(ref["input_ids"]).long()).logits.numpy()
+    assert np.abs(logits - ref["logits"]).max() < 1e-5, layout
+
+
+# ------------------------------------------------------------------------------------------ errors
+def _copy(tmp_path, case="q3_topk_norm") -> str:
+  dst = str(tmp_path / case)
+  shutil.copytree(os.path.join(FIX, case), dst)
+  return dst
+
+
+def _edit_tensors(folder: str, fn) -> None:
+  path = os.path.join(folder, hf.SINGLE)
+  tensors = load_file(path)
+  fn(tensors)
+  save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_missing_tensor_is_named(tmp_path):
+  d = _copy(tmp_path)
+  _edit_tensors(d, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
+  with pytest.raises(hf.CheckpointError, match=r"missing tensor model\.layers\.1\.self_attn\."
+                     r"k_proj\.weight \(expected shape \[16, 32\]\)"):
+    hf.load_pretrained(d)
+
+
+def test_wrong_shape_names_tensor_both_shapes_and_file(tmp_path):
+  d = _copy(tmp_path)
+  _edit_tensors(d, lambda t: t.update({"model.layers.0.mlp.gate.weight": np.zeros((5, 32),
+                                                                                  np.float32)}))
+  with pytest.raises(hf.CheckpointError) as e:
+    hf.load_pretrained(d)
+  msg = str(e.value)
+  assert "model.layers.0.mlp.gate.weight" in msg and "[5, 32]" in msg and "[6, 32]" in msg
+  assert hf.SINGLE in msg
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+  d = _copy(tmp_path)
+  _edit_tensors(d, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": np.zeros(
+      32, np.float32)}))
+  with pytest.raises(hf.CheckpointError, match=r"unexpected tensor.*q_proj\.bias \[32\]"):
+    hf.load_pretrained(d)
+
+
+def test_truncated_safetensors_names_file(tmp_path):
+  d = _copy(tmp_path)
+  path = os.path.join(d, hf.SINGLE)
+  data = open(path, "rb").read()
+  open(path, "wb").write(data[:len(data) // 2])
+  with pytest.raises(hf.CheckpointError, match=r"model\.safetensors: not a readable safetensors"):
+    hf.load_pretrained(d)
+
+
+def test_bad_json_and_unknown_model_type(tmp_path):
+  d = _copy(tmp_path)
+  cfg_path = os.path.join(d, hf.CONFIG)
+  text = open(cfg_path).read()
+  open(cfg_path, "w").write(text[:-10])
+  with pytest.raises(hf.CheckpointError, match=r"config\.json: invalid JSON at line"):
+    hf.load_pretrained(d)
+  cfg = json.loads(text)
+  cfg["model_type"] = "llama"
+  open(cfg_path, "w").write(json.dumps(cfg))
+  with pytest.raises(hf.CheckpointError, match=r"config\.json: .*model_type 'llama'"):
+    hf.load_pretrained(d)
+
+
+def test_missing_shard_and_empty_folder(tmp_path):
+  d = _copy(tmp_path, "q3_dense_mid_fused")
+  os.remove(os.path.join(d, "model-00002-of-00003.safetensors"))
+  with pytest.raises(hf.CheckpointError, match=r"lists shard model-00002-of-00003\.safetensors"):
+    hf.load_pretrained(d)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  (empty / hf.CONFIG).write_text(open(os.path.join(FIX, "q3_topk_norm", hf.CONFIG)).read())
+  with pytest.raises(hf.CheckpointError, match="neither model.safetensors nor"):
+    hf.load_pretrained(str(empty))
+
+
+# ----------------------------------------------------------------------------- sharded (8 devices)
+_SHARDED = textwrap.dedent("""
+  import os, sys, numpy as np, jax, jax.numpy as jnp
+  from lwm_jax import hf, sharding
+  fix = sys.argv[1]
+  ref = np.load(os.path.join(fix, "ref.npz"))
+  single = np.asarray(hf.load_pretrained(fix)(jnp.asarray(ref["input_ids"])).logits)
+  mesh = sharding.make_mesh(data=2, expert=2, tensor=2)
+  m = hf.load_pretrained(fix, mesh=mesh)
+  w = m.layers[0].mlp.experts.gate_proj[...]
+  assert len(w.sharding.device_set) == 8 and w.addressable_shards[0].data.shape == (3, 32, 8), \\
+      w.sharding
+  with jax.set_mesh(mesh):
+    logits = np.asarray(jax.jit(lambda t: m(t).logits)(jnp.asarray(ref["input_ids"])))
+  err = float(np.abs(logits - single).max())
+  assert err < 1e-5, err
+  assert float(np.abs(logits - ref["logits"]).max()) < 1e-4
+  out = sys.argv[2]
+  hf.save_pretrained(m, out, expert_layout="fused")
+  back = hf.load_pretrained(out)
+  assert np.array_equal(np.asarray(back.layers[0].mlp.experts.gate_proj[...]), np.asarray(w))
+  print("SHARDED_OK", err)
+""")
+
+
+def test_load_into_mesh_streams_into_shardings(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  r = subprocess.run([sys.executable, "-c", _SHARDED, os.path.join(FIX, "q3_topk_norm"),
+                      str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert "SHARDED_OK" in r.stdout, r.stdout + r.stderr
