@@ -41,15 +41,15 @@ class SparseMLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.experts = MoE(cfg, rngs=rngs)
-    self.shared_expert = None
-    if cfg.is_hybrid and cfg.shared_expert_intermediate_size > 0:
+    self.has_shared = cfg.is_hybrid and cfg.shared_expert_intermediate_size > 0
+    if self.has_shared:
       kw = dict(rngs=rngs, dtype=DTYPES[cfg.dtype], param_dtype=DTYPES[cfg.param_dtype])
       self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size, **kw)
       self.shared_expert_gate = Linear(cfg.hidden_size, 1, ("embed", None), **kw)
 
   def __call__(self, x, mask):
     y, stats = self.experts(x, mask)
-    if self.shared_expert is not None:
+    if self.has_shared:
       gate = jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype)
       y = y + gate * self.shared_expert(x)
     return y, stats
