@@ -72,13 +72,13 @@ def test_rule_matches_transformers(ref):
   _close(o, ref["rule_o_rec"]); _close(s, ref["rule_s_rec"])
 
 
-@pytest.mark.parametrize("chunk", [64, 16])
-def test_chunked_equals_recurrent(chunk):
+@pytest.mark.parametrize("chunk,with_state", [(64, True), (16, False)])
+def test_chunked_equals_recurrent(chunk, with_state):
   q, k, v, g, beta, s0 = _inputs(1)
-  for init in (None, s0):
-    oc, sc = CHUNK(q, k, v, g, beta, chunk_size=chunk, initial_state=init)
-    orr, sr = REC(q, k, v, g, beta, initial_state=init)
-    _close(oc, orr); _close(sc, sr)
+  init = s0 if with_state else None
+  oc, sc = CHUNK(q, k, v, g, beta, chunk_size=chunk, initial_state=init)
+  orr, sr = REC(q, k, v, g, beta, initial_state=init)
+  _close(oc, orr); _close(sc, sr)
 
 
 def test_single_step_equals_recurrent():
@@ -228,18 +228,20 @@ def test_layer_decode_cache_matches_full_sequence(layer, ref):
 
 
 def test_layer_right_padded_prefill_and_packing(layer, ref):
+  # Shapes reuse the compilations of the decode test where they can.
   x = jnp.asarray(ref["layer_x"])
-  xb = jnp.concatenate([x, x], axis=0)[:, :90]
-  seg = np.ones((2, 90), np.int32); seg[1, 70:] = 0
-  y, cache = _apply(layer, xb, segment_ids=seg, cache=layer.init_cache(2))
-  _, cache_ref = _apply(layer, x[:, :70], cache=layer.init_cache(1))
+  xb = jnp.concatenate([x, x], axis=0)[:, :120]
+  seg = np.ones((2, 120), np.int32); seg[1, 100:] = 0
+  _, cache = _apply(layer, xb, segment_ids=seg, cache=layer.init_cache(2))
+  _, cache_ref = _apply(layer, x[:, :100], cache=layer.init_cache(1))
   _close(cache["conv_state"][1], cache_ref["conv_state"][0])
   _close(cache["ssm_state"][1], cache_ref["ssm_state"][0])
-  # Next token for the padded row continues from its real end.
-  y_next, _ = _apply(layer, x[:, 70:71], cache=jax.tree.map(lambda a: a[1:], cache))
-  _close(y_next[0, 0], ref["layer_y"][0, 70])
-  # Packed training: the second document behaves as if alone.
-  seg = np.array([[1] * 50 + [2] * 40], np.int32)
-  y_packed, _ = _apply(layer, x[:, :90], segment_ids=seg)
-  y_alone, _ = _apply(layer, x[:, 50:90])
+  # The next token of the padded row continues from its real end (HF output as reference).
+  y_next, _ = _apply(layer, x[:, 100:101], cache=jax.tree.map(lambda a: a[1:], cache))
+  _close(y_next[0, 0], ref["layer_y"][0, 100])
+  # Packed training: the second document behaves as if alone (a zero cache is no cache).
+  seg = np.array([[1] * 50 + [2] * 100], np.int32)
+  y_packed, _ = _apply(layer, x, segment_ids=seg)
+  y_alone, _ = _apply(layer, x[:, 50:], cache=layer.init_cache(1))
+  _close(y_packed[0, :50], ref["layer_y"][0, :50])
   _close(y_packed[0, 50:], y_alone[0])
