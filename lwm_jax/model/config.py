@@ -248,7 +248,39 @@ def _qwen3_30b_a3b() -> ModelConfig:
                      dtype="bfloat16")
 
 
-PRESETS = {"tiny": _tiny, "small": _small, "qwen3_30b_a3b": _qwen3_30b_a3b}
+def _qwen35(layers, hidden, heads, lin_v_heads, experts, top_k, moe_i) -> ModelConfig:
+  return ModelConfig(model_type=QWEN35_MOE, vocab_size=248320, hidden_size=hidden,
+                     intermediate_size=0, moe_intermediate_size=moe_i, num_hidden_layers=layers,
+                     num_attention_heads=heads, num_key_value_heads=2, head_dim=256,
+                     num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+                     shared_expert_intermediate_size=moe_i, linear_num_key_heads=16,
+                     linear_num_value_heads=lin_v_heads, linear_key_head_dim=128,
+                     linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                     full_attention_interval=4, partial_rotary_factor=0.25, rope_theta=1e7,
+                     max_position_embeddings=262144, dtype="bfloat16")
+
+
+def _tiny_hybrid() -> ModelConfig:
+  return _tiny().replace(model_type=QWEN35_MOE, num_hidden_layers=4,
+                         shared_expert_intermediate_size=32, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
+                         partial_rotary_factor=0.5)
+
+
+def _small_hybrid() -> ModelConfig:
+  # The `small` shape with Qwen3.5's hybrid layers (3 linear : 1 full) and a shared expert.
+  return _small().replace(model_type=QWEN35_MOE, shared_expert_intermediate_size=256,
+                          linear_num_key_heads=4, linear_num_value_heads=8,
+                          linear_key_head_dim=64, linear_value_head_dim=64,
+                          partial_rotary_factor=0.25, intermediate_size=0)
+
+
+PRESETS = {
+    "tiny": _tiny, "small": _small, "qwen3_30b_a3b": _qwen3_30b_a3b,
+    "tiny_hybrid": _tiny_hybrid, "small_hybrid": _small_hybrid,
+    "qwen35_35b_a3b": lambda: _qwen35(40, 2048, 16, 32, 256, 8, 512),
+    "qwen35_397b_a17b": lambda: _qwen35(60, 4096, 32, 64, 512, 10, 1024),
+}
 
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:

@@ -78,3 +78,31 @@ if __name__ == "__main__":
   for name in PRESETS:
     print(f"{name:>16}: {describe(get_preset(name), 256 if name in ('tiny', 'small') else 4096)}")
   jax.clear_caches()
+
+
+def per_device_bytes(cfg: ModelConfig, mesh_axes: dict[str, int], rules=None) -> dict[str, float]:
+  """Bytes per device of parameters, gradients and AdamW moments under a mesh, from the logical
+  axis rules (no devices needed). Parameters and moments in param_dtype; gradients likewise."""
+  from jax.sharding import AbstractMesh, AxisType  # pylint: disable=import-outside-toplevel
+  from lwm_jax import sharding  # pylint: disable=import-outside-toplevel
+  rules = rules or sharding.DEFAULT_RULES
+  sizes_ = [mesh_axes.get(a, 1) for a in sharding.MESH_AXES]
+  mesh = AbstractMesh(tuple(sizes_), sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 4)
+  model = abstract_model(cfg)
+  itemsize = np.dtype(cfg.param_dtype if cfg.param_dtype != "bfloat16" else np.float16).itemsize
+  shard_elems = 0.0
+  for _, var in nnx.iter_graph(model):
+    if not isinstance(var, nnx.Param):
+      continue
+    shape = var.get_value().shape
+    axes = var.get_metadata().get("axes") or (None,) * len(shape)
+    spec = sharding.spec_for(axes, shape, mesh, rules)
+    split = 1
+    for entry in spec:
+      for ax in (entry if isinstance(entry, tuple) else (entry,)):
+        if ax is not None:
+          split *= mesh.shape[ax]
+    shard_elems += np.prod(shape) / split
+  params = shard_elems * itemsize
+  return {"params": params, "grads": params, "adam": 2 * shard_elems * 4,
+          "total": 2 * params + 2 * shard_elems * 4}

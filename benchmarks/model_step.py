@@ -1,0 +1,103 @@
+"""Forward+backward tokens/s and MFU of a model preset, per MoE backend, beside HF transformers.
+
+  python benchmarks/model_step.py --preset=small --batch=8 --seq=256
+Prints a table and writes benchmarks/results/model_step.json. HF transformers (torch CPU) runs in
+the same process when installed (`pip install -e .[hf]`); the ratio column compares with it.
+"""
+from __future__ import annotations
+
+import sys
+import pathlib
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import common  # noqa: E402
+from lwm_jax.model import sizes  # noqa: E402
+from lwm_jax.model.config import get_preset, to_hf_dict  # noqa: E402
+from lwm_jax.model.transformer import Transformer  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("preset", "small", "model preset")
+flags.DEFINE_integer("batch", 8, "batch size")
+flags.DEFINE_integer("seq", 256, "sequence length")
+flags.DEFINE_integer("steps", 5, "timed steps per backend (median)")
+flags.DEFINE_list("backends", ["blocked", "capacity", "dense", "ragged_dot"], "MoE backends")
+flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
+
+
+def jax_step_time(cfg, tokens, steps):
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def loss(params, tokens):
+    m = nnx.merge(graphdef, params, rest)
+    out = m(tokens)
+    logp = jax.nn.log_softmax(out.logits[:, :-1])
+    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+    return nll + cfg.router_aux_loss_coef * out.aux_loss, out.dropped_tokens
+
+  step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  run = lambda: jax.block_until_ready(step(params, tokens))
+  (_, dropped), _ = run()
+  return common.median_time(run, steps), int(dropped)
+
+
+def hf_step_time(cfg, tokens_np, steps):
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  torch.manual_seed(0)
+  hf_cfg = transformers.Qwen3MoeConfig(**{k: v for k, v in to_hf_dict(cfg).items()
+                                          if k not in ("architectures", "torch_dtype")})
+  hf_cfg.output_router_logits = True
+  model = transformers.Qwen3MoeForCausalLM(hf_cfg).float().train()
+  ids = torch.from_numpy(np.asarray(tokens_np, np.int64))
+
+  def run():
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+  return common.median_time(run, steps)
+
+
+def main(_):
+  peak = common.matmul_peak_gflops()
+  base = get_preset(FLAGS.preset)
+  flops = sizes.count(base).train_flops_per_token(base, FLAGS.seq)
+  tokens = jax.random.randint(jax.random.key(0), (FLAGS.batch, FLAGS.seq), 0, base.vocab_size)
+  n_tok = FLAGS.batch * FLAGS.seq
+  rows = []
+  for backend in FLAGS.backends:
+    steps = 1 if backend == "ragged_dot" and jax.default_backend() == "cpu" else FLAGS.steps
+    t, dropped = jax_step_time(base.replace(moe_backend=backend), tokens, steps)
+    rows.append({"system": f"lwm_jax {backend}", "tokens/s": round(n_tok / t, 1),
+                 "MFU %": round(100 * n_tok / t * flops / (peak * 1e9), 1),
+                 "step s": round(t, 3), "dropped": dropped})
+  if FLAGS.hf:
+    t = hf_step_time(base, np.asarray(tokens), FLAGS.steps)
+    if t is not None:
+      rows.append({"system": "HF transformers (torch)", "tokens/s": round(n_tok / t, 1),
+                   "MFU %": round(100 * n_tok / t * flops / (peak * 1e9), 1),
+                   "step s": round(t, 3), "dropped": 0})
+  hf = next((r for r in rows if r["system"].startswith("HF")), None)
+  for r in rows:
+    r["vs HF"] = f"{r['tokens/s'] / hf['tokens/s']:.2f}x" if hf else "-"
+  print(f"preset={FLAGS.preset} batch={FLAGS.batch}x{FLAGS.seq} fwd+bwd fp32, "
+        f"{flops / 1e6:.1f} MFLOP/token, measured matmul peak {peak:.0f} GFLOP/s")
+  print(common.table(rows, ["system", "tokens/s", "MFU %", "step s", "dropped", "vs HF"]))
+  path = common.write_result("model_step", {
+      "preset": FLAGS.preset, "batch": FLAGS.batch, "seq": FLAGS.seq, "peak_gflops": peak,
+      "train_flops_per_token": flops, "rows": rows})
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)
