@@ -1,0 +1,325 @@
+"""The decoding engine: a preallocated cache, a jit-compiled prefill and a jit-compiled decode loop.
+
+`Engine.generate(prompts, params, stop_ids)` works on token ids:
+
+1. Shapes are bucketed so that compilations stay few: the batch is padded to a power of two (rows
+   of padding are finished from the start), prompts are right-padded to a power of two (at least
+   16), and the cache length is the power of two that holds the longest prompt plus its budget
+   (capped by the model's context).
+2. Prefill runs the whole padded prompt through the model once, writing the cache (slot j holds
+   position j; padding positions write slots the row's own later tokens overwrite), and keeps the
+   logits at each row's last real token only (never the [B, S, V] tensor).
+3. Decoding runs in chunks: each chunk is a `lax.while_loop` of up to `chunk_steps` steps
+   (sample, record, feed the token back) with the cache donated, stopping early once every row is
+   finished. Between chunks the host sees the new tokens: the Python layer turns them into text,
+   streams them and checks stop strings, and may finish rows (`on_chunk` returns their indices).
+
+Sampling is per row (temperature, top-k, top-p, min-p, seed); the key of step t of a row is
+`fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not depend on its batch neighbours.
+Returned log-probabilities are those of the model's raw distribution (temperature 1, no filter).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from lwm_jax import sharding
+from lwm_jax.model.layers import DTYPES
+from lwm_jax.sampling.params import SamplingParams
+
+NEG_INF = -1e30
+FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
+FINISH_NAMES = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+
+
+def _pow2(n: int, lo: int) -> int:
+  return max(lo, 1 << max(0, int(n) - 1).bit_length())
+
+
+# ---------------------------------------------------------------------------------- sampling
+def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B):
+  """Masks (to -inf) what top-k, then top-p, then min-p remove; each on the renormalised rest."""
+  v = scaled_BxV.shape[-1]
+  srt = -jnp.sort(-scaled_BxV, axis=-1)                                   # descending
+  rank = jnp.arange(v)[None, :]
+  k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
+  keep = rank < k[:, None]
+  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
+  keep &= (jnp.cumsum(p, axis=-1) - p) < top_p_B[:, None]                  # first always kept
+  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
+  keep &= p >= min_p_B[:, None] * p[:, :1]
+  count = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+  threshold = jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1)
+  return jnp.where(scaled_BxV >= threshold, scaled_BxV, NEG_INF)
+
+
+def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B):
+  """Returns (tokens [B], log p(token) under the raw distribution [B])."""
+  logits = logits_BxV.astype(jnp.float32)
+  logprobs = jax.nn.log_softmax(logits, axis=-1)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  sampling = temperature_B > 0
+  scaled = logits / jnp.where(sampling, temperature_B, 1.0)[:, None]
+  wants = sampling & ((top_k_B > 0) | (top_p_B < 1.0) | (min_p_B > 0.0))
+  scaled = jax.lax.cond(jnp.any(wants), _filter_logits, lambda x, *_: x,
+                        scaled, jnp.where(wants, top_k_B, 0), jnp.where(wants, top_p_B, 1.0),
+                        jnp.where(wants, min_p_B, 0.0))
+  drawn = jax.vmap(jax.random.categorical)(keys_B, scaled).astype(jnp.int32)
+  tokens = jnp.where(sampling, drawn, greedy)
+  return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+
+# ---------------------------------------------------------------------------------- forwards
+def forward_last(model, tokens_BxS, positions_BxS, segment_ids_BxS, cache, last_B):
+  """The model's forward pass with a cache, returning logits only at `last_B` ([B, V]).
+
+  Mirrors `Transformer.__call__` layer by layer so that prefill never builds [B, S, V] logits."""
+  cfg = model.cfg
+  x = jnp.take(model.embed_tokens[...], tokens_BxS, axis=0).astype(DTYPES[cfg.dtype])
+  x = sharding.constrain_batch(x)
+  token_mask = segment_ids_BxS != 0
+  new_cache = []
+  for i, layer in enumerate(model.layers):
+    x, _, c = layer(x, positions_BxS, segment_ids_BxS, token_mask, cache[i])
+    new_cache.append(c)
+  x = x[jnp.arange(x.shape[0]), last_B][:, None]
+  x = model.norm(x)
+  if cfg.tie_word_embeddings:
+    logits = jnp.dot(x, model.embed_tokens[...].astype(x.dtype).T)
+  else:
+    logits = model.lm_head(x)
+  return logits[:, 0].astype(jnp.float32), new_cache
+
+
+@dataclasses.dataclass
+class RowOutput:
+  token_ids: list[int]
+  logprobs: list[float]
+  finish_reason: str
+
+
+@dataclasses.dataclass
+class _Rows:
+  """Per-row sampling settings as device arrays [B]."""
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+  min_p: jax.Array
+  seed: jax.Array
+  choice: jax.Array
+  max_new: jax.Array
+  stop_ids: jax.Array  # [B, K], -1 = unused
+
+
+jax.tree_util.register_dataclass(
+    _Rows, data_fields=[f.name for f in dataclasses.fields(_Rows)], meta_fields=[])
+
+
+class Engine:
+  """Batched generation on token ids for one model (optionally sharded over `mesh`)."""
+
+  def __init__(self, model, *, mesh: jax.sharding.Mesh | None = None, chunk_steps: int = 16,
+               max_batch: int = 64, min_prompt_bucket: int = 16, min_cache_len: int = 64,
+               decode_moe_backend: str | None = None):
+    self.cfg = model.cfg
+    self.mesh = mesh if mesh is not None and mesh.size > 1 else None
+    if self.mesh is not None:
+      with jax.set_mesh(self.mesh):
+        sharding.shard_model(model, self.mesh)
+    self.model = model
+    self.graphdef, self.state = nnx.split(model)
+    self.decode_graphdef = self._graphdef_with_backend(model, decode_moe_backend)
+    self.context = self.cfg.max_position_embeddings
+    self.chunk_steps, self.max_batch = chunk_steps, max_batch
+    self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
+    self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,))
+    self._decode = jax.jit(self._decode_fn, donate_argnums=(2,), static_argnums=(0,))
+    self._init_cache = jax.jit(lambda b, t: self.model.init_cache(b, t), static_argnums=(0, 1))
+
+  def _graphdef_with_backend(self, model, backend):
+    if not backend:
+      return self.graphdef
+    moes = [layer.mlp.experts for layer in model.layers if layer.is_moe]
+    old = [m.backend for m in moes]
+    for m in moes:
+      m.backend = backend
+    graphdef, _ = nnx.split(model)
+    for m, b in zip(moes, old):
+      m.backend = b
+    return graphdef
+
+  # ------------------------------------------------------------------------ jitted parts
+  def _prefill_fn(self, state, cache, tokens_BxS, lengths_B):
+    model = nnx.merge(self.graphdef, state)
+    s = tokens_BxS.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), tokens_BxS.shape)
+    segment_ids = (positions < lengths_B[:, None]).astype(jnp.int32)
+    last = jnp.maximum(lengths_B - 1, 0)
+    logits, cache = forward_last(model, tokens_BxS, positions, segment_ids, cache, last)
+    return cache, logits
+
+  def _decode_fn(self, steps: int, state, cache, carry, rows: _Rows):
+    model = nnx.merge(self.decode_graphdef, state)
+    b = carry["pos"].shape[0]
+    cache_len = jax.tree_util.tree_leaves(cache)[0].shape[1] if cache else self.context
+    base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
+
+    def cond(c):
+      return (c["i"] < steps) & ~jnp.all(c["done"])
+
+    def body(c):
+      keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
+      tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
+                              rows.min_p)
+      active = ~c["done"]
+      i = c["i"]
+      out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
+      out_lp = c["out_lp"].at[:, i].set(lp)
+      n_gen = c["n_gen"] + active.astype(jnp.int32)
+      is_stop = jnp.any(tok[:, None] == rows.stop_ids, axis=-1)
+      full = (n_gen >= rows.max_new) | (c["pos"] >= cache_len - 1)
+      finish = jnp.where(active & is_stop, FINISH_STOP,
+                         jnp.where(active & full, FINISH_LENGTH, c["finish"]))
+      done = c["done"] | (active & (is_stop | full))
+      out = model(jnp.where(done, 0, tok)[:, None], c["pos"][:, None], cache=c["cache"])
+      pos = jnp.where(done, c["pos"], c["pos"] + 1)
+      return dict(c, i=i + 1, cache=out.cache, logits=out.logits[:, 0].astype(jnp.float32),
+                  pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
+
+    init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
+                out_tok=jnp.full((b, steps), -1, jnp.int32),
+                out_lp=jnp.zeros((b, steps), jnp.float32))
+    c = jax.lax.while_loop(cond, body, init)
+    new_carry = {k: c[k] for k in carry}
+    return c["cache"], new_carry, c["out_tok"], c["out_lp"]
+
+  # ------------------------------------------------------------------------ host side
+  def _put(self, x: np.ndarray):
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, NamedSharding(self.mesh, sharding.batch_spec(x.shape[0], self.mesh,
+                                                                           x.ndim)))
+
+  def check_prompt(self, n_tokens: int) -> None:
+    if n_tokens < 1:
+      raise ValueError("prompt: empty (at least one token is needed)")
+    if n_tokens >= self.context:
+      raise ValueError(f"prompt: {n_tokens} tokens do not fit the model's context of "
+                       f"{self.context} (max_position_embeddings) with room to generate")
+
+  def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+               stop_ids: Sequence[Sequence[int]], choices: Sequence[int] | None = None,
+               on_chunk: Callable[[list[list[int]], list[list[float]]], Sequence[int]] | None
+               = None) -> list[RowOutput]:
+    """Generates one sequence per prompt. `on_chunk(new_tokens, new_logprobs)` is called after
+    each decode chunk with each row's new tokens and returns indices of rows to finish now
+    ("stop"); those rows keep the tokens seen so far."""
+    n = len(prompts)
+    if n == 0:
+      return []
+    if n > self.max_batch:
+      out: list[RowOutput] = []
+      for s in range(0, n, self.max_batch):
+        sl = slice(s, s + self.max_batch)
+        ch = None if choices is None else choices[sl]
+        sub_cb = None
+        if on_chunk is not None:
+          sub_cb = functools.partial(_offset_cb, on_chunk, s, n)
+        out += self.generate(prompts[sl], params[sl], stop_ids[sl], ch, sub_cb)
+      return out
+    for p in prompts:
+      self.check_prompt(len(p))
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    max_new = np.array([min(sp.max_new_tokens, self.context - len(p))
+                        for sp, p in zip(params, prompts)], np.int32)
+    b = _pow2(n, 1)
+    s = min(_pow2(int(lengths.max()), self.min_prompt_bucket), self.context)
+    t = min(_pow2(int((lengths + max_new).max()), self.min_cache_len), self.context)
+    t = max(t, s)
+    tokens = np.zeros((b, s), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, :len(p)] = p
+    len_b = np.ones(b, np.int32)
+    len_b[:n] = lengths
+    k = max([len(x) for x in stop_ids] + [1])
+    stop_arr = np.full((b, k), -1, np.int32)
+    for i, ids in enumerate(stop_ids):
+      stop_arr[i, :len(ids)] = list(ids)
+    pad = [SamplingParams()] * (b - n)
+    allp = list(params) + pad
+    ch = np.zeros(b, np.int32)
+    if choices is not None:
+      ch[:n] = choices
+    rows = _Rows(
+        temperature=self._put(np.array([p.temperature for p in allp], np.float32)),
+        top_k=self._put(np.array([p.top_k for p in allp], np.int32)),
+        top_p=self._put(np.array([p.top_p for p in allp], np.float32)),
+        min_p=self._put(np.array([p.min_p for p in allp], np.float32)),
+        seed=self._put(np.array([p.seed % (2 ** 31) for p in allp], np.int32)),
+        choice=self._put(ch), max_new=self._put(np.concatenate([max_new, np.ones(b - n,
+                                                                              np.int32)])),
+        stop_ids=self._put(stop_arr))
+    done = np.zeros(b, bool)
+    done[n:] = True
+    ctx = jax.set_mesh(self.mesh) if self.mesh is not None else _nullcontext()
+    with ctx:
+      cache = self._init_cache(b, t)
+      if self.mesh is not None:
+        cache = jax.tree_util.tree_map(self._put_like_batch, cache)
+      cache, logits = self._prefill(self.state, cache, self._put(tokens), self._put(len_b))
+      carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
+                   done=self._put(done), finish=self._put(np.zeros(b, np.int32)))
+      toks: list[list[int]] = [[] for _ in range(n)]
+      lps: list[list[float]] = [[] for _ in range(n)]
+      finish = np.zeros(b, np.int32)
+      while True:
+        cache, carry, out_tok, out_lp = self._decode(self.chunk_steps, self.state, cache, carry,
+                                                     rows)
+        out_tok, out_lp = np.asarray(out_tok), np.asarray(out_lp)
+        new_t, new_l = [], []
+        for i in range(n):
+          m = out_tok[i] >= 0
+          new_t.append(out_tok[i][m].tolist())
+          new_l.append(out_lp[i][m].tolist())
+          toks[i] += new_t[-1]
+          lps[i] += new_l[-1]
+        done = np.asarray(carry["done"]).copy()
+        finish = np.asarray(carry["finish"]).copy()
+        if on_chunk is not None:
+          stopped = [i for i in on_chunk(new_t, new_l) if not done[i]]
+          if stopped:
+            done[stopped] = True
+            finish[stopped] = FINISH_STOP
+            carry = dict(carry, done=self._put(done), finish=self._put(finish))
+        if done.all():
+          break
+    return [RowOutput(toks[i], lps[i], FINISH_NAMES.get(int(finish[i]), "length"))
+            for i in range(n)]
+
+  def _put_like_batch(self, x):
+    return jax.device_put(x, NamedSharding(self.mesh, sharding.batch_spec(x.shape[0], self.mesh,
+                                                                           x.ndim)))
+
+
+def _offset_cb(cb, offset, total, new_t, new_l):
+  """Adapts a whole-batch `on_chunk` callback to a sub-batch starting at `offset`."""
+  pad_t = [[] for _ in range(total)]
+  pad_l = [[] for _ in range(total)]
+  pad_t[offset:offset + len(new_t)] = new_t
+  pad_l[offset:offset + len(new_l)] = new_l
+  return [i - offset for i in cb(pad_t, pad_l) if offset <= i < offset + len(new_t)]
+
+
+class _nullcontext:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *a):
+    return False

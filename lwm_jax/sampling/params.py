@@ -1,0 +1,69 @@
+"""Sampling parameters of one request, and the result of one generated sequence."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+
+@dataclasses.dataclass
+class SamplingParams:
+  """How to sample one sequence.
+
+  temperature 0 is greedy (argmax). top_k 0, top_p 1 and min_p 0 switch their filter off. Filters
+  apply to the temperature-scaled distribution in the order top-k, top-p, min-p (each on what the
+  previous one kept, renormalised). `seed` makes a sampled sequence reproducible whatever else is
+  in the batch. Generation ends at `max_new_tokens`, at a token in `stop_token_ids` (the tokenizer's
+  end-of-turn token is added unless `ignore_eos`), or at the first occurrence of a `stop` string
+  (the returned text ends before it).
+  """
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  max_new_tokens: int = 256
+  seed: int = 0
+  stop: Sequence[str] = ()
+  stop_token_ids: Sequence[int] = ()
+  ignore_eos: bool = False
+  n: int = 1
+
+  def validate(self) -> "SamplingParams":
+    """Raises ValueError naming the first bad field."""
+    def need(cond: bool, field: str, why: str):
+      if not cond:
+        raise ValueError(f"{field}: {why}")
+    need(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+    need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+    need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+    need(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+    need(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+    need(self.n >= 1, "n", f"must be >= 1, got {self.n}")
+    need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+    need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+         "must be non-negative token ids")
+    return self
+
+  def replace(self, **kw) -> "SamplingParams":
+    return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass
+class Generation:
+  """One generated sequence.
+
+  `token_ids` are the generated tokens (a stop token that ended the sequence included, tokens
+  after a stop string excluded); `logprobs[i]` is log p(token_ids[i]) under the model's raw
+  distribution (temperature 1, no filter), the "old" log-probabilities GSPO needs. `finish_reason`
+  is "stop" (stop token or string) or "length" (max_new_tokens or the context filled up).
+  """
+  text: str
+  token_ids: list[int]
+  logprobs: list[float]
+  finish_reason: str
+  prompt_tokens: int = 0
+  reasoning: str = ""
+  content: str = ""
+
+  @property
+  def completion_tokens(self) -> int:
+    return len(self.token_ids)
