@@ -68,7 +68,7 @@ def _split_micro(batch: dict, n: int) -> dict:
 def _apply(tx, schedule, state: TrainState, grads, metrics: dict) -> tuple[TrainState, dict]:
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, grad_norm=optax.global_norm(grads), lr=schedule(state.step))
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
   rng, _ = jax.random.split(state.rng)
   return TrainState(params, opt_state, state.step + 1, rng), metrics
 

@@ -1,0 +1,115 @@
+"""Trainer: exact resume, NaN stop keeping the last good checkpoint, config and workdir failures,
+restore_params, and one RL (GSPO) step run."""
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+
+import cpt as cpt_config  # noqa: E402
+import rl as rl_config  # noqa: E402
+from lwm_jax.train import checkpoint, trainer  # noqa: E402
+from lwm_jax.train.synthetic import SyntheticIterator  # noqa: E402
+
+
+def _tiny(num_steps=40, **train):
+  c = cpt_config.get_config("tiny")
+  c.model.num_hidden_layers = 1
+  c.model.num_experts = 4
+  c.train.update(dict(num_steps=num_steps, batch_size=4, seq_len=32, log_every=10, eval_every=0,
+                      progress=False), **train)
+  c.checkpoint.every = 20
+  c.optim.warmup_steps = 3
+  return c
+
+
+def test_exact_resume(tmp_path):
+  straight = trainer.train(_tiny(), str(tmp_path / "a"))
+  first = trainer.train(_tiny(stop_after=20), str(tmp_path / "b"))
+  assert first["final_step"] == 20
+  second = trainer.train(_tiny(), str(tmp_path / "b"))
+  assert second["start_step"] == 20 and second["final_step"] == 40
+  np.testing.assert_allclose(first["losses"], straight["losses"][:20], atol=1e-6, rtol=0)
+  np.testing.assert_allclose(second["losses"], straight["losses"][20:], atol=1e-6, rtol=0)
+  assert straight["losses"][-1] < straight["losses"][0] - 0.3  # it learns
+  # files of the workdir
+  wd = tmp_path / "a"
+  cfg = json.loads((wd / "config.json").read_text())
+  assert cfg["model"]["num_hidden_layers"] == 1 and cfg["stage"] == "cpt"
+  rows = [json.loads(l) for l in (wd / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [10, 20, 30, 40]
+  assert {"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "kept_tokens", "aux_loss"} <= set(rows[0])
+  assert (wd / "loss.png").exists() and any((wd / "tensorboard").iterdir())
+  # restore_params from the workdir (latest step) and from a step folder
+  mcfg, params, info = checkpoint.restore_params(str(wd))
+  assert info["step"] == 40 and mcfg.num_hidden_layers == 1
+  _, params20, info20 = checkpoint.restore_params(str(wd / "checkpoints" / "20"))
+  assert info20["step"] == 20
+  assert not np.allclose(np.asarray(params["lm_head"]["kernel"][...]),
+                         np.asarray(params20["lm_head"]["kernel"][...]))
+
+
+class _NanAt(SyntheticIterator):
+  def __init__(self, at, **kw):
+    super().__init__(**kw)
+    self.at = at
+
+  def __next__(self):
+    b = super().__next__()
+    if self.index == self.at:
+      b["loss_weights"] = b["loss_weights"] * np.nan
+    return b
+
+
+def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
+  c = _tiny(num_steps=10, log_every=0)
+  c.checkpoint.every = 2
+  it = _NanAt(5, batch=4, seq_len=32, vocab=c.model.vocab_size)
+  with pytest.raises(trainer.TrainingDiverged, match="loss is nan at step 5.*checkpoints/4"):
+    trainer.train(c, str(tmp_path), train_iter=it)
+  _, params, info = checkpoint.restore_params(str(tmp_path))
+  assert info["step"] == 4
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_config_and_workdir_errors(tmp_path):
+  c = _tiny()
+  c.train.micro_batches = 3
+  with pytest.raises(ValueError, match=r"config\.train\.micro_batches"):
+    trainer.train(c, str(tmp_path / "x"))
+  c = _tiny()
+  c.model.num_key_value_heads = 3
+  with pytest.raises(ValueError, match=r"model\.num_key_value_heads"):
+    trainer.train(c, str(tmp_path / "x"))
+  c = _tiny()
+  c.mesh.expert = 3
+  with pytest.raises(ValueError, match=r"config\.mesh\.expert"):
+    trainer.train(c, str(tmp_path / "x"))
+  blocker = tmp_path / "a_file"  # a folder cannot be made under a file, even as root
+  blocker.write_text("x")
+  with pytest.raises(PermissionError, match=f"workdir {blocker / 'w'} is not writable"):
+    trainer.train(_tiny(), str(blocker / "w"))
+
+
+def test_rl_gspo_runs(tmp_path):
+  c = rl_config.get_config("tiny")
+  c.model.num_hidden_layers = 1
+  c.model.num_experts = 4
+  c.train.update(dict(num_steps=3, batch_size=4, seq_len=24, log_every=1, eval_every=0,
+                      progress=False, micro_batches=2))
+  c.rl.group_size = 2
+  c.rl.response_len = 8
+  out = trainer.train(c, str(tmp_path))
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert len(rows) == 3
+  r = rows[0]
+  assert {"clip_frac", "ratio_mean", "ratio_min", "ratio_max", "entropy"} <= set(r)
+  # on-policy first step: old log-probs are the current ones, every ratio is 1
+  assert r["ratio_min"] == pytest.approx(1.0, abs=1e-5) and r["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+  assert r["clip_frac"] == 0.0 and r["entropy"] > 0
+  assert np.isfinite(out["losses"]).all()
