@@ -31,6 +31,7 @@ from safetensors.numpy import save_file
 
 from lwm_jax import sharding as shd
 from lwm_jax.model.config import ModelConfig, from_hf_dict, to_hf_dict
+from lwm_jax.model.layers import DTYPES
 from lwm_jax.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -383,6 +384,7 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
   expert_layout: "per_expert" (what HF `save_pretrained` writes) or "fused" (released Qwen3.5).
   released_layout: Qwen3.5 only: config nested under `text_config` (model_type qwen3_5_moe) and
     tensors under `model.language_model.`, as the released checkpoints.
+  Tensors are written in the config's param_dtype (fp32 norm scales of a bf16 model are cast).
   Returns the safetensors file names written. Only process 0 writes.
   """
   cfg: ModelConfig = model.cfg
@@ -428,8 +430,11 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
     shards[-1] = {}
     size = 0
 
+  out_dtype = np.dtype(DTYPES[cfg.param_dtype])
   for key, produce in _hf_tensors(model, targets):
     arr = produce()  # every process takes part in gathering a sharded parameter
+    if arr.dtype != out_dtype:  # e.g. fp32 norm scales of a bf16 model: one dtype per checkpoint
+      arr = arr.astype(out_dtype)
     if size and size + arr.nbytes > max_shard_bytes:
       flush(False)
     shards[-1][key] = arr

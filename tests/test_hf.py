@@ -34,11 +34,16 @@ def _check_parity(case: str, **overrides) -> None:
   folder = os.path.join(FIX, case)
   ref = np.load(os.path.join(folder, "ref.npz"))
   model = hf.load_pretrained(folder, **overrides)
-  out = model(jnp.asarray(ref["input_ids"]))
+  out = _forward(model, jnp.asarray(ref["input_ids"]))
   err = float(np.abs(np.asarray(out.logits) - ref["logits"]).max())
   assert err < 1e-4, f"{case}: max |logits - transformers| = {err}"
   aux_err = abs(float(out.aux_loss) - float(ref["aux_loss"]))
   assert aux_err < 1e-5, f"{case}: aux loss {float(out.aux_loss)} vs {float(ref['aux_loss'])}"
+
+
+@nnx.jit
+def _forward(model, tokens):
+  return model(tokens)
 
 
 def _params(model) -> dict:
@@ -135,15 +140,38 @@ def test_qwen35_round_trip_is_exact(tmp_path, released):
 def test_transformers_loads_what_we_save(tmp_path):
   import torch  # pylint: disable=import-outside-toplevel
   from transformers import AutoModelForCausalLM  # pylint: disable=import-outside-toplevel
-  ref = np.load(os.path.join(FIX, "q3_dense_mid", "ref.npz"))
-  model = hf.load_pretrained(os.path.join(FIX, "q3_dense_mid"))
-  for layout in ("per_expert", "fused"):
-    out = str(tmp_path / layout)
-    hf.save_pretrained(model, out, expert_layout=layout, max_shard_bytes=60_000)
+  cases = [("q3_dense_mid", "per_expert", False), ("q3_dense_mid", "fused", False)]
+  if HAS_DELTANET:
+    cases += [("q35_interval", "per_expert", False), ("q35_interval", "fused", True)]
+  for case, layout, released in cases:
+    ref = np.load(os.path.join(FIX, case, "ref.npz"))
+    model = hf.load_pretrained(os.path.join(FIX, case))
+    out = str(tmp_path / f"{case}_{layout}")
+    hf.save_pretrained(model, out, expert_layout=layout, released_layout=released,
+                       max_shard_bytes=60_000)
     tm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
     with torch.no_grad():
       logits = tm(torch.from_numpy(ref["input_ids"]).long()).logits.numpy()
-    assert np.abs(logits - ref["logits"]).max() < 1e-5, layout
+    assert np.abs(logits - ref["logits"]).max() < 1e-5, (case, layout)
+
+
+def test_bfloat16_load_and_save(tmp_path):
+  model = hf.load_pretrained(os.path.join(FIX, "q3_topk_norm"), dtype="bfloat16")
+  assert model.cfg.dtype == "bfloat16"
+  params = _params(model)
+  assert params[("layers", 0, "self_attn", "q_proj", "kernel")].dtype == jnp.bfloat16
+  assert params[("layers", 1, "mlp", "experts", "down_proj")].dtype == jnp.bfloat16
+  hf.save_pretrained(model, str(tmp_path))
+  assert {v.dtype for v in load_file(str(tmp_path / hf.SINGLE)).values()} == {
+      np.dtype(jnp.bfloat16)}
+  assert json.load(open(tmp_path / hf.CONFIG))["dtype"] == "bfloat16"
+  back = hf.load_pretrained(str(tmp_path))                     # dtype taken from config.json
+  pb = _params(back)
+  for k, v in params.items():   # bf16 params exact; fp32 norm scales rounded to bf16 on save
+    want = v if v.dtype == jnp.bfloat16 else v.astype(jnp.bfloat16).astype(v.dtype)
+    assert np.array_equal(pb[k], want), k
+  hf.save_pretrained(back, str(tmp_path / "again"))
+  _assert_same_params(back, hf.load_pretrained(str(tmp_path / "again")))
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -225,17 +253,19 @@ def test_missing_shard_and_empty_folder(tmp_path):
 # ----------------------------------------------------------------------------- sharded (8 devices)
 _SHARDED = textwrap.dedent("""
   import os, sys, numpy as np, jax, jax.numpy as jnp
+  from flax import nnx
   from lwm_jax import hf, sharding
   fix = sys.argv[1]
   ref = np.load(os.path.join(fix, "ref.npz"))
-  single = np.asarray(hf.load_pretrained(fix)(jnp.asarray(ref["input_ids"])).logits)
+  fwd = nnx.jit(lambda m, t: m(t).logits)
+  single = np.asarray(fwd(hf.load_pretrained(fix), jnp.asarray(ref["input_ids"])))
   mesh = sharding.make_mesh(data=2, expert=2, tensor=2)
   m = hf.load_pretrained(fix, mesh=mesh)
   w = m.layers[0].mlp.experts.gate_proj[...]
   assert len(w.sharding.device_set) == 8 and w.addressable_shards[0].data.shape == (3, 32, 8), \\
       w.sharding
   with jax.set_mesh(mesh):
-    logits = np.asarray(jax.jit(lambda t: m(t).logits)(jnp.asarray(ref["input_ids"])))
+    logits = np.asarray(fwd(m, jnp.asarray(ref["input_ids"])))
   err = float(np.abs(logits - single).max())
   assert err < 1e-5, err
   assert float(np.abs(logits - ref["logits"]).max()) < 1e-4

@@ -67,6 +67,8 @@ def _perturb(model: torch.nn.Module, gen: torch.Generator) -> None:
 
 
 def _reference(model: torch.nn.Module, ids: np.ndarray) -> dict[str, np.ndarray]:
+  assert model.config._attn_implementation == "eager", model.config._attn_implementation
+  assert all(p.dtype == torch.float32 for p in model.parameters())
   model.eval()
   with torch.no_grad():
     out = model(input_ids=torch.from_numpy(ids).long(), output_router_logits=True)
