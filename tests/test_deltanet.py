@@ -148,6 +148,14 @@ def test_chunked_gradients_match_recurrent():
     _close(a, b, 1e-4)
 
 
+def test_unit_lower_inverse_matches_numpy():
+  r = np.random.default_rng(8)
+  for n in (1, 16, 64, 12):                    # 12: the triangular-solve fallback
+    a = np.tril(r.normal(size=(2, n, n)) * 0.3, -1).astype(np.float32)
+    ref = np.linalg.inv(a.astype(np.float64) + np.eye(n))
+    _close(dn.unit_lower_inverse(jnp.asarray(a)), ref, 1e-5 * max(1.0, np.abs(ref).max()))
+
+
 # ----------------------------------------------------------------------------------- conv
 def test_conv_matches_transformers(ref):
   x, w = ref["conv_x"], ref["conv_w"]

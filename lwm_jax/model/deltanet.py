@@ -56,6 +56,33 @@ def _prepare_qk(q: Array, k: Array, num_v_heads: int, use_qk_l2norm: bool) -> tu
   return q * (q.shape[-1] ** -0.5), k
 
 
+def unit_lower_inverse(a_NxN: Array) -> Array:
+  """(I + A)^-1 for strictly lower-triangular A (last two axes), by recursive 2x2 blocking:
+  inv([[P, 0], [C, Q]]) = [[P^-1, 0], [-Q^-1 C P^-1, Q^-1]]; log2(N) levels of batched matmuls
+  (XLA's CPU triangular_solve and its gradient are far slower). N that is not a power of two falls
+  back to a triangular solve."""
+  n = a_NxN.shape[-1]
+  eye = jnp.eye(n, dtype=a_NxN.dtype)
+  if n & (n - 1):
+    return jax.lax.linalg.triangular_solve(a_NxN + eye, jnp.broadcast_to(eye, a_NxN.shape),
+                                           left_side=True, lower=True, unit_diagonal=True)
+  lead = a_NxN.shape[:-2]
+  inv = jnp.ones(lead + (n, 1, 1), a_NxN.dtype)                # inverses of the 1x1 diagonal blocks
+  bs = 1
+  while bs < n:
+    nb = n // bs
+    blocks = a_NxN.reshape(lead + (nb, bs, nb, bs))
+    # Sub-diagonal block (2j+1, 2j) of each pair: [..., nb/2, bs, bs].
+    c = jnp.moveaxis(jnp.diagonal(blocks[..., 1::2, :, 0::2, :], axis1=-4, axis2=-2), -1, -3)
+    p_inv, q_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+    off = -(q_inv @ c @ p_inv)
+    top = jnp.concatenate([p_inv, jnp.zeros_like(p_inv)], axis=-1)
+    bottom = jnp.concatenate([off, q_inv], axis=-1)
+    inv = jnp.concatenate([top, bottom], axis=-2)
+    bs *= 2
+  return inv[..., 0, :, :]
+
+
 def _mask_padding(g: Array, beta: Array, segment_ids_BxS: Array | None) -> tuple[Array, Array]:
   g, beta = g.astype(F32), beta.astype(F32)
   if segment_ids_BxS is None:
@@ -152,7 +179,7 @@ def recurrent_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Arr
 def chunk_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, chunk_size: int = 64,
                            initial_state: Array | None = None, segment_ids: Array | None = None,
                            use_qk_l2norm: bool = True) -> tuple[Array, Array]:
-  """Chunked parallel form: per chunk a UT transform (one unit-lower-triangular solve) and a few matmuls,
+  """Chunked parallel form: per chunk a UT transform (a unit-lower-triangular inverse) and a few matmuls,
   then a lax.scan over chunks that carries the [Dk, Dv] state. Same arguments and results as
   `recurrent_gated_delta_rule`; S need not be a multiple of `chunk_size` (zero padding, which leaves the
   state unchanged since g = beta = 0 there)."""
@@ -194,10 +221,9 @@ def chunk_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, 
   v_beta = vc * bc[..., None]
   strict = same & ~jnp.eye(N, dtype=bool)
   a_mat = jnp.where(strict, jnp.einsum("bhtid,bhtjd->bhtij", k_beta, kc) * decay, 0.0)
-  lhs = a_mat + jnp.eye(N, dtype=F32)
-  rhs = jnp.concatenate([v_beta, k_beta * jnp.exp(gam)[..., None] * carry_in], axis=-1)
-  sol = jax.lax.linalg.triangular_solve(lhs, rhs, left_side=True, lower=True, unit_diagonal=True)
-  u, w = sol[..., :Dv], sol[..., Dv:]                          # new values; decayed keys reading S
+  t_inv = unit_lower_inverse(a_mat)                            # (I + A)^-1, the UT transform
+  u = t_inv @ v_beta                                           # new values
+  w = t_inv @ (k_beta * (jnp.exp(gam)[..., None] * carry_in))  # decayed keys that read the old state
   attn = jnp.einsum("bhtid,bhtjd->bhtij", qc, kc) * decay      # intra-chunk, diagonal included
   q_dec = qc * (jnp.exp(gam)[..., None] * carry_in)
   k_dec = kc * (jnp.exp(gam[..., -1:] - gam)[..., None] * in_last)
