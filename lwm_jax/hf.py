@@ -417,7 +417,7 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
   weight_map: dict[str, str] = {}
   total = 0
 
-  def flush(final: bool) -> None:
+  def flush() -> None:
     nonlocal size
     if not shards[-1]:
       return
@@ -436,11 +436,11 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
     if arr.dtype != out_dtype:  # e.g. fp32 norm scales of a bf16 model: one dtype per checkpoint
       arr = arr.astype(out_dtype)
     if size and size + arr.nbytes > max_shard_bytes:
-      flush(False)
+      flush()
     shards[-1][key] = arr
     size += arr.nbytes
     total += arr.nbytes
-  flush(True)
+  flush()
   names = [SINGLE] if len(files) == 1 else [
       f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
   if writer:
