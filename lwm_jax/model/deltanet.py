@@ -282,11 +282,10 @@ class GatedDeltaNet(nnx.Module):
     self.norm = RMSNorm(self.dv, cfg.rms_norm_eps, zero_centered=False, param_dtype=pdt)
     self.out_proj = Linear(self.value_dim, d, ("linear_v", "embed"), **kw)
 
-  def init_cache(self, batch: int, max_len: int | None = None, dtype=jnp.float32) -> dict[str, Array]:
-    """Decode cache: conv_state [B, C, K-1] (in `dtype`) and ssm_state [B, Hv, Dk, Dv] (fp32).
-    `max_len` is accepted for symmetry with attention caches and ignored (the state has fixed size)."""
-    del max_len
-    return {"conv_state": jnp.zeros((batch, self.conv_dim, self.kernel_size - 1), dtype),
+  def init_cache(self, batch: int, dtype=None) -> dict[str, Array]:
+    """Zeroed decode cache: conv_state [B, C, K-1] (in `dtype`, default the compute dtype) and
+    ssm_state [B, Hv, Dk, Dv] (always fp32). Its size does not depend on the sequence length."""
+    return {"conv_state": jnp.zeros((batch, self.conv_dim, self.kernel_size - 1), dtype or self.dtype),
             "ssm_state": jnp.zeros((batch, self.hv, self.dk, self.dv), F32)}
 
   def __call__(self, x_BxSxD: Array, segment_ids: Array | None = None,
