@@ -1,13 +1,15 @@
 """Forward+backward tokens/s and MFU of a model preset, per MoE backend, beside HF transformers.
 
   python benchmarks/model_step.py --preset=small --batch=8 --seq=256
+  python benchmarks/model_step.py --preset=small_hybrid --batch=1 --seq=2048 --out=model_step_hybrid
 Prints a table and writes benchmarks/results/model_step.json. HF transformers (torch CPU) runs in
 the same process when installed (`pip install -e .[hf]`); the ratio column compares with it.
 """
 from __future__ import annotations
 
-import sys
+import os
 import pathlib
+import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -29,6 +31,7 @@ flags.DEFINE_integer("seq", 256, "sequence length")
 flags.DEFINE_integer("steps", 5, "timed steps per backend (median)")
 flags.DEFINE_list("backends", ["blocked", "capacity", "dense", "ragged_dot"], "MoE backends")
 flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
+flags.DEFINE_string("out", "model_step", "result name under benchmarks/results/")
 
 
 def jax_step_time(cfg, tokens, steps):
@@ -55,10 +58,16 @@ def hf_step_time(cfg, tokens_np, steps):
   except ImportError:
     return None
   torch.manual_seed(0)
-  hf_cfg = transformers.Qwen3MoeConfig(**{k: v for k, v in to_hf_dict(cfg).items()
-                                          if k not in ("architectures", "torch_dtype")})
+  torch.set_num_threads(os.cpu_count())
+  kw = {k: v for k, v in to_hf_dict(cfg).items() if k not in ("architectures", "torch_dtype")}
+  if cfg.is_hybrid:
+    hf_cfg = transformers.Qwen3_5MoeTextConfig(**kw)
+    model_cls = transformers.Qwen3_5MoeForCausalLM
+  else:
+    hf_cfg = transformers.Qwen3MoeConfig(**kw)
+    model_cls = transformers.Qwen3MoeForCausalLM
   hf_cfg.output_router_logits = True
-  model = transformers.Qwen3MoeForCausalLM(hf_cfg).float().train()
+  model = model_cls(hf_cfg).float().train()
   ids = torch.from_numpy(np.asarray(tokens_np, np.int64))
 
   def run():
@@ -93,7 +102,7 @@ def main(_):
   print(f"preset={FLAGS.preset} batch={FLAGS.batch}x{FLAGS.seq} fwd+bwd fp32, "
         f"{flops / 1e6:.1f} MFLOP/token, measured matmul peak {peak:.0f} GFLOP/s")
   print(common.table(rows, ["system", "tokens/s", "MFU %", "step s", "dropped", "vs HF"]))
-  path = common.write_result("model_step", {
+  path = common.write_result(FLAGS.out, {
       "preset": FLAGS.preset, "batch": FLAGS.batch, "seq": FLAGS.seq, "peak_gflops": peak,
       "train_flops_per_token": flops, "rows": rows})
   print(f"wrote {path}")

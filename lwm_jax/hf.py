@@ -397,7 +397,7 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
   _check_coverage({t.path: t for t in targets},
                   list(nnx.to_flat_state(nnx.state(model, nnx.Param))))
   hf_cfg = to_hf_dict(cfg)
-  hf_cfg["dtype"] = hf_cfg.pop("torch_dtype", cfg.param_dtype)
+  hf_cfg.setdefault("dtype", cfg.param_dtype)
   if released_layout:
     tie = hf_cfg.pop("tie_word_embeddings")
     hf_cfg.pop("architectures", None)

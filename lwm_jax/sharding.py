@@ -85,8 +85,9 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
   """A NamedSharding for every leaf of an nnx State (variables without axes are replicated)."""
   def one(var):
     if isinstance(var, nnx.Variable):
-      v = var[...]
-      return var.replace(NamedSharding(mesh, spec_for(_axes_of(var, v.ndim), v.shape, mesh, rules)))
+      v = var.get_value()  # an array, or a ShapeDtypeStruct for an abstract model
+      return var.replace(NamedSharding(mesh, spec_for(_axes_of(var, len(v.shape)), v.shape, mesh,
+                                                      rules)))
     return NamedSharding(mesh, P())
   return jax.tree_util.tree_map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 

@@ -62,8 +62,9 @@ class Attention(nnx.Module):
     self.v_proj = Linear(d, g * k, ("embed", "kv_heads"), **kw)
     self.o_proj = Linear(h * k, d, ("q_heads", "embed"), **kw)
     zc = cfg.is_hybrid
-    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc)
-    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc)
+    pdt = DTYPES[cfg.param_dtype]
+    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc, param_dtype=pdt)
+    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc, param_dtype=pdt)
     self.h, self.g, self.k = h, g, k
     self.rotary_dim = cfg.rotary_dim
     self.theta = cfg.rope_theta

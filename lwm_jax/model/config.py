@@ -200,7 +200,7 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
       num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
       rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
       tie_word_embeddings=cfg.tie_word_embeddings, router_aux_loss_coef=cfg.router_aux_loss_coef,
-      hidden_act="silu", attention_bias=False, torch_dtype=cfg.param_dtype,
+      hidden_act="silu", attention_bias=False, dtype=cfg.param_dtype,
   )
   if cfg.is_hybrid:
     d.update(
