@@ -17,6 +17,20 @@ from lwm_jax.train import checkpoint, trainer  # noqa: E402
 from lwm_jax.train.synthetic import SyntheticIterator  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+  """Runs in one module compile the same step several times: reuse it through JAX's disk cache."""
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
+         jax.config.jax_persistent_cache_min_entry_size_bytes)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", old[2])
+
+
 def _tiny(num_steps=40, **train):
   c = cpt_config.get_config("tiny")
   c.model.num_hidden_layers = 1

@@ -249,7 +249,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
     bar = tqdm(total=t.num_steps, initial=start, desc=f"{c.stage}", dynamic_ncols=True)
   end_step = t.num_steps if not t.stop_after else min(t.num_steps, t.stop_after)
-  losses_seen, last_good, step = [], None, start
+  losses_seen, last_good, step, warned_empty = [], None, start, False
   window_t, window_tokens = time.perf_counter(), 0
   summary: dict[str, Any] = {"workdir": workdir, "start_step": start, "peak_flops": peak,
                              "peak_source": peak_src, "flops_per_token": fpt}
@@ -278,6 +278,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
             f"{ckpt.dir}/{ckpt.latest_step()}" if ckpt.latest_step() is not None else
             f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
       losses_seen.append(loss)
+      if c.stage != "rl" and not warned_empty and float(m["loss_weight"]) == 0:
+        warned_empty = True
+        logging.warning("step %d: the batch has no token with loss weight > 0 (loss reads 0); "
+                        "is train.seq_len (%d) long enough for the data?", step, t.seq_len)
       last_good = step
       window_tokens += n_tokens
       if bar is not None:
