@@ -82,10 +82,15 @@ def main() -> None:
                     "turns_min": min(turns), "turns_max": max(turns),
                     "turns_mean": round(sum(turns) / len(turns), 2), "seconds": round(time.time() - t0, 1)}
     print(json.dumps({name: report[name]}), flush=True)
-  with open(os.path.join(args.corpus_dir, "MANIFEST.json"), "w") as f:
+  manifest_path = os.path.join(args.corpus_dir, "MANIFEST.json")
+  domains = {}
+  if os.path.exists(manifest_path):  # a run over some domains keeps the others' entries
+    with open(manifest_path) as f:
+      domains = json.load(f).get("domains", {})
+  domains.update({k: {x: v[x] for x in v if x != "seconds"} for k, v in report.items()})
+  with open(manifest_path, "w") as f:
     json.dump({"seed": args.seed, "per_domain": args.per_domain, "python": sys.version.split()[0],
-               "domains": {k: {x: v[x] for x in v if x != "seconds"} for k, v in report.items()}},
-              f, indent=1, sort_keys=True)
+               "domains": domains}, f, indent=1, sort_keys=True)
     f.write("\n")
 
 

@@ -155,7 +155,8 @@ class TerminalEnv(base.Env):
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "normalised": [
-        "sandbox path shown as /home/user", "clock fixed (date, file mtimes)", "TZ=UTC LC_ALL=C"]}
+        "sandbox path shown as /home/user", "clock fixed (date, file mtimes)", "TZ=UTC LC_ALL=C",
+        "PIDs in bash job messages shown as 1000+step"]}
 
   # -- stepping --------------------------------------------------------------------------------
   def step(self, action: str) -> str:
@@ -166,6 +167,8 @@ class TerminalEnv(base.Env):
     out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)}\n")
     self._fix_mtimes()
     out = re.sub(r"bash: (eval: )?line \d+: ", "bash: ", out)
+    # Job messages carry real PIDs ("bash: 15820 Killed ..."): renumber them per step.
+    out = re.sub(r"^bash: +\d+ ", f"bash: {1000 + self.steps:5d} ", out, flags=re.M)
     out = out.replace(self.home, HOME_SHOWN).replace(self.sandbox, "/sandbox")
     return base.truncate(out, self.max_obs_chars) + self._prompt()
 
