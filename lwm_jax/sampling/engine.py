@@ -195,7 +195,8 @@ class Engine:
   """Batched generation on token ids for one model (optionally sharded over `mesh`)."""
 
   def __init__(self, model, *, mesh: jax.sharding.Mesh | None = None, chunk_steps: int = 16,
-               max_batch: int = 64, min_prompt_bucket: int = 16, min_cache_len: int = 64,
+               max_batch: int = 64, min_batch_bucket: int = 1, min_prompt_bucket: int = 16,
+               min_cache_len: int = 64,
                decode_moe_backend: str | None = None):
     self.cfg = model.cfg
     self.mesh = mesh if mesh is not None and mesh.size > 1 else None
@@ -210,6 +211,7 @@ class Engine:
                                   f"{key}/{decode_moe_backend}")
     self.context = self.cfg.max_position_embeddings
     self.chunk_steps, self.max_batch = chunk_steps, max_batch
+    self.min_batch_bucket = min_batch_bucket
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
 
   def _graphdef_with_backend(self, model, graphdef, backend):
@@ -263,7 +265,7 @@ class Engine:
     lengths = np.array([len(p) for p in prompts], np.int32)
     max_new = np.array([min(sp.max_new_tokens, self.context - len(p))
                         for sp, p in zip(params, prompts)], np.int32)
-    b = _pow2(n, 1)
+    b = _pow2(n, self.min_batch_bucket)
     s = min(_pow2(int(lengths.max()), self.min_prompt_bucket), self.context)
     t = min(_pow2(int((lengths + max_new).max()), self.min_cache_len), self.context)
     t = max(t, s)

@@ -28,11 +28,14 @@ def _held_tail(text: str, patterns: Sequence[str]) -> int:
 
 @dataclasses.dataclass
 class Delta:
+  """Newly final text: `raw` as generated, and the same split into content and reasoning (the
+  `<think>` tags themselves dropped)."""
   content: str = ""
   reasoning: str = ""
+  raw: str = ""
 
   def __bool__(self) -> bool:
-    return bool(self.content or self.reasoning)
+    return bool(self.content or self.reasoning or self.raw)
 
 
 class RowText:
@@ -90,10 +93,11 @@ class RowText:
     return min(hits) if hits else None
 
   def _emit(self, upto: int, final: bool) -> Delta:
-    if upto > self._emitted:
-      self._pending += self.text[self._emitted:upto]
-      self._emitted = upto
     out = Delta()
+    if upto > self._emitted:
+      out.raw = self.text[self._emitted:upto]
+      self._pending += out.raw
+      self._emitted = upto
     while self._pending:
       tag = THINK_CLOSE if self._thinking else THINK_OPEN
       i = self._pending.find(tag)

@@ -1,0 +1,64 @@
+"""OpenAI-compatible server for a checkpoint.
+
+  python launch/serve.py --checkpoint=DIR --port=8000
+
+DIR is a training workdir (its latest checkpoint is served), a checkpoint step folder, or a Hugging
+Face folder (config.json + *.safetensors + tokenizer.json). Try it with
+`curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'`.
+"""
+import logging
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+flags.DEFINE_string("checkpoint", None, "workdir, step folder or Hugging Face folder")
+flags.DEFINE_string("tokenizer", None, "tokenizer file/folder (default: what the checkpoint names)")
+flags.DEFINE_string("host", "127.0.0.1", "address to listen on")
+flags.DEFINE_integer("port", 8000, "port")
+flags.DEFINE_string("model_name", None, "model id reported by /v1/models (default: folder name)")
+flags.DEFINE_integer("max_batch", 32, "most rows decoded together")
+flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests to arrive together")
+flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
+flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
+flags.DEFINE_string("mesh", "", "mesh axis sizes, e.g. 'tensor=4,expert=2' (default: one device)")
+flags.DEFINE_string("decode_moe_backend", "", "MoE backend for decoding steps (e.g. dense)")
+flags.mark_flags_as_required(["checkpoint"])
+
+
+def parse_mesh(spec: str):
+  from lwm_jax import sharding  # pylint: disable=import-outside-toplevel
+  if not spec:
+    return None
+  sizes = {}
+  for part in spec.split(","):
+    k, _, v = part.partition("=")
+    if k.strip() not in sharding.MESH_AXES or not v.strip().lstrip("-").isdigit():
+      raise ValueError(f"--mesh: bad entry '{part}' (expected axis=size, axes {sharding.MESH_AXES})")
+    sizes[k.strip()] = int(v)
+  return sharding.make_mesh(**sizes)
+
+
+def main(argv):
+  del argv
+  import uvicorn  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.server import create_app  # pylint: disable=import-outside-toplevel
+  logging.getLogger().setLevel(logging.INFO)
+  f = flags.FLAGS
+  try:
+    sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer, mesh=parse_mesh(f.mesh),
+                                      chunk_steps=f.chunk_steps, max_batch=max(f.max_batch, 1),
+                                      decode_moe_backend=f.decode_moe_backend or None)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  name = f.model_name or os.path.basename(os.path.abspath(f.checkpoint).rstrip("/"))
+  uvicorn.run(create_app(sampler, name, max_batch=f.max_batch, window_ms=f.window_ms,
+                         default_max_tokens=f.max_tokens), host=f.host, port=f.port)
+
+
+if __name__ == "__main__":
+  app.run(main)
