@@ -30,6 +30,10 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("mlp", "tensor"),
     ("expert", "expert"),
     ("norm", None),
+    ("linear_heads", "tensor"),   # Gated DeltaNet per-value-head parameters and projections
+    ("linear_v", "tensor"),
+    ("linear_qkv", None),         # q|k|v fused: splitting it over tensor would cut across parts
+    ("conv_kernel", None),
 )
 
 

@@ -31,22 +31,24 @@ def run(model, tokens, segment_ids):
 
 
 def parse_case(case: str):
-  """'blocked:8:data=2,expert=2,tensor=2' -> ('blocked', 8, {'data': 2, ...})."""
-  backend, batch, axes = case.split(":")
-  return backend, int(batch), {k: int(v) for k, v in (kv.split("=") for kv in axes.split(","))}
+  """'blocked:8:data=2,expert=2,tensor=2[:preset]' -> ('blocked', 8, {'data': 2, ...}, preset)."""
+  backend, batch, axes, *preset = case.split(":")
+  return (backend, int(batch), {k: int(v) for k, v in (kv.split("=") for kv in axes.split(","))},
+          preset[0] if preset else "tiny")
 
 
 def main(cases):
   refs = {}
-  for backend, batch, axes in map(parse_case, cases):
-    cfg = get_preset("tiny", moe_backend=backend, capacity_factor=8.0, mlp_only_layers=(0,),
-                     num_hidden_layers=3)
+  for backend, batch, axes, preset in map(parse_case, cases):
+    extra = dict(mlp_only_layers=(0,), num_hidden_layers=3) if preset == "tiny" else {}
+    cfg = get_preset(preset, moe_backend=backend, capacity_factor=8.0, **extra)
     tokens = jax.random.randint(jax.random.key(3), (batch, 24), 0, cfg.vocab_size)
     seg = jnp.concatenate([jnp.ones((batch, 10), jnp.int32), 2 * jnp.ones((batch, 14), jnp.int32)],
                           axis=1)
-    if (backend, batch) not in refs:
-      refs[backend, batch] = run(Transformer(cfg, rngs=nnx.Rngs(0)), tokens, seg)
-    ref = refs[backend, batch]
+    key = (backend, batch, preset)
+    if key not in refs:
+      refs[key] = run(Transformer(cfg, rngs=nnx.Rngs(0)), tokens, seg)
+    ref = refs[key]
     mesh = sharding.make_mesh(**axes)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     with jax.set_mesh(mesh):
@@ -55,7 +57,7 @@ def main(cases):
       got = run(model, jax.device_put(tokens, spec), jax.device_put(seg, spec))
     gdiff = max(float(np.max(np.abs(a - b))) for a, b in zip(
         jax.tree_util.tree_leaves(ref[3]), jax.tree_util.tree_leaves(got[3])))
-    print(json.dumps({"mesh": axes, "backend": backend, "batch": batch,
+    print(json.dumps({"mesh": axes, "backend": backend, "batch": batch, "preset": preset,
                       "loss": float(abs(ref[0] - got[0])),
                       "logits": float(np.max(np.abs(ref[1] - got[1]))),
                       "aux": float(abs(ref[2] - got[2])), "grads": gdiff}), flush=True)

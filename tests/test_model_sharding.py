@@ -12,6 +12,7 @@ CASES = [
     "blocked:8:fsdp=4,expert=2",
     "ragged_dot:8:expert=8",
     "blocked:2:data=2,expert=2,tensor=2",   # batch too small for the expert axis: psum path
+    "blocked:8:data=2,expert=2,tensor=2:tiny_hybrid",  # Gated DeltaNet + gated attention
 ]
 
 
