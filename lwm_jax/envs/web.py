@@ -325,7 +325,7 @@ class WebAgent(base.Agent):
     self.g = g
     steps: list[Any] = []
     if r.random() < 0.3:
-      steps.append(r.choice(['goto("/admin")', "click(99)", 'type(1, "hello")', "back()",
+      steps.append(r.choice(['goto("/cart")', "click(99)", 'type(1, "hello")', "back()",
                              'goto("https://example.org/")', 'select(2, "x")']))
     if g["kind"] == "buy":
       if r.random() < 0.5:
