@@ -1,0 +1,43 @@
+"""SimulatedEnv: the world model sees exactly the chat an AgentWorldBench record would give it."""
+from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import prompts
+from lwm_jax.data.schema import Trajectory, Turn
+from lwm_jax.sampling import Generation
+from lwm_jax.sim.env import SimulatedEnv, World
+
+
+class ScriptedWorldModel:
+  """Stands in for a Sampler: records its prompts and replies with a thinking-mode answer."""
+
+  def __init__(self):
+    self.prompts = []
+
+  def generate(self, prompts_, params):
+    self.prompts.extend(prompts_)
+    n = len(self.prompts)
+    text = f"<think>turn {n}</think>\n<predicted_observation>out-{n}</predicted_observation>"
+    return [Generation(text=text, token_ids=[], logprobs=[], finish_reason="stop")
+            for _ in prompts_]
+
+
+def _traj():
+  return Trajectory(id="t1", domain="terminal", task="list files", action_space="bash commands",
+                    initial_state="$ ", turns=[Turn("ls", "a b"), Turn("cat a", "hello")],
+                    simulation_instruction="the disk is full")
+
+
+def test_simulated_env_prompts_match_benchmark_rendering():
+  traj = _traj()
+  wm = ScriptedWorldModel()
+  env = SimulatedEnv(wm, World.from_trajectory(traj))
+  assert env.reset(seed=3) == "$ "
+  obs1 = env.step("ls")
+  obs2 = env.step("cat a")
+  assert (obs1, obs2) == ("out-1", "out-2")
+  assert [t.observation for t in env.trajectory().turns] == ["out-1", "out-2"]
+  # The second prompt holds the simulated (not the real) first observation, like a live episode.
+  sim = Trajectory(**{**traj.__dict__, "turns": [Turn("ls", "out-1"), Turn("cat a", "")]})
+  rec = awb.trajectory_to_records(sim, prompts.system_prompt(sim, 0), [1])[0]
+  assert wm.prompts[1] == rec.messages()
+  assert "the disk is full" in wm.prompts[0][0]["content"]
+  assert "<think>" not in obs1
