@@ -106,6 +106,8 @@ class Trajectory:
 def _open_text(path: str | os.PathLike, mode: str) -> io.TextIOBase:
   path = os.fspath(path)
   if path.endswith(".gz"):
+    if mode == "w":  # mtime 0: the same records give the same bytes
+      return io.TextIOWrapper(gzip.GzipFile(path, "wb", mtime=0), encoding="utf-8")
     return gzip.open(path, mode + "t", encoding="utf-8")
   return open(path, mode, encoding="utf-8")
 
