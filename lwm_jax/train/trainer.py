@@ -172,6 +172,17 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
     logging.warning("train.batch_size/micro_batches=%d is not divisible by the %d data-parallel "
                     "devices: the batch is replicated", t.batch_size // t.micro_batches, dp)
 
+  hf_params = None
+  if c.init_from_hf:
+    from lwm_jax import hf  # pylint: disable=import-outside-toplevel
+    from flax import nnx  # pylint: disable=import-outside-toplevel
+    hf_model = hf.load_pretrained(c.init_from_hf, dtype="float32",
+                                  **{k: v for k, v in model_cfg.to_dict().items()
+                                     if k in ("moe_backend", "capacity_factor", "remat",
+                                              "ep_capacity_factor")})
+    loaded = hf_model.cfg
+    model_cfg = loaded.replace(dtype=model_cfg.dtype, param_dtype="float32")
+    hf_params = nnx.state(hf_model)
   # model / tokenizer / config.json
   train_it, eval_factory, tok_path = _make_iterators(c, model_cfg, "cpt" if c.stage == "rl"
                                                      else c.stage)
@@ -186,17 +197,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
       json.dump(resolved, f, indent=2, default=str)
 
   tx, schedule = opt_lib.make_optimizer(c.optim, t.num_steps)
-  hf_params = None
-  if c.init_from_hf:
-    from lwm_jax import hf  # pylint: disable=import-outside-toplevel
-    from flax import nnx  # pylint: disable=import-outside-toplevel
-    hf_model = hf.load_pretrained(c.init_from_hf, dtype="float32",
-                                  **{k: v for k, v in model_cfg.to_dict().items()
-                                     if k in ("moe_backend", "capacity_factor", "remat",
-                                              "ep_capacity_factor")})
-    loaded = hf_model.cfg
-    model_cfg = loaded.replace(dtype=model_cfg.dtype, param_dtype="float32")
-    hf_params = nnx.state(hf_model)
   graphdef, state, shardings = state_lib.create_train_state(model_cfg, tx, mesh, c.seed,
                                                             params=hf_params)
   del hf_params
