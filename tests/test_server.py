@@ -147,3 +147,16 @@ def test_32_concurrent_requests_are_batched_and_correct(served):
   assert [a.choices[0].message.content for a in answers] == [g.content for g in direct]
   batches = httpx.get(base + "/health").json()["batches"] - before
   assert batches < 32  # requests that arrived together were decoded together
+
+
+def test_sampler_from_hf_folder(served, tmp_path):
+  import shutil
+  from lwm_jax import hf
+  sampler, _, _ = served
+  hf.save_pretrained(sampler.model, str(tmp_path))
+  shutil.copy(qwen_tokenizer_path(), tmp_path / "tokenizer.json")
+  loaded = Sampler.from_checkpoint(str(tmp_path), max_batch=32, min_batch_bucket=32)
+  a = loaded.generate([_chat(5)], GREEDY)[0]
+  b = sampler.generate([_chat(5)], GREEDY)[0]
+  assert a.token_ids == b.token_ids and len(a.token_ids) == 10
+  assert a.text == loaded.tokenizer.decode(a.token_ids)

@@ -215,15 +215,21 @@ class Engine:
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
 
   def _graphdef_with_backend(self, model, graphdef, backend):
+    """The graph definition with the MoE layers switched to `backend` for decode steps.
+
+    "capacity" gets capacity factor E / k: a decode step routes one token per row and a token's
+    top-k experts are distinct, so no expert receives more than B rows and nothing is dropped."""
     if not backend:
       return graphdef
     moes = [layer.mlp.experts for layer in model.layers if layer.is_moe]
-    old = [m.backend for m in moes]
+    old = [(m.backend, m.capacity_factor) for m in moes]
     for m in moes:
       m.backend = backend
+      if backend == "capacity":
+        m.capacity_factor = self.cfg.num_experts / self.cfg.num_experts_per_tok
     graphdef, _ = nnx.split(model)
-    for m, b in zip(moes, old):
-      m.backend = b
+    for m, (b, cf) in zip(moes, old):
+      m.backend, m.capacity_factor = b, cf
     return graphdef
 
   # ------------------------------------------------------------------------ host side

@@ -1,0 +1,38 @@
+"""Greedy decoding on an 8-device CPU mesh equals decoding on one device (run in a subprocess by
+tests/test_sampling.py with XLA_FLAGS=--xla_force_host_platform_device_count=8)."""
+import json
+import sys
+
+import jax
+import numpy as np
+from flax import nnx
+
+from lwm_jax import sharding
+from lwm_jax.model.config import get_preset
+from lwm_jax.model.transformer import Transformer
+from lwm_jax.sampling.engine import Engine
+from lwm_jax.sampling.params import SamplingParams
+
+
+def main():
+  assert jax.device_count() == 8, jax.devices()
+  cfg = get_preset("tiny")
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, cfg.vocab_size, size=n).tolist() for n in (5, 17, 9, 3)]
+  sp = [SamplingParams(temperature=0, max_new_tokens=12)] * 4
+  ref = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), min_prompt_bucket=32).generate(
+      prompts, sp, [[]] * 4)
+  out = {}
+  for axes in ({"data": 2, "expert": 2, "tensor": 2}, {"fsdp": 2, "expert": 4}):
+    mesh = sharding.make_mesh(**axes)
+    eng = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), mesh=mesh, min_prompt_bucket=32)
+    got = eng.generate(prompts, sp, [[]] * 4)
+    out[json.dumps(axes)] = {
+        "same_tokens": all(a.token_ids == b.token_ids for a, b in zip(ref, got)),
+        "max_logprob_diff": float(max(np.max(np.abs(np.array(a.logprobs) - b.logprobs))
+                                      for a, b in zip(ref, got)))}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
