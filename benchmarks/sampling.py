@@ -79,7 +79,7 @@ def server(model, clients, rounds, tokens, backend, chunk):
            "usr bin home root tmp var log config install package failed success").split()
   texts = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
   tmp = tempfile.mkdtemp()
-  tok = load_tokenizer(train_sentencepiece(texts, 256, os.path.join(tmp, "sp")))
+  tok = load_tokenizer(train_sentencepiece(texts, 400, os.path.join(tmp, "sp")))
   sampler = Sampler(model, tok, max_batch=clients, chunk_steps=chunk,
                     decode_moe_backend=backend)
   app = create_app(sampler, "bench", max_batch=clients, window_ms=10)

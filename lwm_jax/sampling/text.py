@@ -45,6 +45,7 @@ class RowText:
     self.tok = tokenizer
     self.stop = [s for s in stop if s]
     self.stop_ids = set(int(t) for t in stop_token_ids)
+    self._vocab = tokenizer.vocab_size
     self.ids: list[int] = []
     self.logprobs: list[float] = []
     self.text = ""
@@ -56,7 +57,8 @@ class RowText:
   def _decode(self, ids: list[int]) -> str:
     if ids and ids[-1] in self.stop_ids:
       ids = ids[:-1]  # the end-of-turn token is not part of the text
-    return self.tok.decode(ids)
+    # A model's vocabulary may be padded past the tokenizer's: such ids have no text.
+    return self.tok.decode([i for i in ids if i < self._vocab])
 
   def feed(self, ids: Sequence[int], logprobs: Sequence[float]) -> Delta:
     """Adds new tokens; returns the text that became final (empty Delta when none did)."""

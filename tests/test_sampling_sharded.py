@@ -1,6 +1,8 @@
-"""Greedy decoding on an 8-device CPU mesh equals decoding on one device (run in a subprocess by
-tests/test_sampling.py with XLA_FLAGS=--xla_force_host_platform_device_count=8)."""
+"""Greedy decoding on an 8-device CPU mesh equals decoding on one device. The test runs this file
+as a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 import json
+import os
+import subprocess
 import sys
 
 import jax
@@ -32,6 +34,17 @@ def main():
         "max_logprob_diff": float(max(np.max(np.abs(np.array(a.logprobs) - b.logprobs))
                                       for a, b in zip(ref, got)))}
   print(json.dumps(out))
+
+
+def test_sharded_decoding_equals_single_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  res = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]
+  for axes, r in json.loads(res.stdout.strip().splitlines()[-1]).items():
+    assert r["same_tokens"], axes
+    assert r["max_logprob_diff"] < 1e-4, (axes, r)
 
 
 if __name__ == "__main__":
