@@ -144,3 +144,15 @@ def test_sizes_match_published_figures():
   big = sizes.count(get_preset("qwen3_30b_a3b"))
   assert abs(big.total_params / 1e9 - 30.5) < 0.1
   assert abs(big.active_with_embedding / 1e9 - 3.3) < 0.1
+
+
+def test_chunked_causal_attention_equals_full_mask():
+  from lwm_jax.model.attention import causal_attention, dot_attention, training_mask
+  b, s, h, g, k = 2, 300, 4, 2, 8
+  q = jax.random.normal(jax.random.key(0), (b, s, h, k))
+  kk = jax.random.normal(jax.random.key(1), (b, s, g, k))
+  v = jax.random.normal(jax.random.key(2), (b, s, g, k))
+  seg = jnp.concatenate([jnp.ones((b, 170), jnp.int32), 2 * jnp.ones((b, 130), jnp.int32)], 1)
+  full = dot_attention(q, kk, v, training_mask(seg, b, s), k ** -0.5)
+  np.testing.assert_allclose(causal_attention(q, kk, v, seg, k ** -0.5, chunk=64), full,
+                             atol=1e-5)

@@ -29,6 +29,27 @@ def dot_attention(q_BxSxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxSxT, scale: float):
   return out.reshape(b, s, h, -1)
 
 
+def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: float,
+                     chunk: int = 128):
+  """Causal (and segment-blocked) attention that skips the fully masked upper blocks: query chunk
+  i only scores keys [0, (i + 1) * chunk). Same result as `dot_attention` with `training_mask`."""
+  b, s = q_BxSxHxK.shape[:2]
+  if s <= chunk:
+    return dot_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, training_mask(segment_ids_BxS, b, s),
+                         scale)
+  outs = []
+  for start in range(0, s, chunk):
+    end = min(start + chunk, s)
+    qi = jnp.arange(start, end)[:, None]
+    kj = jnp.arange(end)[None, :]
+    mask = jnp.broadcast_to(kj <= qi, (b, end - start, end))
+    if segment_ids_BxS is not None:
+      mask = mask & (segment_ids_BxS[:, start:end, None] == segment_ids_BxS[:, None, :end])
+    outs.append(dot_attention(q_BxSxHxK[:, start:end], k_BxSxGxK[:, :end], v_BxSxGxK[:, :end],
+                              mask, scale))
+  return jnp.concatenate(outs, axis=1)
+
+
 def training_mask(segment_ids_BxS: jax.Array | None, b: int, s: int) -> jax.Array:
   causal = jnp.tril(jnp.ones((s, s), bool))[None]
   if segment_ids_BxS is None:
@@ -82,15 +103,14 @@ class Attention(nnx.Module):
     cos, sin = rope_cos_sin(positions_BxS, self.rotary_dim, self.theta)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if cache is None:
-      mask = training_mask(segment_ids_BxS, b, s)
+      out = causal_attention(q, k, v, segment_ids_BxS, self.k ** -0.5)
       new_cache = None
     else:
       ck = write_cache(cache["k"], k, positions_BxS)
       cv = write_cache(cache["v"], v, positions_BxS)
       new_cache = {"k": ck, "v": cv}
       k, v = ck.astype(q.dtype), cv.astype(q.dtype)
-      mask = cache_mask(positions_BxS, k.shape[1])
-    out = dot_attention(q, k, v, mask, self.k ** -0.5)
+      out = dot_attention(q, k, v, cache_mask(positions_BxS, k.shape[1]), self.k ** -0.5)
     if gate is not None:
       out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     return self.o_proj(out.reshape(b, s, self.h * self.k)), new_cache
