@@ -30,6 +30,22 @@ PRESETS = {
         mesh=dict(data=1, fsdp=-1, expert=8, tensor=1),
         checkpoint=dict(every=500, keep=3),
         model=dict(remat=True))),
+    # the released Qwen-AgentWorld bases (Qwen3.5-MoE hybrid): start from their HF checkpoints
+    # with --config.init_from_hf=PATH; experts split 8 ways, parameters FSDP over the rest
+    "qwen35_35b_a3b": ("qwen35_35b_a3b", dict(
+        train=dict(num_steps=10000, batch_size=256, seq_len=16384, micro_batches=8, log_every=10,
+                   eval_every=500, eval_batches=8, precision="auto"),
+        optim=dict(lr=1e-5, warmup_steps=100),
+        mesh=dict(data=1, fsdp=-1, expert=8, tensor=1),
+        checkpoint=dict(every=500, keep=3),
+        model=dict(remat=True))),
+    "qwen35_397b_a17b": ("qwen35_397b_a17b", dict(
+        train=dict(num_steps=10000, batch_size=512, seq_len=16384, micro_batches=16, log_every=10,
+                   eval_every=500, eval_batches=8, precision="auto"),
+        optim=dict(lr=5e-6, warmup_steps=100),
+        mesh=dict(data=1, fsdp=-1, expert=16, tensor=1),
+        checkpoint=dict(every=250, keep=3),
+        model=dict(remat=True))),
 }
 
 

@@ -64,11 +64,7 @@ def opt_state_shardings(abstract_opt: Any, params_shardings: Any, abstract_param
 
 def params_shardings(params: nnx.State, mesh: Mesh, rules=shd.DEFAULT_RULES) -> nnx.State:
   """A NamedSharding per parameter from its logical `axes` (works on abstract states too)."""
-  def one(var):
-    v = var.get_raw_value()
-    axes = var.get_metadata().get("axes") or (None,) * v.ndim
-    return var.replace(NamedSharding(mesh, shd.spec_for(tuple(axes), v.shape, mesh, rules)))
-  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return shd.state_shardings(params, mesh, rules)
 
 
 def state_shardings(abstract_state: TrainState, mesh: Mesh, rules=shd.DEFAULT_RULES) -> TrainState:
