@@ -1,7 +1,7 @@
 """Decode throughput of our engine vs `transformers` generate, and the server's requests/s.
 
   python benchmarks/sampling.py                      # small preset, batch 1 and 8, 16 + 128 tokens
-  python benchmarks/sampling.py --repeats=1 --clients=32 --decode_moe_backend=dense
+  python benchmarks/sampling.py --repeats=1 --clients=32 --decode_moe_backend=""
 
 Both models are the `small` preset with random weights (HF's built from `to_hf_dict`), greedy,
 exactly `--new` new tokens after a `--prompt`-token prompt, timed end to end (prefill included) after
@@ -45,7 +45,7 @@ def ours(cfg, batches, prompt_len, new, repeats, backend, chunk):
       res = eng.generate(prompts, sp, [[]] * b)
       assert all(len(r.token_ids) == new for r in res)
     out[b] = b * new / median_time(run, repeats, warmup=1)
-  return model, out
+  return model, out, eng.decode_moe_backend
 
 
 def hf(cfg, batches, prompt_len, new, repeats):
@@ -116,7 +116,8 @@ def main():
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--chunk", type=int, default=32, help="decode steps per jit call")
-  ap.add_argument("--decode_moe_backend", default="", help="MoE backend for decode (e.g. dense)")
+  ap.add_argument("--decode_moe_backend", default="auto",
+                  help="MoE backend for decode steps ('' = the model's own)")
   ap.add_argument("--clients", type=int, default=32)
   ap.add_argument("--server_rounds", type=int, default=2)
   ap.add_argument("--server_tokens", type=int, default=32)
@@ -133,13 +134,13 @@ def main():
   cfg = get_preset(a.preset)
   batches = [int(x) for x in a.batches.split(",")]
   backend = a.decode_moe_backend or None
-  model, mine = ours(cfg, batches, a.prompt, a.new, a.repeats, backend, a.chunk)
+  model, mine, used = ours(cfg, batches, a.prompt, a.new, a.repeats, backend, a.chunk)
   theirs, tv, pv = ({}, None, None) if a.skip_hf else hf(cfg, batches, a.prompt, a.new, a.repeats)
   rows = [{"batch": b, "lwm_jax tok/s": f"{mine[b]:.1f}",
            "HF tok/s": f"{theirs[b]:.1f}" if b in theirs else "-",
            "ratio": f"{mine[b] / theirs[b]:.2f}x" if b in theirs else "-"} for b in batches]
   print(f"decode, preset {a.preset}, prompt {a.prompt} + {a.new} new tokens, greedy, "
-        f"decode MoE backend {backend or cfg.moe_backend}")
+        f"decode MoE backend {used}")
   print(table(rows, ["batch", "lwm_jax tok/s", "HF tok/s", "ratio"]))
   srv = None if a.skip_server else server(model, a.clients, a.server_rounds, a.server_tokens,
                                           backend, a.chunk)
@@ -149,7 +150,7 @@ def main():
           f"{srv['tokens_per_s']:.1f} tokens/s")
   path = write_result("sampling", {
       "preset": a.preset, "prompt_tokens": a.prompt, "new_tokens": a.new, "repeats": a.repeats,
-      "chunk_steps": a.chunk, "decode_moe_backend": backend or cfg.moe_backend,
+      "chunk_steps": a.chunk, "decode_moe_backend": used,
       "lwm_jax_tokens_per_s": mine, "hf_tokens_per_s": theirs,
       "ratio": {b: mine[b] / theirs[b] for b in theirs}, "transformers": tv, "torch": pv,
       "server": srv})

@@ -24,7 +24,9 @@ flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests t
 flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
 flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
 flags.DEFINE_string("mesh", "", "mesh axis sizes, e.g. 'tensor=4,expert=2' (default: one device)")
-flags.DEFINE_string("decode_moe_backend", "", "MoE backend for decoding steps (e.g. dense)")
+flags.DEFINE_string("decode_moe_backend", "auto",
+                    "MoE backend for decode steps: auto (capacity on CPU), capacity, blocked, "
+                    "ragged_dot, dense, or '' for the model's own")
 flags.mark_flags_as_required(["checkpoint"])
 
 

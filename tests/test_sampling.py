@@ -60,6 +60,13 @@ def test_greedy_cached_equals_no_cache_reference(tiny):
     assert out.token_ids == ref_tok
     np.testing.assert_allclose(out.logprobs, ref_lp, atol=1e-4)
     assert out.finish_reason == "length"
+  # Chunked prefill (prompts cut into 8-token pieces) gives the same tokens.
+  chunked = Engine(tiny, chunk_steps=16, min_batch_bucket=4, min_prompt_bucket=8,
+                   prefill_chunk=8).generate(
+                       prompts, [SamplingParams(temperature=0, max_new_tokens=steps)] * 3, [[]] * 3)
+  for a, b in zip(outs, chunked):
+    assert a.token_ids == b.token_ids
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
 def test_stop_token_and_seeded_sampling(tiny):

@@ -6,13 +6,19 @@
    of padding are finished from the start), prompts are right-padded to a power of two (at least
    16), and the cache length is the power of two that holds the longest prompt plus its budget
    (capped by the model's context).
-2. Prefill runs the whole padded prompt through the model once, writing the cache (slot j holds
-   position j; padding positions write slots the row's own later tokens overwrite), and keeps the
-   logits at each row's last real token only (never the [B, S, V] tensor).
+2. Prefill runs the padded prompt through the model in chunks of at most `prefill_chunk` tokens
+   (one compiled shape for every chunk of a long prompt; attention memory stays chunk x cache),
+   writing the cache (slot j holds position j; padding positions write slots that the row's own
+   later tokens overwrite before anything can attend to them), and keeps the logits at each row's
+   last real token only (never the [B, S, V] tensor).
 3. Decoding runs in chunks: each chunk is a `lax.while_loop` of up to `chunk_steps` steps
    (sample, record, feed the token back) with the cache donated, stopping early once every row is
    finished. Between chunks the host sees the new tokens: the Python layer turns them into text,
    streams them and checks stop strings, and may finish rows (`on_chunk` returns their indices).
+
+Decode steps may run the MoE layers with another backend than prefill (`decode_moe_backend`):
+"auto" picks the capacity layout on CPU with capacity factor E / k, which cannot drop anything for
+one token per row (a token's k experts are distinct) and reads each expert's weights in place.
 
 Sampling is per row (temperature, top-k, top-p, min-p, seed); the key of step t of a row is
 `fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not depend on its batch neighbours.
@@ -61,20 +67,32 @@ def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B):
   return jnp.where(scaled_BxV >= threshold, scaled_BxV, NEG_INF)
 
 
+def _draw(keys_B, scaled_BxV):
+  """One categorical draw per row by inverting the CDF with a single uniform (cheaper on CPU than
+  Gumbel noise over the whole vocabulary)."""
+  cdf = jnp.cumsum(jax.nn.softmax(scaled_BxV, axis=-1), axis=-1)
+  u = jax.vmap(jax.random.uniform)(keys_B) * cdf[:, -1]
+  tok = jnp.sum(cdf < u[:, None], axis=-1)
+  return jnp.minimum(tok, scaled_BxV.shape[-1] - 1).astype(jnp.int32)
+
+
 def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B):
   """Returns (tokens [B], log p(token) under the raw distribution [B])."""
   logits = logits_BxV.astype(jnp.float32)
-  logprobs = jax.nn.log_softmax(logits, axis=-1)
+  lse = jax.nn.logsumexp(logits, axis=-1)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   sampling = temperature_B > 0
-  scaled = logits / jnp.where(sampling, temperature_B, 1.0)[:, None]
-  wants = sampling & ((top_k_B > 0) | (top_p_B < 1.0) | (min_p_B > 0.0))
-  scaled = jax.lax.cond(jnp.any(wants), _filter_logits, lambda x, *_: x,
-                        scaled, jnp.where(wants, top_k_B, 0), jnp.where(wants, top_p_B, 1.0),
-                        jnp.where(wants, min_p_B, 0.0))
-  drawn = jax.vmap(jax.random.categorical)(keys_B, scaled).astype(jnp.int32)
-  tokens = jnp.where(sampling, drawn, greedy)
-  return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+  def sample(_):
+    scaled = logits / jnp.where(sampling, temperature_B, 1.0)[:, None]
+    wants = sampling & ((top_k_B > 0) | (top_p_B < 1.0) | (min_p_B > 0.0))
+    scaled = jax.lax.cond(jnp.any(wants), _filter_logits, lambda x, *_: x,
+                          scaled, jnp.where(wants, top_k_B, 0), jnp.where(wants, top_p_B, 1.0),
+                          jnp.where(wants, min_p_B, 0.0))
+    return jnp.where(sampling, _draw(keys_B, scaled), greedy)
+
+  tokens = jax.lax.cond(jnp.any(sampling), sample, lambda _: greedy, None)
+  return tokens, jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
 
 
 # ---------------------------------------------------------------------------------- forwards
@@ -144,14 +162,18 @@ def _init_cache(graphdef, b: int, t: int, state):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill(graphdef, state, cache, tokens_BxS, lengths_B):
+def _prefill(graphdef, state, cache, tokens_BxC, start, lengths_B, logits_BxV):
+  """One prefill chunk: prompt positions [start, start + C). Keeps the logits of each row whose
+  last real token lies in this chunk (the others keep `logits_BxV`)."""
   model = nnx.merge(graphdef.graphdef, state)
-  s = tokens_BxS.shape[1]
-  positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), tokens_BxS.shape)
+  c = tokens_BxC.shape[1]
+  positions = start + jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), tokens_BxC.shape)
   segment_ids = (positions < lengths_B[:, None]).astype(jnp.int32)
   last = jnp.maximum(lengths_B - 1, 0)
-  logits, cache = forward_last(model, tokens_BxS, positions, segment_ids, cache, last)
-  return cache, logits
+  logits, cache = forward_last(model, tokens_BxC, positions, segment_ids, cache,
+                               jnp.clip(last - start, 0, c - 1))
+  here = (last >= start) & (last < start + c)
+  return cache, jnp.where(here[:, None], logits, logits_BxV)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
@@ -179,9 +201,9 @@ def _decode(graphdef, steps: int, state, cache, carry, rows: _Rows):
                        jnp.where(active & full, FINISH_LENGTH, c["finish"]))
     done = c["done"] | (active & (is_stop | full))
     out = model(jnp.where(done, 0, tok)[:, None], c["pos"][:, None], cache=c["cache"])
+    logits, new_cache = out.logits[:, 0].astype(jnp.float32), out.cache
     pos = jnp.where(done, c["pos"], c["pos"] + 1)
-    return dict(c, i=i + 1, cache=out.cache, logits=out.logits[:, 0].astype(jnp.float32),
-                pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
+    return dict(c, i=i + 1, cache=new_cache, logits=logits, pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
 
   init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
               out_tok=jnp.full((b, steps), -1, jnp.int32),
@@ -196,8 +218,8 @@ class Engine:
 
   def __init__(self, model, *, mesh: jax.sharding.Mesh | None = None, chunk_steps: int = 16,
                max_batch: int = 64, min_batch_bucket: int = 1, min_prompt_bucket: int = 16,
-               min_cache_len: int = 64,
-               decode_moe_backend: str | None = None):
+               min_cache_len: int = 64, prefill_chunk: int = 512,
+               decode_moe_backend: str | None = "auto"):
     self.cfg = model.cfg
     self.mesh = mesh if mesh is not None and mesh.size > 1 else None
     if self.mesh is not None:
@@ -205,6 +227,11 @@ class Engine:
         sharding.shard_model(model, self.mesh)
     self.model = model
     graphdef, self.state = nnx.split(model)
+    if decode_moe_backend == "auto":
+      # Measured on CPU (benchmarks/sampling.py): the dropless capacity layout beats sorting into
+      # blocks for decode batches up to at least 8.
+      decode_moe_backend = "capacity" if jax.default_backend() == "cpu" else None
+    self.decode_moe_backend = decode_moe_backend or self.cfg.moe_backend
     key = json.dumps(self.cfg.to_dict(), sort_keys=True)
     self.graphdef = _Graph(graphdef, key)
     self.decode_graphdef = _Graph(self._graphdef_with_backend(model, graphdef, decode_moe_backend),
@@ -212,6 +239,7 @@ class Engine:
     self.context = self.cfg.max_position_embeddings
     self.chunk_steps, self.max_batch = chunk_steps, max_batch
     self.min_batch_bucket = min_batch_bucket
+    self.prefill_chunk = max(prefill_chunk, min_prompt_bucket)
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
 
   def _graphdef_with_backend(self, model, graphdef, backend):
@@ -272,9 +300,11 @@ class Engine:
     max_new = np.array([min(sp.max_new_tokens, self.context - len(p))
                         for sp, p in zip(params, prompts)], np.int32)
     b = _pow2(n, self.min_batch_bucket)
-    s = min(_pow2(int(lengths.max()), self.min_prompt_bucket), self.context)
+    s = _pow2(int(lengths.max()), self.min_prompt_bucket)
+    if s > self.prefill_chunk:  # long prompts: whole chunks, run one after another
+      s = -(-int(lengths.max()) // self.prefill_chunk) * self.prefill_chunk
+    chunk = min(s, self.prefill_chunk)
     t = min(_pow2(int((lengths + max_new).max()), self.min_cache_len), self.context)
-    t = max(t, s)
     tokens = np.zeros((b, s), np.int32)
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p
@@ -305,7 +335,11 @@ class Engine:
       cache = _init_cache(self.graphdef, b, t, self.state)
       if self.mesh is not None:
         cache = jax.tree_util.tree_map(self._put_like_batch, cache)
-      cache, logits = _prefill(self.graphdef, self.state, cache, self._put(tokens), self._put(len_b))
+      logits = self._put(np.zeros((b, self.cfg.vocab_size), np.float32))
+      for start in range(0, s, chunk):
+        cache, logits = _prefill(self.graphdef, self.state, cache,
+                                 self._put(tokens[:, start:start + chunk]), np.int32(start),
+                                 self._put(len_b), logits)
       carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
                    done=self._put(done), finish=self._put(np.zeros(b, np.int32)))
       toks: list[list[int]] = [[] for _ in range(n)]

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import queue
@@ -183,6 +184,14 @@ def _prompts(body: dict) -> list[Any]:
   raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
 
 
+def _post(loop, q, k: int, delta: Delta) -> None:
+  """Hands a streamed delta to the request's event loop (a vanished client is not an error)."""
+  try:
+    loop.call_soon_threadsafe(q.put_nowait, (k, delta))
+  except RuntimeError:  # the loop is closed
+    pass
+
+
 # ------------------------------------------------------------------------------------ app
 def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
                window_ms: float = 10.0, default_max_tokens: int = 1024) -> FastAPI:
@@ -218,7 +227,7 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
         k = len(rows)
         cb = None
         if q is not None:
-          cb = lambda d, k=k: loop.call_soon_threadsafe(q.put_nowait, (k, d))
+          cb = functools.partial(_post, loop, q, k)
         rows.append(RowRequest(ids, params, c, cb))
     return rows
 
