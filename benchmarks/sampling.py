@@ -4,10 +4,10 @@
   python benchmarks/sampling.py --repeats=1 --clients=32 --decode_moe_backend=""
 
 Both models are the `small` preset with random weights (HF's built from `to_hf_dict`), greedy,
-exactly `--new` new tokens after a `--prompt`-token prompt, timed end to end (prefill included) after
-one warm-up run; tokens/s = batch * new / seconds (median of --repeats). Then the OpenAI server
-(same model, a SentencePiece tokenizer trained here) answers `--clients` concurrent chat requests
-of `--server_tokens` tokens each, `--server_rounds` times; requests/s is over all of them.
+exactly `--new` new tokens after a `--prompt`-token prompt, timed end to end (prefill included)
+after one warm-up run; tokens/s = batch * new / seconds (median of --repeats). Then the server
+(OpenAI API, same model, a SentencePiece tokenizer trained here) answers `--clients` concurrent
+chat requests of `--server_tokens` tokens each, `--server_rounds` times; requests/s is over all.
 Writes benchmarks/results/sampling.json.
 """
 from __future__ import annotations
@@ -134,8 +134,9 @@ def main():
   cfg = get_preset(a.preset)
   batches = [int(x) for x in a.batches.split(",")]
   backend = a.decode_moe_backend or None
-  model, mine, used = ours(cfg, batches, a.prompt, a.new, a.repeats, backend, a.chunk)
+  # HF first, before JAX starts its thread pools in this process.
   theirs, tv, pv = ({}, None, None) if a.skip_hf else hf(cfg, batches, a.prompt, a.new, a.repeats)
+  model, mine, used = ours(cfg, batches, a.prompt, a.new, a.repeats, backend, a.chunk)
   rows = [{"batch": b, "lwm_jax tok/s": f"{mine[b]:.1f}",
            "HF tok/s": f"{theirs[b]:.1f}" if b in theirs else "-",
            "ratio": f"{mine[b] / theirs[b]:.2f}x" if b in theirs else "-"} for b in batches]

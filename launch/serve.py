@@ -38,7 +38,8 @@ def parse_mesh(spec: str):
   for part in spec.split(","):
     k, _, v = part.partition("=")
     if k.strip() not in sharding.MESH_AXES or not v.strip().lstrip("-").isdigit():
-      raise ValueError(f"--mesh: bad entry '{part}' (expected axis=size, axes {sharding.MESH_AXES})")
+      raise ValueError(f"--mesh: bad entry '{part}' (expected axis=size, axes "
+                       f"{sharding.MESH_AXES})")
     sizes[k.strip()] = int(v)
   return sharding.make_mesh(**sizes)
 

@@ -203,7 +203,8 @@ def _decode(graphdef, steps: int, state, cache, carry, rows: _Rows):
     out = model(jnp.where(done, 0, tok)[:, None], c["pos"][:, None], cache=c["cache"])
     logits, new_cache = out.logits[:, 0].astype(jnp.float32), out.cache
     pos = jnp.where(done, c["pos"], c["pos"] + 1)
-    return dict(c, i=i + 1, cache=new_cache, logits=logits, pos=pos, n_gen=n_gen, done=done, finish=finish, out_tok=out_tok, out_lp=out_lp)
+    return dict(c, i=i + 1, cache=new_cache, logits=logits, pos=pos, n_gen=n_gen, done=done,
+                finish=finish, out_tok=out_tok, out_lp=out_lp)
 
   init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
               out_tok=jnp.full((b, steps), -1, jnp.int32),

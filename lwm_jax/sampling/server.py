@@ -122,7 +122,8 @@ def _num(body: dict, key: str, default, lo=None, hi=None, integer=False):
   if isinstance(v, bool) or not ok_type:
     raise BadRequest(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
   if (lo is not None and v < lo) or (hi is not None and v > hi):
-    raise BadRequest(f"'{key}' must be in [{lo}, {hi}], got {v}")
+    rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise BadRequest(f"'{key}' must be {rng}, got {v}")
   return v
 
 
@@ -161,7 +162,8 @@ def _messages(body: dict) -> list[dict]:
       raise BadRequest(f"messages[{i}]: needs a string 'role'")
     content = m.get("content")
     if isinstance(content, list):  # content parts: keep the text ones
-      parts = [c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text"]
+      parts = [c.get("text", "") for c in content
+               if isinstance(c, dict) and c.get("type") == "text"]
       if len(parts) != len(content):
         raise BadRequest(f"messages[{i}].content: only text parts are supported")
       content = "".join(parts)
