@@ -38,6 +38,7 @@ class Env(abc.ABC):
   def __init__(self) -> None:
     self.goal: dict[str, Any] = {}   # structured task spec, read by the scripted agent
     self.steps = 0
+    self._info: EnvInfo | None = None  # set by reset() of environments that use the default describe
 
   @abc.abstractmethod
   def reset(self, seed: int) -> str:
@@ -47,9 +48,11 @@ class Env(abc.ABC):
   def step(self, action: str) -> str:
     """Executes one action; returns the observation (an error is an observation too)."""
 
-  @abc.abstractmethod
   def describe(self) -> EnvInfo:
-    """Task, action space and initial state of the current episode."""
+    """Task, action space and initial state of the current episode (what reset() recorded)."""
+    if self._info is None:
+      raise RuntimeError("call reset(seed) before describe()")
+    return self._info
 
   def screen_state(self, observation: str) -> str:
     """The part of an observation that is world state (GUI envs drop clocks); used by hygiene."""

@@ -99,7 +99,6 @@ class McpEnv(base.Env):
     listed = self.client.call(lambda s: s.list_tools())
     self.all_tools = {t.name: {"name": t.name, "description": t.description,
                                "inputSchema": t.input_schema} for t in listed.tools}
-    self._info: base.EnvInfo | None = None
 
   def reset(self, seed: int) -> str:
     if self.client is None:
@@ -121,11 +120,6 @@ class McpEnv(base.Env):
              "Available tools (MCP tools/list):\n" + json.dumps(self.tools, indent=1))
     self._info = base.EnvInfo(task=self.goal["text"], action_space=space, initial_state=initial)
     return initial
-
-  def describe(self) -> base.EnvInfo:
-    if self._info is None:
-      raise RuntimeError("call reset(seed) before describe()")
-    return self._info
 
   def step(self, action: str) -> str:
     if self.client is None:

@@ -123,7 +123,6 @@ class SearchEnv(base.Env):
     self.path = ensure_index(cache_dir)
     self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
     self.ids = [r[0] for r in self.con.execute("SELECT doc_id FROM docs ORDER BY doc_id")]
-    self._info: base.EnvInfo | None = None
 
   def reset(self, seed: int) -> str:
     rng = random.Random(seed * 7 + 1)
@@ -144,11 +143,6 @@ class SearchEnv(base.Env):
                "classes, functions). No query has been run yet.")
     self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
     return initial
-
-  def describe(self) -> base.EnvInfo:
-    if self._info is None:
-      raise RuntimeError("call reset(seed) before describe()")
-    return self._info
 
   def episode_meta(self) -> dict[str, Any]:
     return {"target_doc": self.goal.get("target"), "collection":

@@ -173,7 +173,6 @@ class SweEnv(base.Env):
     self.root_parent = root
     self.test_timeout = test_timeout
     self.sandbox = ""
-    self._info: base.EnvInfo | None = None
 
   def _env(self) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.sandbox, "LC_ALL": "C",
@@ -221,11 +220,6 @@ class SweEnv(base.Env):
                "working tree clean.\nFiles: " + ", ".join(sorted(files)))
     self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
     return initial
-
-  def describe(self) -> base.EnvInfo:
-    if self._info is None:
-      raise RuntimeError("call reset(seed) before describe()")
-    return self._info
 
   def episode_meta(self) -> dict[str, Any]:
     return {"bug": self.goal.get("bug"), "failing_test": self.goal.get("test"),

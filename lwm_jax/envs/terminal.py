@@ -99,7 +99,6 @@ class TerminalEnv(base.Env):
     self.home = ""
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
-    self._info: base.EnvInfo | None = None
 
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
@@ -132,11 +131,6 @@ class TerminalEnv(base.Env):
                               action_space=ACTION_SPACE.format(limit=self.time_limit),
                               initial_state=self._initial)
     return self._initial
-
-  def describe(self) -> base.EnvInfo:
-    if self._info is None:
-      raise RuntimeError("call reset(seed) before describe()")
-    return self._info
 
   def close(self) -> None:
     if self.proc is not None:

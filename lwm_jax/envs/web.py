@@ -126,7 +126,6 @@ class WebEnv(base.Env):
   def __init__(self) -> None:
     super().__init__()
     self.server: web_app.ShopServer | None = None
-    self._info: base.EnvInfo | None = None
 
   # -- http --------------------------------------------------------------------------------------
   def _request(self, method: str, url: str, form: dict[str, str] | None = None) -> None:
@@ -217,11 +216,6 @@ class WebEnv(base.Env):
     initial = self.render()
     self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
     return initial
-
-  def describe(self) -> base.EnvInfo:
-    if self._info is None:
-      raise RuntimeError("call reset(seed) before describe()")
-    return self._info
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "app": "lwm_jax.envs.web_app (http.server on loopback)",
