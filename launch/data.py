@@ -211,7 +211,11 @@ def cmd_inspect() -> None:
 def main(argv: list[str]) -> None:
   if len(argv) != 2 or argv[1] not in ("build", "stats", "inspect"):
     raise app.UsageError("usage: data.py {build|stats|inspect} [--flags]")
-  {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect}[argv[1]]()
+  try:
+    {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect}[argv[1]]()
+  except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -177,14 +177,22 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
   import sentencepiece as spm
   prefix = os.fspath(model_prefix)
   os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_prefix=prefix, vocab_size=vocab_size,
-      model_type=model_type, user_defined_symbols=list(SPECIAL_TOKENS), byte_fallback=True,
-      pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, normalization_rule_name="identity",
-      add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
-      allow_whitespace_only_pieces=True, hard_vocab_limit=False, character_coverage=0.9995,
-      max_sentence_length=1 << 16, input_sentence_size=input_sentence_size,
-      shuffle_input_sentence=True, minloglevel=2, num_threads=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=prefix, vocab_size=vocab_size,
+        model_type=model_type, user_defined_symbols=list(SPECIAL_TOKENS), byte_fallback=True,
+        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, normalization_rule_name="identity",
+        add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, hard_vocab_limit=False, character_coverage=0.9995,
+        max_sentence_length=1 << 16, input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True, minloglevel=2, num_threads=2)
+  except RuntimeError as e:  # sentencepiece reports bad settings as INTERNAL errors
+    m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
+    if m:
+      raise ValueError(f"train_sentencepiece: vocab_size {vocab_size} is too small for this text, "
+                       f"which needs at least {m.group(2)} pieces for its characters and the "
+                       "special tokens") from None
+    raise
   return prefix + ".model"
 
 
