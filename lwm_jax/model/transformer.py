@@ -117,7 +117,10 @@ class Transformer(nnx.Module):
                             dtype=DTYPES[cfg.dtype], param_dtype=pdt)
 
   def __call__(self, tokens_BxS: jax.Array, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, cache: list | None = None) -> ModelOutput:
+               segment_ids: jax.Array | None = None, cache: list | None = None,
+               logits_at: jax.Array | None = None) -> ModelOutput:
+    """`logits_at` [B] (optional): return logits only at that position of each row, [B, 1, V]
+    (prefill then never builds the [B, S, V] tensor)."""
     cfg = self.cfg
     b, s = tokens_BxS.shape
     if positions is None:
@@ -137,6 +140,8 @@ class Transformer(nnx.Module):
       new_cache.append(c)
       if stats is not None:
         all_stats.append(stats)
+    if logits_at is not None:
+      x = x[jnp.arange(b), logits_at][:, None]
     x = self.norm(x)
     if cfg.tie_word_embeddings:
       logits = jnp.dot(x, self.embed_tokens[...].astype(x.dtype).T)

@@ -38,7 +38,6 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
-from lwm_jax.model.layers import DTYPES
 from lwm_jax.sampling.params import SamplingParams
 
 NEG_INF = -1e30
@@ -97,24 +96,9 @@ def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B):
 
 # ---------------------------------------------------------------------------------- forwards
 def forward_last(model, tokens_BxS, positions_BxS, segment_ids_BxS, cache, last_B):
-  """The model's forward pass with a cache, returning logits only at `last_B` ([B, V]).
-
-  Mirrors `Transformer.__call__` layer by layer so that prefill never builds [B, S, V] logits."""
-  cfg = model.cfg
-  x = jnp.take(model.embed_tokens[...], tokens_BxS, axis=0).astype(DTYPES[cfg.dtype])
-  x = sharding.constrain_batch(x)
-  token_mask = segment_ids_BxS != 0
-  new_cache = []
-  for i, layer in enumerate(model.layers):
-    x, _, c = layer(x, positions_BxS, segment_ids_BxS, token_mask, cache[i])
-    new_cache.append(c)
-  x = x[jnp.arange(x.shape[0]), last_B][:, None]
-  x = model.norm(x)
-  if cfg.tie_word_embeddings:
-    logits = jnp.dot(x, model.embed_tokens[...].astype(x.dtype).T)
-  else:
-    logits = model.lm_head(x)
-  return logits[:, 0].astype(jnp.float32), new_cache
+  """The cached forward pass, with logits only at `last_B` ([B, V] fp32) and the new cache."""
+  out = model(tokens_BxS, positions_BxS, segment_ids_BxS, cache=cache, logits_at=last_B)
+  return out.logits[:, 0].astype(jnp.float32), out.cache
 
 
 @dataclasses.dataclass
