@@ -65,9 +65,6 @@ class AndroidEnv(ui.UiEnv):
     self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
     return initial
 
-  def describe(self) -> base.EnvInfo:
-    return self._info
-
   def screen_state(self, observation: str) -> str:
     return re.sub(r"\b\d\d:\d\d(\s+Wi-Fi)", r"\1", re.sub(r' time="[^"]*"', "", observation))
 

@@ -77,9 +77,6 @@ class DesktopEnv(ui.UiEnv):
     self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
     return initial
 
-  def describe(self) -> base.EnvInfo:
-    return self._info
-
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "model": "deterministic program modelling a desktop "
             "(file manager over a real sandbox directory, editor, settings); not a real window system",
