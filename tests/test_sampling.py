@@ -36,11 +36,14 @@ def _full_logprobs(model, tokens):
   return jax.nn.log_softmax(model(tokens).logits.astype(jnp.float32), axis=-1)
 
 
-def test_greedy_cached_equals_no_cache_reference(tiny):
+@pytest.mark.parametrize("layout", ["rows", "model"])
+def test_greedy_cached_equals_no_cache_reference(tiny, layout):
+  """Both decode layouts: the decode-layout copy ("rows", CPU default) and the model itself."""
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 512, size=n).tolist() for n in (5, 17, 9)]
   steps = 32
-  eng = Engine(tiny, chunk_steps=16, min_batch_bucket=4, min_prompt_bucket=32)
+  eng = Engine(tiny, chunk_steps=16, min_batch_bucket=4, min_prompt_bucket=32,
+               decode_layout=layout)
   outs = eng.generate(prompts, [SamplingParams(temperature=0, max_new_tokens=steps)] * 3,
                       [[]] * 3)
   for p, out in zip(prompts, outs):
@@ -60,9 +63,9 @@ def test_greedy_cached_equals_no_cache_reference(tiny):
     assert out.token_ids == ref_tok
     np.testing.assert_allclose(out.logprobs, ref_lp, atol=1e-4)
     assert out.finish_reason == "length"
-  # Chunked prefill (prompts cut into 8-token pieces) gives the same tokens.
+  # Chunked prefill (prompts cut into 8-token pieces, by the model itself) gives the same tokens.
   chunked = Engine(tiny, chunk_steps=16, min_batch_bucket=4, min_prompt_bucket=8,
-                   prefill_chunk=8).generate(
+                   prefill_chunk=8, decode_layout=layout, rows_prefill_max=0).generate(
                        prompts, [SamplingParams(temperature=0, max_new_tokens=steps)] * 3, [[]] * 3)
   for a, b in zip(outs, chunked):
     assert a.token_ids == b.token_ids

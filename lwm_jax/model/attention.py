@@ -2,7 +2,10 @@
 
 Masks: in training, attention is causal by index and block-diagonal by `segment_ids` (packed
 documents never see each other). With a KV cache, slot j of the cache holds position j, so a query
-at position p sees the slots j <= p; rows of a batch may sit at different positions.
+at position p sees the slots j <= p; rows of a batch may sit at different positions. The cache is
+stored with kv heads before time, keys [B, G, T, K] and values [B, G, K, T], so that both products
+of a decode step contract each operand's contiguous last dim: XLA on CPU otherwise copies the
+cache transposed, or runs a slow strided product, every step (about 20% of a decode step).
 """
 from __future__ import annotations
 
@@ -16,16 +19,18 @@ from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, apply_rope, rope_cos_s
 NEG_INF = -1e30
 
 
-def dot_attention(q_BxSxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxSxT, scale: float):
-  """Softmax attention in fp32 with GQA (H query heads share G kv heads)."""
+def dot_attention(q_BxSxHxK, k, v, mask_BxSxT, scale: float, k_layout: str = "btgk",
+                  v_layout: str = "btgk"):
+  """Softmax attention in fp32 with GQA (H query heads share G kv heads). `k` and `v` are
+  [B, T, G, K] ("btgk") or laid out as the cache stores them: keys [B, G, T, K] ("bgtk") and
+  values [B, G, K, T] ("bgkt"), so that both products contract each operand's last dim."""
   b, s, h, kd = q_BxSxHxK.shape
-  g = k_BxTxGxK.shape[2]
+  g = k.shape[k_layout.index("g")]
   q = q_BxSxHxK.reshape(b, s, g, h // g, kd)
-  scores = jnp.einsum("bsgrk,btgk->bgrst", q, k_BxTxGxK,
-                      preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask_BxSxT[:, None, None], scores, NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxGxK.dtype)
-  out = jnp.einsum("bgrst,btgk->bsgrk", probs, v_BxTxGxK)
+  scores = jnp.einsum(f"bsgrk,{k_layout}->bgrst", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask_BxSxT[:, None, None], scores * scale, NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum(f"bgrst,{v_layout}->bsgrk", probs, v)
   return out.reshape(b, s, h, -1)
 
 
@@ -62,12 +67,16 @@ def cache_mask(positions_BxS: jax.Array, cache_len: int) -> jax.Array:
   return jnp.arange(cache_len)[None, None, :] <= positions_BxS[:, :, None]
 
 
-def write_cache(cache_BxTxGxK: jax.Array, new_BxSxGxK: jax.Array, positions_BxS: jax.Array):
-  """Writes the new keys/values at their positions (slot == position), per row."""
+def write_cache(cache: jax.Array, new_BxSxGxK: jax.Array, positions_BxS: jax.Array,
+                time_axis: int):
+  """Writes the new keys/values at their positions (slot == position), per row, into a cache
+  [B, G, T, K] (`time_axis` 2) or [B, G, K, T] (`time_axis` 3)."""
   b, s = positions_BxS.shape
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
-  return cache_BxTxGxK.at[rows, positions_BxS].set(new_BxSxGxK.astype(cache_BxTxGxK.dtype),
-                                                   mode="drop")
+  # Index arrays around slices: the indexed view is [B, S, G, K], the layout of the new values.
+  index = (rows, slice(None), positions_BxS) if time_axis == 2 else (
+      rows, slice(None), slice(None), positions_BxS)
+  return cache.at[index].set(new_BxSxGxK.astype(cache.dtype), mode="drop")
 
 
 class Attention(nnx.Module):
@@ -106,15 +115,16 @@ class Attention(nnx.Module):
       out = causal_attention(q, k, v, segment_ids_BxS, self.k ** -0.5)
       new_cache = None
     else:
-      ck = write_cache(cache["k"], k, positions_BxS)
-      cv = write_cache(cache["v"], v, positions_BxS)
+      ck = write_cache(cache["k"], k, positions_BxS, time_axis=2)
+      cv = write_cache(cache["v"], v, positions_BxS, time_axis=3)
       new_cache = {"k": ck, "v": cv}
       k, v = ck.astype(q.dtype), cv.astype(q.dtype)
-      out = dot_attention(q, k, v, cache_mask(positions_BxS, k.shape[1]), self.k ** -0.5)
+      out = dot_attention(q, k, v, cache_mask(positions_BxS, k.shape[2]), self.k ** -0.5,
+                          k_layout="bgtk", v_layout="bgkt")
     if gate is not None:
       out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     return self.o_proj(out.reshape(b, s, self.h * self.k)), new_cache
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict:
-    shape = (batch, max_len, self.g, self.k)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    return {"k": jnp.zeros((batch, self.g, max_len, self.k), dtype),
+            "v": jnp.zeros((batch, self.g, self.k, max_len), dtype)}

@@ -25,15 +25,40 @@ def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None,
   return nnx.Param(value, axes=tuple(axes))
 
 
+def rows_matmul(x_NxI: jax.Array, w_OxI: jax.Array, out_dtype=None) -> jax.Array:
+  """x @ w.T for a weight stored [out, in], in the form that streams weights fastest on CPU when
+  x has few rows (decoding): the weight is the left operand, both operands contract their
+  contiguous last dim, and accumulation is fp32 whatever the weight dtype (x is cast to it).
+
+  XLA would fold the final transpose into the dot by swapping its operands, a form that reads a
+  bfloat16 weight 2-20x slower (benchmarks/results/sampling.json); the optimization barrier keeps
+  the product [out, N] as computed, and only the small result is transposed."""
+  lead = x_NxI.shape[:-1]
+  x2 = x_NxI.reshape(-1, x_NxI.shape[-1]).astype(w_OxI.dtype)
+  n = x2.shape[0]
+  if n == 1 and w_OxI.dtype != jnp.float32:
+    x2 = jnp.concatenate([x2, x2])  # XLA's one-row bfloat16 kernel is ~10x slower than two rows
+  y = jax.lax.dot_general(w_OxI, x2, (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+  y = jax.lax.optimization_barrier(y)[:, :n].T
+  return y.reshape(*lead, w_OxI.shape[0]).astype(out_dtype or x_NxI.dtype)
+
+
 class Linear(nnx.Module):
-  """y = x @ kernel, kernel stored [in, out] (Hugging Face stores the transpose)."""
+  """y = x @ kernel, kernel stored [in, out] (Hugging Face stores the transpose).
+
+  `lwm_jax.model.decode_layout` may store the kernel [out, in] instead (`transposed=True`), in the
+  layout `rows_matmul` reads fastest when decoding a few rows at a time."""
 
   def __init__(self, d_in: int, d_out: int, axes: tuple[str | None, str | None], *,
                rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32, scale: float = 0.02):
     self.kernel = param(rngs, (d_in, d_out), axes, scale=scale, dtype=param_dtype)
     self.dtype = dtype
+    self.transposed = False
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    if self.transposed:
+      return rows_matmul(x, self.kernel[...], self.dtype)
     return jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 

@@ -9,6 +9,10 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               past an expert's capacity are dropped and counted.
   dense       every expert on every token, weighted by the (mostly zero) routing matrix; the
               simple reference.
+  rows        the dense computation for decoding: all experts' gate/up weights as one [E*2I, D]
+              matrix and down weights as one [D, E*I] matrix, laid out once by
+              `lwm_jax.model.decode_layout` (a few rows per step touch nearly every expert anyway,
+              and one large matmul in the weight-streaming form beats E small ones).
 `auto` picks ragged_dot on GPU/TPU and blocked on CPU.
 
 Under a device mesh the layer runs inside `shard_map`: tokens stay on their devices, expert weights
@@ -29,7 +33,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.layers import DTYPES, param
+from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
 
@@ -112,6 +116,20 @@ def _route(x_NxD, router_DxE, top_k: int, norm_topk: bool, mask_N):
   stats = RouterStats(counts_E=counts, prob_sum_E=jnp.sum(probs * m[:, None], axis=0),
                       rows=jnp.sum(m), z_sum=jnp.sum(z * z * m), dropped=jnp.zeros((), jnp.int32))
   return top_w, top_i, stats
+
+
+def rows_moe(x_NxD, mask_N, router_DxE, gate_up_2EIxD, down_DxEI, *, top_k: int,
+             norm_topk: bool):
+  """The `rows` backend: every expert on every row through two weight-streaming matmuls; the
+  routing matrix (zero for unchosen experts) weights the activations before the down matmul."""
+  n, _ = x_NxD.shape
+  e = router_DxE.shape[1]
+  inter = down_DxEI.shape[1] // e
+  top_w, top_i, stats = _route(x_NxD, router_DxE, top_k, norm_topk, mask_N)
+  w_NxE = jnp.zeros((n, e), jnp.float32).at[jnp.arange(n)[:, None], top_i].add(top_w)
+  gu = rows_matmul(x_NxD, gate_up_2EIxD, jnp.float32).reshape(n, e, 2, inter)
+  act = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1] * w_NxE[:, :, None]
+  return rows_matmul(act.reshape(n, e * inter), down_DxEI, x_NxD.dtype), stats
 
 
 def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, capacity_factor,
@@ -223,6 +241,14 @@ class MoE(nnx.Module):
     if mask_BxS is None:
       mask_BxS = jnp.ones((b, s), bool)
     dt = self.dtype
+    if self.backend == "rows":
+      mesh = jax.sharding.get_abstract_mesh()
+      if not mesh.empty and mesh.size > 1:
+        raise ValueError("MoE backend 'rows' (the decode layout) runs on one device only")
+      y, stats = rows_moe(x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),
+                          self.router[...], self.gate_up_rows[...], self.down_rows[...],
+                          top_k=self.top_k, norm_topk=self.norm_topk)
+      return y.reshape(b, s, d), stats
     weights = (self.router[...], self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
                self.down_proj[...].astype(dt))
     kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=self._backend(),

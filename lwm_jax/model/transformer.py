@@ -16,7 +16,7 @@ from flax import nnx
 
 from lwm_jax.model.attention import Attention
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, SwiGLU, param
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, SwiGLU, param, rows_matmul
 from lwm_jax.model.moe import MoE
 from lwm_jax import sharding
 
@@ -115,6 +115,7 @@ class Transformer(nnx.Module):
     if not cfg.tie_word_embeddings:
       self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), rngs=rngs,
                             dtype=DTYPES[cfg.dtype], param_dtype=pdt)
+    self.decode_layout = False  # True in the copies made by `decode_layout.for_decoding`
 
   def __call__(self, tokens_BxS: jax.Array, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, cache: list | None = None,
@@ -143,7 +144,9 @@ class Transformer(nnx.Module):
     if logits_at is not None:
       x = x[jnp.arange(b), logits_at][:, None]
     x = self.norm(x)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and self.decode_layout:
+      logits = rows_matmul(x, self.tied_head[...])
+    elif cfg.tie_word_embeddings:
       logits = jnp.dot(x, self.embed_tokens[...].astype(x.dtype).T)
     else:
       logits = self.lm_head(x)

@@ -16,9 +16,15 @@
    finished. Between chunks the host sees the new tokens: the Python layer turns them into text,
    streams them and checks stop strings, and may finish rows (`on_chunk` returns their indices).
 
-Decode steps may run the MoE layers with another backend than prefill (`decode_moe_backend`):
-"auto" picks the capacity layout on CPU with capacity factor E / k, which cannot drop anything for
-one token per row (a token's k experts are distinct) and reads each expert's weights in place.
+Decode steps may run on a copy of the model laid out for decoding (`decode_layout`): "rows" is
+`lwm_jax.model.decode_layout.for_decoding` (weights stored [out, in] and all experts as two
+matrices, the layout in which XLA streams weights fastest on CPU), optionally in a lower precision
+(`decode_dtype`, e.g. "bfloat16": half the bytes per step, logits within bfloat16 rounding of the
+model's); "model" decodes with the model itself, its MoE layers switched to `decode_moe_backend`
+("auto": the capacity layout on CPU with capacity factor E / k, which cannot drop anything for one
+token per row because a token's k experts are distinct). `decode_layout="auto"` is "rows" on CPU
+without a mesh and "model" otherwise. Prefill chunks of at most `rows_prefill_max` tokens (batch
+x chunk) also run on the "rows" copy; longer ones run the model itself. Both share the cache.
 
 Sampling is per row (temperature, top-k, top-p, min-p, seed); the key of step t of a row is
 `fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not depend on its batch neighbours.
@@ -38,6 +44,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
+from lwm_jax.model.decode_layout import for_decoding
 from lwm_jax.sampling.params import SamplingParams
 
 NEG_INF = -1e30
@@ -75,11 +82,19 @@ def _draw(keys_B, scaled_BxV):
   return jnp.minimum(tok, scaled_BxV.shape[-1] - 1).astype(jnp.int32)
 
 
+def _argmax(x_BxV):
+  """First index of the row maximum, as two plain reductions (XLA's CPU argmax, one reduction of
+  (value, index) pairs, takes ~4x as long over a vocabulary)."""
+  v = x_BxV.shape[-1]
+  hit = x_BxV == jnp.max(x_BxV, axis=-1, keepdims=True)
+  return jnp.minimum(jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1), v - 1)
+
+
 def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B):
   """Returns (tokens [B], log p(token) under the raw distribution [B])."""
   logits = logits_BxV.astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  greedy = _argmax(logits)
   sampling = temperature_B > 0
 
   def sample(_):
@@ -160,11 +175,11 @@ def _prefill(graphdef, state, cache, tokens_BxC, start, lengths_B, logits_BxV):
   return cache, jnp.where(here[:, None], logits, logits_BxV)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _decode(graphdef, steps: int, state, cache, carry, rows: _Rows):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def _decode(graphdef, steps: int, cache_len: int, state, cache, carry, rows: _Rows):
+  """Up to `steps` decode steps; a row also finishes when its position reaches `cache_len` - 1."""
   model = nnx.merge(graphdef.graphdef, state)
   b = carry["pos"].shape[0]
-  cache_len = max(x.shape[1] for x in jax.tree_util.tree_leaves(cache))
   base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
 
   def cond(c):
@@ -204,6 +219,8 @@ class Engine:
   def __init__(self, model, *, mesh: jax.sharding.Mesh | None = None, chunk_steps: int = 16,
                max_batch: int = 64, min_batch_bucket: int = 1, min_prompt_bucket: int = 16,
                min_cache_len: int = 64, prefill_chunk: int = 512,
+               decode_layout: str = "auto", decode_dtype: str | None = None,
+               rows_prefill_max: int = 256,
                decode_moe_backend: str | None = "auto"):
     self.cfg = model.cfg
     self.mesh = mesh if mesh is not None and mesh.size > 1 else None
@@ -212,15 +229,34 @@ class Engine:
         sharding.shard_model(model, self.mesh)
     self.model = model
     graphdef, self.state = nnx.split(model)
-    if decode_moe_backend == "auto":
-      # Measured on CPU (benchmarks/sampling.py): the dropless capacity layout beats sorting into
-      # blocks for decode batches up to at least 8.
-      decode_moe_backend = "capacity" if jax.default_backend() == "cpu" else None
-    self.decode_moe_backend = decode_moe_backend or self.cfg.moe_backend
     key = json.dumps(self.cfg.to_dict(), sort_keys=True)
     self.graphdef = _Graph(graphdef, key)
-    self.decode_graphdef = _Graph(self._graphdef_with_backend(model, graphdef, decode_moe_backend),
-                                  f"{key}/{decode_moe_backend}")
+    if decode_layout == "auto":
+      # Measured on CPU (benchmarks/sampling.py): 1.3x the capacity backend's tokens/s at batch 8
+      # in fp32. Under a mesh the model's own sharded layers decode.
+      decode_layout = "rows" if jax.default_backend() == "cpu" and self.mesh is None else "model"
+    if decode_layout not in ("rows", "model"):
+      raise ValueError(f"decode_layout: '{decode_layout}' is not one of auto, rows, model")
+    if decode_layout == "rows" and self.mesh is not None:
+      raise ValueError("decode_layout 'rows' runs on one device; use 'model' with a mesh")
+    if decode_dtype and decode_layout != "rows":
+      raise ValueError("decode_dtype needs decode_layout 'rows' (or 'auto' on CPU)")
+    self.decode_layout, self.decode_dtype = decode_layout, decode_dtype or None
+    self.rows_prefill_max = rows_prefill_max
+    if decode_layout == "rows":
+      dgraph, self.decode_state = nnx.split(for_decoding(model, self.decode_dtype))
+      self.decode_moe_backend = "rows"
+      self.decode_graphdef = _Graph(dgraph, f"{key}/rows/{self.decode_dtype}")
+    else:
+      if decode_moe_backend == "auto":
+        # Measured on CPU (benchmarks/sampling.py): the dropless capacity layout beats sorting
+        # into blocks for decode batches up to at least 8.
+        decode_moe_backend = "capacity" if jax.default_backend() == "cpu" else None
+      self.decode_moe_backend = decode_moe_backend or self.cfg.moe_backend
+      self.decode_state = self.state
+      self.decode_graphdef = _Graph(
+          self._graphdef_with_backend(model, graphdef, decode_moe_backend),
+          f"{key}/{decode_moe_backend}")
     self.context = self.cfg.max_position_embeddings
     self.chunk_steps, self.max_batch = chunk_steps, max_batch
     self.min_batch_bucket = min_batch_bucket
@@ -244,6 +280,14 @@ class Engine:
     for m, (b, cf) in zip(moes, old):
       m.backend, m.capacity_factor = b, cf
     return graphdef
+
+  def _prefill_model(self, rows: int):
+    """(graph, state) for a prefill chunk of `rows` tokens: the decode copy when it is laid out
+    by rows and the chunk is small enough for weight streaming to dominate (measured on CPU for
+    `small`: 1.6x faster at 8 x 16 tokens in bfloat16, even at 8 x 128), else the model."""
+    if self.decode_layout == "rows" and rows <= self.rows_prefill_max:
+      return self.decode_graphdef, self.decode_state
+    return self.graphdef, self.state
 
   # ------------------------------------------------------------------------ host side
   def _put(self, x: np.ndarray):
@@ -322,7 +366,7 @@ class Engine:
         cache = jax.tree_util.tree_map(self._put_like_batch, cache)
       logits = self._put(np.zeros((b, self.cfg.vocab_size), np.float32))
       for start in range(0, s, chunk):
-        cache, logits = _prefill(self.graphdef, self.state, cache,
+        cache, logits = _prefill(*self._prefill_model(b * chunk), cache,
                                  self._put(tokens[:, start:start + chunk]), np.int32(start),
                                  self._put(len_b), logits)
       carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
@@ -331,8 +375,8 @@ class Engine:
       lps: list[list[float]] = [[] for _ in range(n)]
       finish = np.zeros(b, np.int32)
       while True:
-        cache, carry, out_tok, out_lp = _decode(self.decode_graphdef, self.chunk_steps, self.state,
-                                                cache, carry, rows)
+        cache, carry, out_tok, out_lp = _decode(self.decode_graphdef, self.chunk_steps, t,
+                                                self.decode_state, cache, carry, rows)
         out_tok, out_lp = np.asarray(out_tok), np.asarray(out_lp)
         new_t, new_l = [], []
         for i in range(n):
