@@ -1,13 +1,16 @@
 """Decode throughput of our engine vs `transformers` generate, and the server's requests/s.
 
   python benchmarks/sampling.py                      # small preset, batch 1 and 8, 16 + 128 tokens
-  python benchmarks/sampling.py --repeats=1 --clients=32 --decode_moe_backend=""
+  python benchmarks/sampling.py --repeats=1 --skip_server --dtypes=float32
 
-Both models are the `small` preset with random weights (HF's built from `to_hf_dict`), greedy,
-exactly `--new` new tokens after a `--prompt`-token prompt, timed end to end (prefill included)
-after one warm-up run; tokens/s = batch * new / seconds (median of --repeats). Then the server
-(OpenAI API, same model, a SentencePiece tokenizer trained here) answers `--clients` concurrent
-chat requests of `--server_tokens` tokens each, `--server_rounds` times; requests/s is over all.
+Both models are the `small` preset with the same random weights (HF's built from ours with
+`to_hf_dict` and the HF export), greedy, exactly `--new` new tokens after a `--prompt`-token prompt,
+timed end to end (prefill included) after one warm-up run; tokens/s = batch * new / seconds
+(median of --repeats). Each side runs at each of `--dtypes`: for us that is the decode copy's
+weight dtype (`Engine(decode_dtype=...)`, float32 = exact), for HF the whole model's
+(`model.to(dtype)`). The ratio compares each of ours with HF's fastest. Then the server (OpenAI
+API, same model, a SentencePiece tokenizer trained here, decode dtype `--server_dtype`) answers
+`--clients` concurrent chat requests of `--server_tokens` tokens each, `--server_rounds` times.
 Writes benchmarks/results/sampling.json.
 """
 from __future__ import annotations
@@ -27,49 +30,55 @@ MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_ARENA_MAX": "1"}
 
 
-def ours(cfg, batches, prompt_len, new, repeats, backend, chunk):
+def ours(model, batches, prompt_len, new, repeats, chunk, dtypes):
+  """{dtype: {batch: tokens/s}} for our engine with each decode dtype."""
   import numpy as np
-  from flax import nnx
   from benchmarks.common import median_time
-  from lwm_jax.model.transformer import Transformer
   from lwm_jax.sampling.engine import Engine
   from lwm_jax.sampling.params import SamplingParams
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
-  eng = Engine(model, chunk_steps=chunk, decode_moe_backend=backend)
-  rng = np.random.default_rng(0)
-  out = {}
-  for b in batches:
-    prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
-    sp = [SamplingParams(temperature=0, max_new_tokens=new)] * b
-    def run():
-      res = eng.generate(prompts, sp, [[]] * b)
-      assert all(len(r.token_ids) == new for r in res)
-    out[b] = b * new / median_time(run, repeats, warmup=1)
-  return model, out, eng.decode_moe_backend
+  cfg = model.cfg
+  out, layout = {}, None
+  for dt in dtypes:
+    eng = Engine(model, chunk_steps=chunk, decode_dtype=None if dt == "float32" else dt)
+    layout = eng.decode_layout
+    rng = np.random.default_rng(0)
+    out[dt] = {}
+    for b in batches:
+      prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
+      sp = [SamplingParams(temperature=0, max_new_tokens=new)] * b
+      def run():
+        res = eng.generate(prompts, sp, [[]] * b)
+        assert all(len(r.token_ids) == new for r in res)
+      out[dt][b] = b * new / median_time(run, repeats, warmup=1)
+  return out, layout
 
 
-def hf(cfg, batches, prompt_len, new, repeats):
+def hf(model, batches, prompt_len, new, repeats, dtypes):
+  """{dtype: {batch: tokens/s}} for `transformers` generate on the same weights."""
   import torch
   import transformers
   from benchmarks.common import median_time
-  from lwm_jax.model.config import to_hf_dict
+  from lwm_jax.hf import save_pretrained
+  folder = tempfile.mkdtemp()
+  save_pretrained(model, folder)
+  base = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   torch.manual_seed(0)
-  hcfg = transformers.Qwen3MoeConfig(**{k: v for k, v in to_hf_dict(cfg).items()
-                                        if k not in ("architectures", "torch_dtype")})
-  model = transformers.Qwen3MoeForCausalLM(hcfg).eval()
   out = {}
-  for b in batches:
-    ids = torch.randint(0, cfg.vocab_size, (b, prompt_len))
-    def run():
-      with torch.no_grad():
-        res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                             min_new_tokens=new, do_sample=False, pad_token_id=0)
-      assert res.shape[1] == prompt_len + new
-    out[b] = b * new / median_time(run, repeats, warmup=1)
+  for dt in dtypes:
+    hmodel = base.to(getattr(torch, dt))
+    out[dt] = {}
+    for b in batches:
+      ids = torch.randint(0, model.cfg.vocab_size, (b, prompt_len))
+      def run():
+        with torch.no_grad():
+          res = hmodel.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                min_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert res.shape[1] == prompt_len + new
+      out[dt][b] = b * new / median_time(run, repeats, warmup=1)
   return out, transformers.__version__, torch.__version__
 
 
-def server(model, clients, rounds, tokens, backend, chunk):
+def server(model, clients, rounds, tokens, dtype, chunk):
   import openai
   import uvicorn
   from lwm_jax.data.tokenizer import load_tokenizer, train_sentencepiece
@@ -81,7 +90,7 @@ def server(model, clients, rounds, tokens, backend, chunk):
   tmp = tempfile.mkdtemp()
   tok = load_tokenizer(train_sentencepiece(texts, 400, os.path.join(tmp, "sp")))
   sampler = Sampler(model, tok, max_batch=clients, chunk_steps=chunk,
-                    decode_moe_backend=backend)
+                    decode_dtype=None if dtype == "float32" else dtype)
   app = create_app(sampler, "bench", max_batch=clients, window_ms=10)
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -116,11 +125,12 @@ def main():
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--chunk", type=int, default=32, help="decode steps per jit call")
-  ap.add_argument("--decode_moe_backend", default="auto",
-                  help="MoE backend for decode steps ('' = the model's own)")
+  ap.add_argument("--dtypes", default="float32,bfloat16",
+                  help="decode weight dtypes to run on both sides")
   ap.add_argument("--clients", type=int, default=32)
   ap.add_argument("--server_rounds", type=int, default=2)
   ap.add_argument("--server_tokens", type=int, default=32)
+  ap.add_argument("--server_dtype", default="bfloat16")
   ap.add_argument("--skip_hf", action="store_true")
   ap.add_argument("--skip_server", action="store_true")
   ap.add_argument("--no_malloc_env", action="store_true")
@@ -128,33 +138,39 @@ def main():
   if not a.no_malloc_env and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
     os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **MALLOC_ENV})
   import torch
+  from flax import nnx
   torch.set_num_threads(os.cpu_count() or 1)
   from benchmarks.common import table, write_result
   from lwm_jax.model.config import get_preset
-  cfg = get_preset(a.preset)
+  from lwm_jax.model.transformer import Transformer
+  model = Transformer(get_preset(a.preset), rngs=nnx.Rngs(0))
   batches = [int(x) for x in a.batches.split(",")]
-  backend = a.decode_moe_backend or None
-  # HF first, before JAX starts its thread pools in this process.
-  theirs, tv, pv = ({}, None, None) if a.skip_hf else hf(cfg, batches, a.prompt, a.new, a.repeats)
-  model, mine, used = ours(cfg, batches, a.prompt, a.new, a.repeats, backend, a.chunk)
-  rows = [{"batch": b, "lwm_jax tok/s": f"{mine[b]:.1f}",
-           "HF tok/s": f"{theirs[b]:.1f}" if b in theirs else "-",
-           "ratio": f"{mine[b] / theirs[b]:.2f}x" if b in theirs else "-"} for b in batches]
+  dtypes = [x for x in a.dtypes.split(",") if x]
+  theirs, tv, pv = ({}, None, None) if a.skip_hf else hf(model, batches, a.prompt, a.new,
+                                                        a.repeats, dtypes)
+  mine, layout = ours(model, batches, a.prompt, a.new, a.repeats, a.chunk, dtypes)
+  best_hf = {b: max(theirs[dt][b] for dt in theirs) for b in batches} if theirs else {}
+  rows = []
+  for b in batches:
+    for dt in dtypes:
+      rows.append({"batch": b, "weights": dt, "lwm_jax tok/s": f"{mine[dt][b]:.1f}",
+                   "HF tok/s": f"{theirs[dt][b]:.1f}" if theirs else "-",
+                   "ours / HF's fastest": f"{mine[dt][b] / best_hf[b]:.2f}x" if theirs else "-"})
   print(f"decode, preset {a.preset}, prompt {a.prompt} + {a.new} new tokens, greedy, "
-        f"decode MoE backend {used}")
-  print(table(rows, ["batch", "lwm_jax tok/s", "HF tok/s", "ratio"]))
+        f"decode layout {layout}")
+  print(table(rows, ["batch", "weights", "lwm_jax tok/s", "HF tok/s", "ours / HF's fastest"]))
   srv = None if a.skip_server else server(model, a.clients, a.server_rounds, a.server_tokens,
-                                          backend, a.chunk)
+                                          a.server_dtype, a.chunk)
   if srv:
-    print(f"server: {srv['requests']} chat requests from {srv['clients']} concurrent clients, "
-          f"{srv['max_tokens']} tokens each: {srv['requests_per_s']:.2f} requests/s, "
-          f"{srv['tokens_per_s']:.1f} tokens/s")
+    print(f"server ({a.server_dtype} decode weights): {srv['requests']} chat requests from "
+          f"{srv['clients']} concurrent clients, {srv['max_tokens']} tokens each: "
+          f"{srv['requests_per_s']:.2f} requests/s, {srv['tokens_per_s']:.1f} tokens/s")
   path = write_result("sampling", {
       "preset": a.preset, "prompt_tokens": a.prompt, "new_tokens": a.new, "repeats": a.repeats,
-      "chunk_steps": a.chunk, "decode_moe_backend": used,
+      "chunk_steps": a.chunk, "decode_layout": layout,
       "lwm_jax_tokens_per_s": mine, "hf_tokens_per_s": theirs,
-      "ratio": {b: mine[b] / theirs[b] for b in theirs}, "transformers": tv, "torch": pv,
-      "server": srv})
+      "ratio_to_hf_fastest": {dt: {b: mine[dt][b] / best_hf[b] for b in best_hf} for dt in mine},
+      "transformers": tv, "torch": pv, "server_dtype": a.server_dtype, "server": srv})
   print(f"wrote {path}")
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, apply_rope, rope_cos_sin
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, apply_rope, rope_cos_sin, rows_matmul
 
 NEG_INF = -1e30
 
@@ -98,17 +98,27 @@ class Attention(nnx.Module):
     self.h, self.g, self.k = h, g, k
     self.rotary_dim = cfg.rotary_dim
     self.theta = cfg.rope_theta
+    self.dtype = DTYPES[cfg.dtype]
+
+  def _project(self, x_BxSxD):
+    """(q, k, v) before normalisation: three matmuls, or one over the [q | k | v] rows that
+    `decode_layout.for_decoding` stacks into `qkv_rows`."""
+    if not hasattr(self, "qkv_rows"):
+      return self.q_proj(x_BxSxD), self.k_proj(x_BxSxD), self.v_proj(x_BxSxD)
+    qkv = rows_matmul(x_BxSxD, self.qkv_rows[...], self.dtype)
+    nq, nkv = self.qkv_rows.shape[0] - 2 * self.g * self.k, self.g * self.k
+    return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
 
   def __call__(self, x_BxSxD, positions_BxS, segment_ids_BxS=None, cache=None):
     b, s, _ = x_BxSxD.shape
-    q = self.q_proj(x_BxSxD)
+    q, k, v = self._project(x_BxSxD)
     gate = None
     if self.gated:
       q = q.reshape(b, s, self.h, 2 * self.k)
       q, gate = q[..., :self.k], q[..., self.k:]
     q = self.q_norm(q.reshape(b, s, self.h, self.k))
-    k = self.k_norm(self.k_proj(x_BxSxD).reshape(b, s, self.g, self.k))
-    v = self.v_proj(x_BxSxD).reshape(b, s, self.g, self.k)
+    k = self.k_norm(k.reshape(b, s, self.g, self.k))
+    v = v.reshape(b, s, self.g, self.k)
     cos, sin = rope_cos_sin(positions_BxS, self.rotary_dim, self.theta)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if cache is None:

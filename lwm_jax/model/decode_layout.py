@@ -7,7 +7,8 @@ operand stored [out, in] and the rows are contracted along their contiguous dim 
 and a bfloat16 copy halves the bytes again. `for_decoding(model, dtype)` returns a new
 `Transformer` that shares the config, norms, router and embedding with `model` and holds:
 
-- every `Linear` kernel transposed to [out, in] (optionally cast to `dtype`);
+- every `Linear` kernel transposed to [out, in] (optionally cast to `dtype`), and each attention
+  layer's q, k and v projections stacked into one [q | k | v] matrix (one matmul instead of three);
 - each MoE layer's experts as two matrices, gate/up [E*2I, D] (per expert: I gate rows, then I up
   rows) and down [D, E*I], run by the `rows` MoE backend (every expert on every row, weighted by
   the routing matrix that is zero for unchosen experts: the same sum as the sparse backends);
@@ -23,6 +24,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from lwm_jax.model.attention import Attention
 from lwm_jax.model.layers import DTYPES, Linear
 from lwm_jax.model.moe import MoE
 
@@ -39,7 +41,17 @@ def for_decoding(model, dtype: str | None = None):
   dt = None if dtype is None else DTYPES[dtype]
   graphdef, state = nnx.split(model)
   copy = nnx.merge(graphdef, state)  # new module objects over the same arrays
-  for _, module in nnx.iter_modules(copy):
+  modules = [module for _, module in nnx.iter_modules(copy)]  # listed before any is changed
+  stacked = set()
+  for module in modules:
+    if isinstance(module, Attention):
+      projs = (module.q_proj, module.k_proj, module.v_proj)
+      module.qkv_rows = _weight(jnp.concatenate([p.kernel[...].T for p in projs], axis=0), dt)
+      stacked.update(id(p) for p in projs)
+      del module.q_proj, module.k_proj, module.v_proj
+  for module in modules:
+    if id(module) in stacked:
+      continue
     if isinstance(module, Linear) and not module.transposed:
       module.kernel = _weight(module.kernel[...].T, dt)
       module.transposed = True
