@@ -24,9 +24,15 @@ flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests t
 flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
 flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
 flags.DEFINE_string("mesh", "", "mesh axis sizes, e.g. 'tensor=4,expert=2' (default: one device)")
+flags.DEFINE_string("decode_layout", "auto",
+                    "weights for decode steps: rows (a copy laid out for CPU decoding), model (the "
+                    "model itself), or auto (rows on CPU without --mesh)")
+flags.DEFINE_string("decode_dtype", "",
+                    "dtype of the rows copy, e.g. bfloat16 (half the bytes per step; logits within "
+                    "bfloat16 rounding); '' keeps the checkpoint's")
 flags.DEFINE_string("decode_moe_backend", "auto",
-                    "MoE backend for decode steps: auto (capacity on CPU), capacity, blocked, "
-                    "ragged_dot, dense, or '' for the model's own")
+                    "with --decode_layout=model: MoE backend for decode steps: auto (capacity on "
+                    "CPU), capacity, blocked, ragged_dot, dense, or '' for the model's own")
 flags.mark_flags_as_required(["checkpoint"])
 
 
@@ -54,6 +60,8 @@ def main(argv):
   try:
     sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer, mesh=parse_mesh(f.mesh),
                                       chunk_steps=f.chunk_steps, max_batch=max(f.max_batch, 1),
+                                      decode_layout=f.decode_layout,
+                                      decode_dtype=f.decode_dtype or None,
                                       decode_moe_backend=f.decode_moe_backend or None)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
