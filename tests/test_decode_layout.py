@@ -108,3 +108,13 @@ def test_engine_rejects_bad_decode_options():
     Engine(model, decode_layout="model", decode_dtype="bfloat16")
   with pytest.raises(ValueError, match="decode dtype 'int3'"):
     Engine(model, decode_dtype="int3")
+
+
+def test_auto_layout_falls_back_without_memory_for_the_copy(monkeypatch, caplog):
+  from lwm_jax.sampling import engine as engine_mod
+  model = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))
+  assert Engine(model).decode_layout == "rows"  # CPU, one device, room for the copy
+  monkeypatch.setattr(engine_mod, "_available_memory", lambda: 1000)
+  eng = Engine(model)
+  assert eng.decode_layout == "model" and eng.decode_state is eng.state
+  assert "does not fit twice" in caplog.text

@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
+import os
 from typing import Callable, Sequence
 
 import jax
@@ -220,6 +222,19 @@ def _decode(graphdef, steps: int, cache_len: int, state, cache, carry, rows: _Ro
   return c["cache"], new_carry, c["out_tok"], c["out_lp"]
 
 
+def _copy_bytes(state, dtype: str | None) -> int:
+  """Bytes of the decode copy's weights: every parameter, in `dtype` when given."""
+  size = jnp.dtype(dtype).itemsize if dtype else None
+  return sum(x.size * (size or x.dtype.itemsize) for x in jax.tree_util.tree_leaves(state))
+
+
+def _available_memory() -> int | None:
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
 class Engine:
   """Batched generation on token ids for one model (optionally sharded over `mesh`)."""
 
@@ -239,9 +254,19 @@ class Engine:
     key = json.dumps(self.cfg.to_dict(), sort_keys=True)
     self.graphdef = _Graph(graphdef, key)
     if decode_layout == "auto":
-      # Measured on CPU (benchmarks/sampling.py): 1.3x the capacity backend's tokens/s at batch 8
-      # in fp32. Under a mesh the model's own sharded layers decode.
-      decode_layout = "rows" if jax.default_backend() == "cpu" and self.mesh is None else "model"
+      # Measured on CPU (benchmarks/sampling.py): 1.2-1.3x the capacity backend's tokens/s at
+      # batch 8 in fp32. Under a mesh the model's own sharded layers decode; without the memory
+      # for a second copy of the weights, too.
+      decode_layout = "model"
+      if jax.default_backend() == "cpu" and self.mesh is None:
+        need = _copy_bytes(self.state, decode_dtype)
+        free = _available_memory()
+        if free is None or 2 * need < free:
+          decode_layout = "rows"
+        else:
+          logging.warning("decode_layout auto: the decode copy (%.1f GB) does not fit twice in "
+                          "the %.1f GB of available memory; decoding with the model itself",
+                          need / 1e9, free / 1e9)
     if decode_layout not in ("rows", "model"):
       raise ValueError(f"decode_layout: '{decode_layout}' is not one of auto, rows, model")
     if decode_layout == "rows" and self.mesh is not None:
