@@ -48,6 +48,7 @@ from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
 from lwm_jax.model.decode_layout import for_decoding
+from lwm_jax.model.layers import DTYPES
 from lwm_jax.sampling.params import SamplingParams
 
 NEG_INF = -1e30
@@ -253,6 +254,8 @@ class Engine:
     graphdef, self.state = nnx.split(model)
     key = json.dumps(self.cfg.to_dict(), sort_keys=True)
     self.graphdef = _Graph(graphdef, key)
+    if decode_dtype and decode_dtype not in DTYPES:
+      raise ValueError(f"decode dtype '{decode_dtype}' is not one of {sorted(DTYPES)}")
     if decode_layout == "auto":
       # Measured on CPU (benchmarks/sampling.py): 1.2-1.3x the capacity backend's tokens/s at
       # batch 8 in fp32. Under a mesh the model's own sharded layers decode; without the memory
