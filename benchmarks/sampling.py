@@ -6,7 +6,8 @@
 Both models are the `small` preset with the same random weights (HF's built from ours with
 `to_hf_dict` and the HF export), greedy, exactly `--new` new tokens after a `--prompt`-token prompt,
 timed end to end (prefill included) after one warm-up run; tokens/s = batch * new / seconds
-(median of --repeats). Each side runs at each of `--dtypes`: for us that is the decode copy's
+(median of --repeats). The runs interleave: every round times every system once, so that the
+machine's slower and faster phases (it is shared) reach all of them alike. Each side runs at each of `--dtypes`: for us that is the decode copy's
 weight dtype (`Engine(decode_dtype=...)`, float32 = exact), for HF the whole model's
 (`model.to(dtype)`). The ratio compares each of ours with HF's fastest. Then the server (OpenAI
 API, same model, a SentencePiece tokenizer trained here, decode dtype `--server_dtype`) answers
@@ -30,52 +31,63 @@ MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_ARENA_MAX": "1"}
 
 
-def ours(model, batches, prompt_len, new, repeats, chunk, dtypes):
-  """{dtype: {batch: tokens/s}} for our engine with each decode dtype."""
+def our_runners(model, batches, prompt_len, new, chunk, dtypes):
+  """{(dtype, batch): run} for our engine, one engine per decode dtype."""
   import numpy as np
-  from benchmarks.common import median_time
   from lwm_jax.sampling.engine import Engine
   from lwm_jax.sampling.params import SamplingParams
-  cfg = model.cfg
-  out, layout = {}, None
+  runners, layout = {}, None
   for dt in dtypes:
     eng = Engine(model, chunk_steps=chunk, decode_dtype=None if dt == "float32" else dt)
     layout = eng.decode_layout
     rng = np.random.default_rng(0)
-    out[dt] = {}
     for b in batches:
-      prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
+      prompts = [rng.integers(0, model.cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
       sp = [SamplingParams(temperature=0, max_new_tokens=new)] * b
-      def run():
+      def run(eng=eng, prompts=prompts, sp=sp, b=b):
         res = eng.generate(prompts, sp, [[]] * b)
         assert all(len(r.token_ids) == new for r in res)
-      out[dt][b] = b * new / median_time(run, repeats, warmup=1)
-  return out, layout
+      runners[dt, b] = run
+  return runners, layout
 
 
-def hf(model, batches, prompt_len, new, repeats, dtypes):
-  """{dtype: {batch: tokens/s}} for `transformers` generate on the same weights."""
+def hf_runners(model, batches, prompt_len, new, dtypes):
+  """{(dtype, batch): run} for `transformers` generate on the same weights (loaded from our
+  export), one HF model per dtype."""
   import torch
   import transformers
-  from benchmarks.common import median_time
   from lwm_jax.hf import save_pretrained
   folder = tempfile.mkdtemp()
   save_pretrained(model, folder)
-  base = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
   torch.manual_seed(0)
-  out = {}
+  runners = {}
   for dt in dtypes:
-    hmodel = base.to(getattr(torch, dt))
-    out[dt] = {}
+    hmodel = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=getattr(torch, dt)).eval()
     for b in batches:
       ids = torch.randint(0, model.cfg.vocab_size, (b, prompt_len))
-      def run():
+      def run(hmodel=hmodel, ids=ids):
         with torch.no_grad():
           res = hmodel.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
         assert res.shape[1] == prompt_len + new
-      out[dt][b] = b * new / median_time(run, repeats, warmup=1)
-  return out, transformers.__version__, torch.__version__
+      runners[dt, b] = run
+  return runners, transformers.__version__, torch.__version__
+
+
+def interleaved(runners: dict, repeats: int) -> dict:
+  """Median seconds per runner, each warmed up once and then timed once per round, all runners
+  in every round: a slower or faster phase of a shared machine hits every system alike."""
+  import statistics
+  for run in runners.values():
+    run()
+  times = {k: [] for k in runners}
+  for _ in range(repeats):
+    for k, run in runners.items():
+      t = time.perf_counter()
+      run()
+      times[k].append(time.perf_counter() - t)
+  return {k: statistics.median(v) for k, v in times.items()}, times
 
 
 def server(model, clients, rounds, tokens, dtype, chunk):
@@ -89,7 +101,9 @@ def server(model, clients, rounds, tokens, dtype, chunk):
   texts = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
   tmp = tempfile.mkdtemp()
   tok = load_tokenizer(train_sentencepiece(texts, 400, os.path.join(tmp, "sp")))
-  sampler = Sampler(model, tok, max_batch=clients, chunk_steps=chunk,
+  # Every batch padded to `clients` rows: one compiled shape per prompt/cache bucket, so the
+  # warm-up round compiles what the timed rounds run.
+  sampler = Sampler(model, tok, max_batch=clients, min_batch_bucket=clients, chunk_steps=chunk,
                     decode_dtype=None if dtype == "float32" else dtype)
   app = create_app(sampler, "bench", max_batch=clients, window_ms=10)
   with socket.socket() as s:
@@ -123,7 +137,7 @@ def main():
   ap.add_argument("--batches", default="1,8")
   ap.add_argument("--prompt", type=int, default=16)
   ap.add_argument("--new", type=int, default=128)
-  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--chunk", type=int, default=32, help="decode steps per jit call")
   ap.add_argument("--dtypes", default="float32,bfloat16",
                   help="decode weight dtypes to run on both sides")
@@ -146,9 +160,16 @@ def main():
   model = Transformer(get_preset(a.preset), rngs=nnx.Rngs(0))
   batches = [int(x) for x in a.batches.split(",")]
   dtypes = [x for x in a.dtypes.split(",") if x]
-  theirs, tv, pv = ({}, None, None) if a.skip_hf else hf(model, batches, a.prompt, a.new,
-                                                        a.repeats, dtypes)
-  mine, layout = ours(model, batches, a.prompt, a.new, a.repeats, a.chunk, dtypes)
+  runners, layout = our_runners(model, batches, a.prompt, a.new, a.chunk, dtypes)
+  runners = {("lwm_jax",) + k: v for k, v in runners.items()}
+  tv = pv = None
+  if not a.skip_hf:
+    hf_runs, tv, pv = hf_runners(model, batches, a.prompt, a.new, dtypes)
+    runners.update({("hf",) + k: v for k, v in hf_runs.items()})
+  secs, rounds = interleaved(runners, a.repeats)
+  tps = {k: k[2] * a.new / v for k, v in secs.items()}
+  mine = {dt: {b: tps["lwm_jax", dt, b] for b in batches} for dt in dtypes}
+  theirs = {} if a.skip_hf else {dt: {b: tps["hf", dt, b] for b in batches} for dt in dtypes}
   best_hf = {b: max(theirs[dt][b] for dt in theirs) for b in batches} if theirs else {}
   rows = []
   for b in batches:
@@ -170,6 +191,7 @@ def main():
       "chunk_steps": a.chunk, "decode_layout": layout,
       "lwm_jax_tokens_per_s": mine, "hf_tokens_per_s": theirs,
       "ratio_to_hf_fastest": {dt: {b: mine[dt][b] / best_hf[b] for b in best_hf} for dt in mine},
+      "seconds_per_round": {"/".join(map(str, k)): v for k, v in rounds.items()},
       "transformers": tv, "torch": pv, "server_dtype": a.server_dtype, "server": srv})
   print(f"wrote {path}")
 
