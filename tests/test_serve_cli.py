@@ -1,0 +1,74 @@
+"""`launch/serve.py` as a user runs it: a tiny Hugging Face folder with a SentencePiece tokenizer,
+served with bfloat16 decode weights, answers the `openai` client; a bad decode option is one
+error line and exit status 2."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import requests
+from flax import nnx
+
+from lwm_jax import hf
+from lwm_jax.data import tokenizer as tok_lib
+from lwm_jax.model.config import get_preset
+from lwm_jax.model.transformer import Transformer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVE = os.path.join(REPO, "launch", "serve.py")
+
+
+def _checkpoint(tmp_path):
+  words = "ls cat grep error file directory denied output total bytes home root tmp log".split()
+  texts = [" ".join(words[(i * 5 + j) % len(words)] for j in range(10)) for i in range(300)]
+  ckpt = tmp_path / "tiny_hf"
+  sp = tok_lib.train_sentencepiece(texts, 300, ckpt / "tokenizer")
+  vocab = tok_lib.load_tokenizer(sp).vocab_size
+  cfg = get_preset("tiny", vocab_size=-(-vocab // 64) * 64)
+  hf.save_pretrained(Transformer(cfg, rngs=nnx.Rngs(0)), str(ckpt))
+  return ckpt
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_serve_with_bfloat16_decode_weights(tmp_path):
+  ckpt = _checkpoint(tmp_path)
+  port = _free_port()
+  proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
+                           "--decode_dtype=bfloat16", "--max_batch=4"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+  try:
+    deadline = time.time() + 180
+    while True:
+      assert proc.poll() is None, proc.stdout.read()[-3000:]
+      try:
+        if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+          break
+      except requests.ConnectionError:
+        pass
+      assert time.time() < deadline, "server did not come up"
+      time.sleep(0.5)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+    assert [m.id for m in client.models.list().data] == ["tiny_hf"]
+    r = client.chat.completions.create(
+        model="tiny_hf", messages=[{"role": "user", "content": "ls /tmp"}], max_tokens=8,
+        temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 8 and isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason == "length"
+  finally:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_serve_rejects_an_unknown_decode_dtype(tmp_path):
+  ckpt = _checkpoint(tmp_path)
+  proc = subprocess.run([sys.executable, SERVE, f"--checkpoint={ckpt}", "--decode_dtype=int3"],
+                        capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert proc.returncode == 2
+  assert "error: decode dtype 'int3' is not one of" in proc.stderr
