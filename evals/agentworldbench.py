@@ -51,6 +51,9 @@ _CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Requests in flight to --e
 _RETRIES = flags.DEFINE_integer("retries", 5, "Retries per request (connection errors, 429, 5xx).")
 _TIMEOUT = flags.DEFINE_float("timeout_s", 600.0, "Timeout per HTTP request.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Conversations per Sampler call (--checkpoint).")
+_DECODE_DTYPE = flags.DEFINE_string(
+    "decode_dtype", "", "Local Samplers: decode weight dtype, e.g. bfloat16 (faster on CPU; logits "
+    "within bfloat16 rounding). '' keeps the checkpoint's.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 # the judge
 _J_CHECKPOINT = flags.DEFINE_string("judge_checkpoint", None, "Judge checkpoint (local Sampler).")
@@ -75,7 +78,7 @@ def _model_backend() -> Backend:
   if _CHECKPOINT.value:
     backend = SamplerBackend.from_checkpoint(
         _CHECKPOINT.value, temperature=_TEMPERATURE.value, max_new_tokens=_MAX_TOKENS.value,
-        seed=_SEED.value, batch_size=_BATCH.value)
+        seed=_SEED.value, batch_size=_BATCH.value, decode_dtype=_DECODE_DTYPE.value or None)
   else:
     if not _MODEL.value:
       raise app.UsageError("--endpoint needs --model")
@@ -95,7 +98,7 @@ def _judge_backend() -> Backend:
   if _J_CHECKPOINT.value:
     return SamplerBackend.from_checkpoint(
         _J_CHECKPOINT.value, temperature=max(temp, 0.0), max_new_tokens=_J_MAX_TOKENS.value,
-        seed=_SEED.value, batch_size=_BATCH.value)
+        seed=_SEED.value, batch_size=_BATCH.value, decode_dtype=_DECODE_DTYPE.value or None)
   if not _J_MODEL.value:
     raise app.UsageError("--judge_endpoint needs --judge_model")
   return OpenAIBackend(_J_ENDPOINT.value, _J_MODEL.value, temperature=temp if temp >= 0 else None,

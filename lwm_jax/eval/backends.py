@@ -180,10 +180,11 @@ class SamplerBackend(Backend):
     self.temperature, self.max_new_tokens, self.seed = temperature, max_new_tokens, seed
 
   @classmethod
-  def from_checkpoint(cls, directory: str, **kw: Any) -> "SamplerBackend":
+  def from_checkpoint(cls, directory: str, decode_dtype: str | None = None,
+                      **kw: Any) -> "SamplerBackend":
     sampler_cls = _sampling_attr("Sampler")  # lazy: JAX and the model load only when used
     kw.setdefault("name", directory.rstrip("/").rsplit("/", 1)[-1] or "checkpoint")
-    return cls(sampler_cls.from_checkpoint(directory), **kw)
+    return cls(sampler_cls.from_checkpoint(directory, decode_dtype=decode_dtype), **kw)
 
   def _params(self, batch_no: int) -> Any:
     kw = dict(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
