@@ -129,12 +129,14 @@ def restore_params(path: str) -> tuple[ModelConfig, nnx.State, dict[str, Any]]:
   cfg = ModelConfig.from_dict(meta["model"])
   _, abstract = abstract_model(cfg)
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)
+  one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   ckptr = ocp.PyTreeCheckpointer()
   restored = ckptr.restore(os.path.join(step_dir, "state"),
                            args=ocp.args.PyTreeRestore(
                                item={"params": target},
+                               # Onto this process's first device; callers shard afterwards.
                                restore_args={"params": jax.tree.map(
-                                   lambda _: ocp.ArrayRestoreArgs(), target)},
+                                   lambda _: ocp.ArrayRestoreArgs(sharding=one_device), target)},
                                partial_restore=True))
   info = dict(meta, step_dir=step_dir)
   return cfg, restored["params"], info
