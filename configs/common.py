@@ -10,6 +10,21 @@ import ml_collections
 
 from lwm_jax.model.config import get_preset
 
+
+def _pod(model: str, *, batch_size: int, seq_len: int, micro_batches: int, lr: float,
+         expert: int = 8, checkpoint_every: int = 500) -> tuple[str, dict]:
+  """A preset for a released size on a pod: experts split `expert` ways, parameters FSDP over the
+  rest of the devices, rematerialised layers, automatic precision."""
+  return (model, dict(
+      train=dict(num_steps=10000, batch_size=batch_size, seq_len=seq_len,
+                 micro_batches=micro_batches, log_every=10, eval_every=500, eval_batches=8,
+                 precision="auto"),
+      optim=dict(lr=lr, warmup_steps=100),
+      mesh=dict(data=1, fsdp=-1, expert=expert, tensor=1),
+      checkpoint=dict(every=checkpoint_every, keep=3),
+      model=dict(remat=True)))
+
+
 # name -> (model preset, overrides of train/optim/mesh/checkpoint)
 PRESETS = {
     # seconds on one CPU: synthetic data unless data.source says otherwise
@@ -22,30 +37,15 @@ PRESETS = {
                                        eval_every=100, eval_batches=4),
                             optim=dict(lr=1e-3, warmup_steps=20),
                             checkpoint=dict(every=100, keep=2))),
-    # a released size on a pod: 4-way expert x tensor split, the rest FSDP
-    "qwen3_30b_a3b": ("qwen3_30b_a3b", dict(
-        train=dict(num_steps=10000, batch_size=256, seq_len=8192, micro_batches=4, log_every=10,
-                   eval_every=500, eval_batches=8, precision="auto"),
-        optim=dict(lr=1e-5, warmup_steps=100),
-        mesh=dict(data=1, fsdp=-1, expert=8, tensor=1),
-        checkpoint=dict(every=500, keep=3),
-        model=dict(remat=True))),
+    # a released size on a pod: experts split 8 ways, parameters FSDP over the rest
+    "qwen3_30b_a3b": _pod("qwen3_30b_a3b", batch_size=256, seq_len=8192, micro_batches=4,
+                          lr=1e-5),
     # the released Qwen-AgentWorld bases (Qwen3.5-MoE hybrid): start from their HF checkpoints
-    # with --config.init_from_hf=PATH; experts split 8 ways, parameters FSDP over the rest
-    "qwen35_35b_a3b": ("qwen35_35b_a3b", dict(
-        train=dict(num_steps=10000, batch_size=256, seq_len=16384, micro_batches=8, log_every=10,
-                   eval_every=500, eval_batches=8, precision="auto"),
-        optim=dict(lr=1e-5, warmup_steps=100),
-        mesh=dict(data=1, fsdp=-1, expert=8, tensor=1),
-        checkpoint=dict(every=500, keep=3),
-        model=dict(remat=True))),
-    "qwen35_397b_a17b": ("qwen35_397b_a17b", dict(
-        train=dict(num_steps=10000, batch_size=512, seq_len=16384, micro_batches=16, log_every=10,
-                   eval_every=500, eval_batches=8, precision="auto"),
-        optim=dict(lr=5e-6, warmup_steps=100),
-        mesh=dict(data=1, fsdp=-1, expert=16, tensor=1),
-        checkpoint=dict(every=250, keep=3),
-        model=dict(remat=True))),
+    # with --config.init_from_hf=PATH
+    "qwen35_35b_a3b": _pod("qwen35_35b_a3b", batch_size=256, seq_len=16384, micro_batches=8,
+                           lr=1e-5),
+    "qwen35_397b_a17b": _pod("qwen35_397b_a17b", batch_size=512, seq_len=16384,
+                             micro_batches=16, lr=5e-6, expert=16, checkpoint_every=250),
 }
 
 

@@ -2,7 +2,6 @@
 served with bfloat16 decode weights, answers the `openai` client; a bad decode option is one
 error line and exit status 2."""
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from lwm_jax import hf
 from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
+from tests.test_server import _free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE = os.path.join(REPO, "launch", "serve.py")
@@ -29,12 +29,6 @@ def _checkpoint(tmp_path):
   cfg = get_preset("tiny", vocab_size=-(-vocab // 64) * 64)
   hf.save_pretrained(Transformer(cfg, rngs=nnx.Rngs(0)), str(ckpt))
   return ckpt
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def test_serve_with_bfloat16_decode_weights(tmp_path):

@@ -17,6 +17,8 @@ from lwm_jax.model.config import ModelConfig
 from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, apply_rope, rope_cos_sin, rows_matmul
 
 NEG_INF = -1e30
+# Axis order of the cached keys and values (b batch, g kv heads, t time, k head dim).
+CACHE_LAYOUT = {"k": "bgtk", "v": "bgkt"}
 
 
 def dot_attention(q_BxSxHxK, k, v, mask_BxSxT, scale: float, k_layout: str = "btgk",
@@ -68,15 +70,15 @@ def cache_mask(positions_BxS: jax.Array, cache_len: int) -> jax.Array:
 
 
 def write_cache(cache: jax.Array, new_BxSxGxK: jax.Array, positions_BxS: jax.Array,
-                time_axis: int):
-  """Writes the new keys/values at their positions (slot == position), per row, into a cache
-  [B, G, T, K] (`time_axis` 2) or [B, G, K, T] (`time_axis` 3)."""
+                layout: str):
+  """Writes the new keys/values at their positions (slot == position), per row, into a cache laid
+  out as `layout` ("bg" then "t" and "k" in either order)."""
   b, s = positions_BxS.shape
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
   # Index arrays around slices: the indexed view is [B, S, G, K], the layout of the new values.
-  index = (rows, slice(None), positions_BxS) if time_axis == 2 else (
-      rows, slice(None), slice(None), positions_BxS)
-  return cache.at[index].set(new_BxSxGxK.astype(cache.dtype), mode="drop")
+  index = [rows] + [slice(None)] * (len(layout) - 1)
+  index[layout.index("t")] = positions_BxS
+  return cache.at[tuple(index)].set(new_BxSxGxK.astype(cache.dtype), mode="drop")
 
 
 class Attention(nnx.Module):
@@ -125,16 +127,17 @@ class Attention(nnx.Module):
       out = causal_attention(q, k, v, segment_ids_BxS, self.k ** -0.5)
       new_cache = None
     else:
-      ck = write_cache(cache["k"], k, positions_BxS, time_axis=2)
-      cv = write_cache(cache["v"], v, positions_BxS, time_axis=3)
-      new_cache = {"k": ck, "v": cv}
-      k, v = ck.astype(q.dtype), cv.astype(q.dtype)
-      out = dot_attention(q, k, v, cache_mask(positions_BxS, k.shape[2]), self.k ** -0.5,
-                          k_layout="bgtk", v_layout="bgkt")
+      new_cache = {n: write_cache(cache[n], x, positions_BxS, CACHE_LAYOUT[n])
+                   for n, x in (("k", k), ("v", v))}
+      k, v = new_cache["k"].astype(q.dtype), new_cache["v"].astype(q.dtype)
+      t = k.shape[CACHE_LAYOUT["k"].index("t")]
+      out = dot_attention(q, k, v, cache_mask(positions_BxS, t), self.k ** -0.5,
+                          k_layout=CACHE_LAYOUT["k"], v_layout=CACHE_LAYOUT["v"])
     if gate is not None:
       out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     return self.o_proj(out.reshape(b, s, self.h * self.k)), new_cache
 
   def init_cache(self, batch: int, max_len: int, dtype) -> dict:
-    return {"k": jnp.zeros((batch, self.g, max_len, self.k), dtype),
-            "v": jnp.zeros((batch, self.g, self.k, max_len), dtype)}
+    size = {"b": batch, "g": self.g, "t": max_len, "k": self.k}
+    return {n: jnp.zeros(tuple(size[a] for a in layout), dtype)
+            for n, layout in CACHE_LAYOUT.items()}

@@ -29,6 +29,15 @@ from lwm_jax.model.layers import DTYPES, Linear
 from lwm_jax.model.moe import MoE
 
 
+def resolve_dtype(name: str | None):
+  """The jnp dtype for a decode dtype name (None or '' keeps each weight's own dtype)."""
+  if not name:
+    return None
+  if name not in DTYPES:
+    raise ValueError(f"decode dtype '{name}' is not one of {sorted(DTYPES)}")
+  return DTYPES[name]
+
+
 def _weight(value, dtype):
   return nnx.Param(value if dtype is None else value.astype(dtype))
 
@@ -36,32 +45,28 @@ def _weight(value, dtype):
 def for_decoding(model, dtype: str | None = None):
   """The decode-layout copy of `model` (a `Transformer`); `dtype` is None (keep each weight's
   dtype) or a name in `layers.DTYPES`."""
-  if dtype is not None and dtype not in DTYPES:
-    raise ValueError(f"decode dtype '{dtype}' is not one of {sorted(DTYPES)}")
-  dt = None if dtype is None else DTYPES[dtype]
+  dt = resolve_dtype(dtype)
+  if model.decode_layout:
+    raise ValueError("for_decoding: the model is already a decode-layout copy")
   graphdef, state = nnx.split(model)
   copy = nnx.merge(graphdef, state)  # new module objects over the same arrays
   modules = [module for _, module in nnx.iter_modules(copy)]  # listed before any is changed
-  stacked = set()
   for module in modules:
-    if isinstance(module, Attention):
-      projs = (module.q_proj, module.k_proj, module.v_proj)
-      module.qkv_rows = _weight(jnp.concatenate([p.kernel[...].T for p in projs], axis=0), dt)
-      stacked.update(id(p) for p in projs)
-      del module.q_proj, module.k_proj, module.v_proj
-  for module in modules:
-    if id(module) in stacked:
-      continue
-    if isinstance(module, Linear) and not module.transposed:
+    if isinstance(module, Linear):
       module.kernel = _weight(module.kernel[...].T, dt)
       module.transposed = True
-    elif isinstance(module, MoE) and module.backend != "rows":
+    elif isinstance(module, MoE):
       e, d, i = module.gate_proj.shape
       gate_up = jnp.stack([module.gate_proj[...], module.up_proj[...]], axis=1)  # [E, 2, D, I]
       module.gate_up_rows = _weight(gate_up.transpose(0, 1, 3, 2).reshape(e * 2 * i, d), dt)
       module.down_rows = _weight(module.down_proj[...].transpose(2, 0, 1).reshape(d, e * i), dt)
       del module.gate_proj, module.up_proj, module.down_proj
       module.backend = "rows"
+  for module in modules:  # q, k and v are [out, in] by now: stack their rows
+    if isinstance(module, Attention):
+      projs = (module.q_proj, module.k_proj, module.v_proj)
+      module.qkv_rows = nnx.Param(jnp.concatenate([p.kernel[...] for p in projs], axis=0))
+      del module.q_proj, module.k_proj, module.v_proj
   if copy.cfg.tie_word_embeddings:
     copy.tied_head = _weight(copy.embed_tokens[...], dt)
   copy.decode_layout = True

@@ -47,8 +47,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
-from lwm_jax.model.decode_layout import for_decoding
-from lwm_jax.model.layers import DTYPES
+from lwm_jax.model.decode_layout import for_decoding, resolve_dtype
 from lwm_jax.sampling.params import SamplingParams
 
 NEG_INF = -1e30
@@ -254,22 +253,9 @@ class Engine:
     graphdef, self.state = nnx.split(model)
     key = json.dumps(self.cfg.to_dict(), sort_keys=True)
     self.graphdef = _Graph(graphdef, key)
-    if decode_dtype and decode_dtype not in DTYPES:
-      raise ValueError(f"decode dtype '{decode_dtype}' is not one of {sorted(DTYPES)}")
+    resolve_dtype(decode_dtype)  # a bad name fails here, before anything is sized
     if decode_layout == "auto":
-      # Measured on CPU (benchmarks/sampling.py): 1.2-1.3x the capacity backend's tokens/s at
-      # batch 8 in fp32. Under a mesh the model's own sharded layers decode; without the memory
-      # for a second copy of the weights, too.
-      decode_layout = "model"
-      if jax.default_backend() == "cpu" and self.mesh is None:
-        need = _copy_bytes(self.state, decode_dtype)
-        free = _available_memory()
-        if free is None or 2 * need < free:
-          decode_layout = "rows"
-        else:
-          logging.warning("decode_layout auto: the decode copy (%.1f GB) does not fit twice in "
-                          "the %.1f GB of available memory; decoding with the model itself",
-                          need / 1e9, free / 1e9)
+      decode_layout = self._auto_layout(decode_dtype)
     if decode_layout not in ("rows", "model"):
       raise ValueError(f"decode_layout: '{decode_layout}' is not one of auto, rows, model")
     if decode_layout == "rows" and self.mesh is not None:
@@ -297,6 +283,20 @@ class Engine:
     self.min_batch_bucket = min_batch_bucket
     self.prefill_chunk = max(prefill_chunk, min_prompt_bucket)
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
+
+  def _auto_layout(self, decode_dtype: str | None) -> str:
+    """"rows" on CPU without a mesh when two copies of the weights fit in available memory
+    (measured on CPU, benchmarks/sampling.py: 1.2-1.3x the capacity backend's tokens/s at batch 8
+    in fp32), else "model"."""
+    if jax.default_backend() != "cpu" or self.mesh is not None:
+      return "model"
+    need, free = _copy_bytes(self.state, decode_dtype), _available_memory()
+    if free is None or 2 * need < free:
+      return "rows"
+    logging.warning("decode_layout auto: the decode copy (%.1f GB) does not fit twice in the "
+                    "%.1f GB of available memory; decoding with the model itself",
+                    need / 1e9, free / 1e9)
+    return "model"
 
   def _graphdef_with_backend(self, model, graphdef, backend):
     """The graph definition with the MoE layers switched to `backend` for decode steps.
