@@ -7,6 +7,11 @@
       --judge_endpoint=https://api.example.com/v1 --judge_model=some-judge
   python evals/agentworldbench.py score --data=AgentWorldBench/ --out=runs/awb
 
+  # the official judge protocol, with the prompts/ folder of a Qwen-AgentWorld checkout
+  python evals/agentworldbench.py judge --data=AgentWorldBench/ --out=runs/awb \
+      --judge_endpoint=URL/v1 --judge_model=NAME --judge_style=official \
+      --judge_prompts=Qwen-AgentWorld/prompts --judge_drop_empty
+
   # our own checkpoint through lwm_jax.sampling.Sampler
   python evals/agentworldbench.py all --data=evals/mini_bench --out=runs/mini --checkpoint=ckpt/
 

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 def judge_messages(rec: AWBRecord, prediction: str, truth: str,
                    max_context_chars: int | None = None,
                    style: JudgeStyle | None = None) -> Messages:
-  """The judge conversation for one record (our rubric unless `style` is given)."""
+  """The judge conversation for one record: our rubric cut to `max_context_chars`, or `style`
+  (which carries its own context limit)."""
   style = style or rubric_style(max_context_chars)
   return style.messages(R.domain(rec), R.history(rec), rec.current_prompt, prediction, truth)
 
@@ -34,7 +35,7 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
                 desc: str = "judge") -> tuple[RunStats, dict[str, int]]:
   """Judges every record that has a prediction and a ground truth; rows go to `out_path`.
 
-  `style` defaults to our rubric (with `max_context_chars`); `retries` extra calls follow an
+  `style` defaults to our rubric cut to `max_context_chars`; `retries` extra calls follow an
   unusable reply (2 gives the official client's 3 tries). Returns the run statistics and counts of
   records skipped before judging: `no_prediction` (inference failed or not run),
   `no_ground_truth` (inference-only file) and, with `drop_empty`, `empty_prediction` (the
