@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from lwm_jax.data.agentworldbench import OBSERVATION_HEADER
 from lwm_jax.data.reply import split_reasoning, strip_reasoning
@@ -51,47 +51,44 @@ def valid_score(value: Any) -> float | None:
 # ------------------------------------------------------------------------------- judge JSON
 
 
-def repair_json(text: str) -> str:
-  """Drops trailing commas before `}` or `]` (outside strings), the commonest judge JSON slip."""
-  out: list[str] = []
+def _scan(text: str, start: int = 0) -> Iterator[tuple[int, str, bool]]:
+  """`(index, char, inside a JSON string)` from `start`; quotes themselves count as inside."""
   in_str = escaped = False
-  for i, ch in enumerate(text):
+  for i in range(start, len(text)):
+    ch = text[i]
     if in_str:
-      out.append(ch)
+      yield i, ch, True
       if escaped:
         escaped = False
       elif ch == "\\":
         escaped = True
       elif ch == '"':
         in_str = False
+    else:
+      in_str = ch == '"'
+      yield i, ch, in_str
+
+
+_CLOSER_RE = re.compile(r"\s*[}\]]")
+
+
+def repair_json(text: str) -> str:
+  """Drops trailing commas before `}` or `]` (outside strings), the commonest judge JSON slip."""
+  out: list[str] = []
+  for i, ch, in_str in _scan(text):
+    if ch == "," and not in_str and _CLOSER_RE.match(text, i + 1):
       continue
-    if ch == '"':
-      in_str = True
-    elif ch == ",":
-      j = i + 1
-      while j < len(text) and text[j] in " \t\r\n":
-        j += 1
-      if j < len(text) and text[j] in "}]":
-        continue
     out.append(ch)
   return "".join(out)
 
 
 def _object_end(text: str, start: int) -> int | None:
   """Index just past the `}` that closes the `{` at `start`, skipping strings; None if unclosed."""
-  depth, in_str, escaped = 0, False, False
-  for i in range(start, len(text)):
-    ch = text[i]
+  depth = 0
+  for i, ch, in_str in _scan(text, start):
     if in_str:
-      if escaped:
-        escaped = False
-      elif ch == "\\":
-        escaped = True
-      elif ch == '"':
-        in_str = False
-    elif ch == '"':
-      in_str = True
-    elif ch == "{":
+      continue
+    if ch == "{":
       depth += 1
     elif ch == "}":
       depth -= 1
