@@ -7,6 +7,11 @@
       --judge_endpoint=https://api.example.com/v1 --judge_model=some-judge
   python evals/agentworldbench.py score --data=AgentWorldBench/ --out=runs/awb
 
+  # the official judge protocol, with the prompts/ folder of a Qwen-AgentWorld checkout
+  python evals/agentworldbench.py judge --data=AgentWorldBench/ --out=runs/awb \
+      --judge_endpoint=URL/v1 --judge_model=NAME --judge_style=official \
+      --judge_prompts=Qwen-AgentWorld/prompts --judge_drop_empty
+
   # our own checkpoint through lwm_jax.sampling.Sampler
   python evals/agentworldbench.py all --data=evals/mini_bench --out=runs/mini --checkpoint=ckpt/
 
@@ -28,8 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax.eval import agentworldbench as A  # noqa: E402
 from lwm_jax.eval import records as R  # noqa: E402
 from lwm_jax.eval import report  # noqa: E402
-from lwm_jax.eval.backends import Backend, OpenAIBackend, SamplerBackend  # noqa: E402
 from lwm_jax.eval.judge import run_judging  # noqa: E402
+from lwm_jax.judge import STYLES, make_style  # noqa: E402
+from lwm_jax.sampling.backends import Backend, OpenAIBackend, SamplerBackend  # noqa: E402
 
 STEPS = ("infer", "judge", "score", "all")
 
@@ -68,6 +74,15 @@ _J_CONCURRENCY = flags.DEFINE_integer("judge_concurrency", 8, "Judge requests in
 _J_RETRIES = flags.DEFINE_integer("judge_retries", 2, "Extra judge calls when a reply is unusable.")
 _J_CONTEXT = flags.DEFINE_integer("judge_context_chars", None,
                                   "Keep only the last N characters of history for the judge.")
+_J_STYLE = flags.DEFINE_enum("judge_style", "rubric", STYLES,
+                              "rubric: our judge prompt; official: the official client's protocol "
+                              "with the prompts in --judge_prompts.")
+_J_PROMPTS = flags.DEFINE_string("judge_prompts", None,
+                                 "Directory laid out like the official repository's prompts/ "
+                                 "({domain}/judge_system_prompt.txt), for --judge_style=official.")
+_J_DROP_EMPTY = flags.DEFINE_bool("judge_drop_empty", False,
+                                  "Skip empty predictions instead of judging them (counted), as "
+                                  "the official client does.")
 _J_BASELINES = flags.DEFINE_bool("judge_baselines", True, "Judge the baselines too.")
 _J_SYSTEMS = flags.DEFINE_list("judge_systems", None, "Only judge these systems.")
 
@@ -117,6 +132,10 @@ def infer(records, out: str) -> None:
 
 
 def judge(records, out: str) -> None:
+  try:
+    style = make_style(_J_STYLE.value, _J_PROMPTS.value, _J_CONTEXT.value)
+  except (ValueError, FileNotFoundError) as e:
+    raise app.UsageError(str(e)) from None
   backend = _judge_backend()
   systems = _J_SYSTEMS.value or A.list_systems(out, A.PRED_DIR)
   if not _J_BASELINES.value:
@@ -126,8 +145,9 @@ def judge(records, out: str) -> None:
   for name in systems:
     preds = A.load_rows(A.predictions_path(out, name))
     stats, skipped = run_judging(records, preds, backend, A.judged_path(out, name),
-                                 retries=_J_RETRIES.value, max_context_chars=_J_CONTEXT.value,
-                                 progress=_PROGRESS.value, desc=f"judge {name}")
+                                 retries=_J_RETRIES.value, style=style,
+                                 drop_empty=_J_DROP_EMPTY.value, progress=_PROGRESS.value,
+                                 desc=f"judge {name}")
     print(f"judge {name}: {stats.summary()}; skipped {skipped}")
 
 

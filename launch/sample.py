@@ -34,8 +34,8 @@ flags.mark_flags_as_required(["checkpoint"])
 def main(argv):
   del argv
   from lwm_jax.sampling.params import SamplingParams  # pylint: disable=import-outside-toplevel
-  # pylint: disable-next=import-outside-toplevel
-  from lwm_jax.sampling.sampler import Sampler, parse_prediction
+  from lwm_jax.data.reply import parse_prediction  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
   if f.messages:
     with open(f.messages) as fh:

@@ -1,3 +1,14 @@
-"""lwm_jax: train, serve and evaluate Language World Models for AI agents in JAX."""
+"""lwm_jax: train, serve and evaluate Language World Models for AI agents in JAX.
+
+Packages from the bottom up, with what each may import from the others:
+  data      trajectories, prompts, the reply format, tokenizers, input pipelines
+  envs      real environments (imports data)
+  model     the MoE transformer (sharding.py only); `hf.py` sits beside it
+  train     CPT, SFT and GSPO training (model, data)
+  sampling  decoding, the server and model backends (model, data; never train)
+  judge.py  the five-dimension judge on plain inputs (data)
+  eval, sim, rl   benchmark evaluation, the world model as an environment, RL (see each)
+See docs/architecture.md for the map and what flows between the packages.
+"""
 
 __version__ = "0.1.0"

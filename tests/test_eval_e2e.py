@@ -14,7 +14,7 @@ from lwm_jax.data import agentworldbench as awb
 from lwm_jax.data import schema
 from lwm_jax.eval import agentworldbench as A
 from lwm_jax.eval import records as R
-from lwm_jax.eval.backends import FunctionBackend, OpenAIBackend, SamplerBackend
+from lwm_jax.sampling.backends import FunctionBackend, OpenAIBackend, SamplerBackend
 from lwm_jax.eval.runner import JsonlCache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -286,7 +286,7 @@ def test_http_client_errors_fail_fast_and_reasoning_fallback(tmp_path):
 
   class ReasoningOnly(FunctionBackend):
     def complete(self, messages):
-      from lwm_jax.eval.backends import Completion
+      from lwm_jax.sampling.backends import Completion
       return Completion(text="", reasoning="thinking <predicted_observation>hello"
                                            "</predicted_observation> more thinking")
 

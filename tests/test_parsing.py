@@ -1,7 +1,8 @@
-"""parse_prediction / split_reasoning on the reply shapes a world model produces."""
+"""The reply format (lwm_jax.data.reply): parse_prediction / split_reasoning on the reply shapes a
+world model produces, and the thinking target read back."""
 import pytest
 
-from lwm_jax.sampling.parsing import parse_prediction, split_reasoning
+from lwm_jax.data.reply import parse_prediction, split_reasoning, strip_reasoning, thinking_target
 
 CASES = [
     # (reply, expected prediction)
@@ -24,8 +25,10 @@ CASES = [
     ("<think>hmm <predicted_observation>4", ""),
     # cut off while answering: the unclosed final block is tolerated
     ("<think>a</think><predicted_observation>line1\nline2", "line1\nline2"),
-    ("<predicted_observation>a</predicted_observation><predicted_observation>partial",
-     "partial"),
+    # an unclosed block after a complete one: the complete block wins (issue 21; was "partial")
+    ("<predicted_observation>a</predicted_observation><predicted_observation>partial", "a"),
+    # with no complete block at all, the last unclosed opening tag's tail is the prediction
+    ("<predicted_observation>x <predicted_observation>partial", "partial"),
     # closing tag whose opening sat in the prompt
     ("just the output\n</predicted_observation>\n", "just the output"),
     # indentation of the first line inside a block is kept, blank lines around are dropped
@@ -58,3 +61,30 @@ def test_thinking_never_leaks():
   for reply in (f"<think>{secret}</think>obs", f"{secret}</think>obs", f"<think>{secret}",
                 f"<think>{secret}<predicted_observation>obs</predicted_observation>"):
     assert secret not in parse_prediction(reply)
+
+
+def test_last_complete_block_beats_truncated_tail():
+  """A reply cut off at the token limit must not score as its truncated tail (issue 21)."""
+  reply = "<predicted_observation>A</predicted_observation> <predicted_observation>B"
+  assert parse_prediction(reply) == "A"
+  # also after thinking, and with the unfinished block inside the content of a thinking reply
+  assert parse_prediction("<think>t</think>" + reply) == "A"
+  assert parse_prediction("<predicted_observation>A</predicted_observation>\n"
+                          "<predicted_observation>B</predicted_observation>\n"
+                          "<predicted_observation>C cut off") == "B"
+
+
+@pytest.mark.parametrize("obs,think", [("total 0\n-rw-r--r-- a.txt", ""),
+                                       ('{"ok": true}', "the call writes a file")])
+def test_thinking_target_reads_back(obs, think):
+  target = thinking_target(obs, think)
+  assert target.startswith("<think>") and target.endswith("</predicted_observation>")
+  assert parse_prediction(target) == obs
+  assert split_reasoning(target)[0] == think
+
+
+def test_strip_reasoning_keeps_an_answer_written_inside_unclosed_thinking():
+  reply = "<think>weighing <final_evaluation>{}</final_evaluation>"
+  assert strip_reasoning(reply) == ""
+  assert strip_reasoning(reply, "<final_evaluation>") == "<final_evaluation>{}</final_evaluation>"
+  assert strip_reasoning("a</think> b <think>c</think> d") == "b  d"

@@ -5,7 +5,8 @@ simulation instruction. `system_prompt(traj, variant)` fills them into one of tw
 (v0 terse ... v11 very detailed) that differ in layout (plain, markdown, XML tags, numbered, prose)
 and in how much guidance they give. Stages pick templates as SPECS 1 says: RL v0, CPT v1, SFT a
 seeded choice of v2-v11 per sample (`variant_for`). v1 asks for the bare observation (CPT data is
-non-thinking); every other variant asks for `<think>` then `<predicted_observation>`.
+non-thinking); every other variant asks for `<think>` then `<predicted_observation>` (the reply
+format and its thinking target live in `lwm_jax.data.reply`).
 
 A trajectory imported with its own system prompt (`meta["system_str"]`) keeps it verbatim.
 Chat rendering uses AgentWorldBench's formatting: user = `format_action`, assistant =
@@ -17,11 +18,10 @@ import hashlib
 from typing import Callable
 
 from lwm_jax.data.agentworldbench import format_action, format_observation
+from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN, thinking_target
 from lwm_jax.data.schema import Trajectory
 
 NUM_VARIANTS = 12
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-PRED_OPEN, PRED_CLOSE = "<predicted_observation>", "</predicted_observation>"
 
 # Per domain: what is simulated, what an observation looks like, the static action space and a
 # default demonstration, and domain-specific guidance from most to least important.
@@ -197,7 +197,7 @@ def _parts(traj: Trajectory) -> dict[str, str]:
 def _output_format(think: bool) -> str:
   if think:
     return (f"First reason briefly inside {THINK_OPEN}...{THINK_CLOSE}, then give the observation "
-            f"inside {PRED_OPEN}...{PRED_CLOSE}.")
+            f"inside {OBS_OPEN}...{OBS_CLOSE}.")
   return "Reply with the observation text only, exactly as the environment would show it."
 
 
@@ -277,11 +277,6 @@ def variant_for(stage: str, key: str, seed: int) -> int:
     h = hashlib.blake2b(f"{seed}\x1fprompt\x1f{key}".encode("utf-8"), digest_size=8).digest()
     return 2 + int.from_bytes(h, "big") % (NUM_VARIANTS - 2)
   raise ValueError(f"unknown stage '{stage}' (expected rl, cpt or sft)")
-
-
-def thinking_target(observation: str, think: str = "") -> str:
-  """`<think>...</think>` then the observation inside `<predicted_observation>` tags."""
-  return f"{THINK_OPEN}{think}{THINK_CLOSE}\n{PRED_OPEN}{observation}{PRED_CLOSE}"
 
 
 def render_messages(traj: Trajectory, target_turn: int | None, variant: int,

@@ -1,1 +1,7 @@
-"""lwm_jax.eval."""
+"""lwm_jax.eval: evaluating world models on AgentWorldBench.
+
+Reading benchmark records, resumable inference and judging runs (the judge itself is
+`lwm_jax.judge`, the model backends `lwm_jax.sampling.backends`), scoring, judge-free metrics,
+reports and held-out teacher-forced accuracy. May import data, model, sampling and the judge;
+never train, sim or rl.
+"""

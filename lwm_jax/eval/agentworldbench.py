@@ -17,10 +17,10 @@ import re
 from typing import Any, Iterable
 
 from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.data.reply import parse_prediction
 from lwm_jax.eval import records as R
-from lwm_jax.eval.backends import Backend, Completion
 from lwm_jax.eval.runner import Job, JsonlCache, RunStats, run_jobs
-from lwm_jax.sampling.parsing import parse_prediction
+from lwm_jax.sampling.backends import Backend, Completion
 
 log = logging.getLogger(__name__)
 

@@ -17,25 +17,17 @@ Judge-free metrics compare a prediction with the ground truth:
 from __future__ import annotations
 
 import collections
-import math
 import re
 from typing import Any, Iterable, Mapping
 
-DIMENSIONS = ("format", "factuality", "consistency", "realism", "quality")
+from lwm_jax.judge import DIMENSIONS, valid_score
+
 EDIT_CAP = 20_000
 
 
 def domain_of(task: str) -> str:
   """The domain named by a record's `task` ('agentworldbench/mcp' -> 'mcp')."""
   return task.rsplit("/", 1)[-1]
-
-
-def valid_score(value: Any) -> float | None:
-  """A dimension score as a float in [1, 5], or None when it is not one."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    return None
-  v = float(value)
-  return v if math.isfinite(v) and 1.0 <= v <= 5.0 else None
 
 
 def sample_score(scores: Mapping[str, Any] | None) -> float | None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from lwm_jax.eval.backends import Backend, Completion, Messages
+from lwm_jax.sampling.backends import Backend, Completion, Messages
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from lwm_jax.data.reply import split_reasoning
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.text import Delta, RowText
-from lwm_jax.sampling import parsing
 
 Prompt = Any  # str | list[dict] | list[int]
 
@@ -58,7 +58,7 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest]) -> list[Gene
     tail = tr.finish()
     if tail and row.on_delta is not None:
       row.on_delta(tail)
-    reasoning, content = parsing.split_reasoning(tr.text)
+    reasoning, content = split_reasoning(tr.text)
     results.append(Generation(text=tr.text, token_ids=tr.ids, logprobs=tr.logprobs,
                               finish_reason="stop" if tr.stopped else out.finish_reason,
                               prompt_tokens=len(row.prompt_ids), reasoning=reasoning,
@@ -142,8 +142,3 @@ class Sampler:
 
   def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Generation:
     return self.generate([list(messages)], params)[0]
-
-
-def parse_prediction(text: str) -> str:
-  """The predicted observation in a reply (see `lwm_jax.sampling.parsing`)."""
-  return parsing.parse_prediction(text)

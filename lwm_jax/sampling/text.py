@@ -5,14 +5,14 @@
 out only text that can no longer change: a trailing incomplete UTF-8 character, or a tail that
 could still grow into a stop string or a thinking tag, is held back until the next chunk.
 Streamed text is split into reasoning and content by the `<think>` tags as it goes; the final,
-non-streamed split uses `parsing.split_reasoning`.
+non-streamed split uses `lwm_jax.data.reply.split_reasoning`.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from lwm_jax.data.reply import THINK_CLOSE, THINK_OPEN
 
 
 def _held_tail(text: str, patterns: Sequence[str]) -> int:

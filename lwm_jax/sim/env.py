@@ -11,9 +11,10 @@ import dataclasses
 from typing import Any
 
 from lwm_jax.data import prompts
+from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs.base import EnvInfo
-from lwm_jax.sampling import SamplingParams, parse_prediction
+from lwm_jax.sampling.params import SamplingParams
 
 
 @dataclasses.dataclass

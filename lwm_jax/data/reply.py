@@ -1,4 +1,7 @@
-"""Splitting a world model's reply into its reasoning and its predicted observation.
+"""The reply format of a world model: its tags, the thinking target, and reading a reply back.
+
+One home for the format, used by data (training targets), sampling (the server's reasoning split),
+sim (observations of a simulated environment) and eval (predictions handed to the judge).
 
 A thinking-mode reply looks like `<think>...</think>` then
 `<predicted_observation>...</predicted_observation>`. Real replies deviate: the opening `<think>`
@@ -13,10 +16,11 @@ The rules, applied in this order:
    A `<think>` left without a closing makes everything after it reasoning (the reply was cut off
    while thinking). What remains is the content.
 2. Prediction. In the content, the LAST complete `<predicted_observation>...</predicted_observation>`
-   block wins. An opening tag after the last complete block (or with no complete block at all)
-   whose closing tag never came is tolerated: the text after it is the prediction (cut off while
-   answering). A closing tag with no opening (the opening was in the prompt) ends the prediction.
-   Without any tag, the whole content, stripped, is the prediction.
+   block wins, even when an unclosed opening tag follows it: a reply cut off at the token limit
+   must not score as its truncated tail. Only when the content holds no complete block is an
+   unclosed opening tag tolerated: the text after it is the prediction (cut off while answering).
+   A closing tag with no opening (the opening was in the prompt) ends the prediction. Without any
+   tag, the whole content, stripped, is the prediction.
 3. Unclosed reasoning with an answer inside. When rule 1 found an unclosed `<think>` and the
    content holds no tag, the last COMPLETE block written inside that unfinished reasoning is the
    prediction (some models open `<think>` and answer without closing it). An unfinished block
@@ -31,6 +35,11 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 OBS_OPEN = "<predicted_observation>"
 OBS_CLOSE = "</predicted_observation>"
+
+
+def thinking_target(observation: str, think: str = "") -> str:
+  """The assistant target of thinking mode: `<think>...</think>` then the tagged observation."""
+  return f"{THINK_OPEN}{think}{THINK_CLOSE}\n{OBS_OPEN}{observation}{OBS_CLOSE}"
 
 _CLOSED_THINK_RE = re.compile(re.escape(THINK_OPEN) + r"(.*?)" + re.escape(THINK_CLOSE), re.S)
 _BLOCK_RE = re.compile(re.escape(OBS_OPEN) + r"(.*?)" + re.escape(OBS_CLOSE), re.S)
@@ -64,10 +73,22 @@ def _split(text: str) -> tuple[list[str], str, str | None]:
 
 def split_reasoning(text: str) -> tuple[str, str]:
   """Returns (reasoning, content): the thinking (tags removed, pieces joined by a blank line) and
-  the rest of the reply, stripped. Used by the OpenAI-compatible server for `reasoning_content`."""
+  the rest of the reply, stripped (the server's `reasoning_content` and `content`)."""
   pieces, content, _ = _split(text)
   reasoning = "\n\n".join(p.strip() for p in pieces if p.strip())
   return reasoning, content.strip()
+
+
+def strip_reasoning(text: str, answer_open: str | None = None) -> str:
+  """The reply without its reasoning (rule 1), stripped. With `answer_open` (an opening tag such
+  as a judge's `<final_evaluation>`), an unclosed `<think>` gives back the text from the first such
+  tag inside it: the model answered without closing its thinking."""
+  _, content, unclosed = _split(text)
+  if unclosed is not None and answer_open and answer_open not in content:
+    at = unclosed.find(answer_open)
+    if at != -1:
+      content += unclosed[at:]
+  return content.strip()
 
 
 def _clean_block(s: str) -> str:
@@ -77,14 +98,14 @@ def _clean_block(s: str) -> str:
 
 
 def _last_block(text: str, allow_unclosed: bool) -> str | None:
+  """The last complete block; else, if allowed, the text after the last unclosed opening tag."""
   blocks = list(_BLOCK_RE.finditer(text))
-  tail_start = blocks[-1].end() if blocks else 0
-  if allow_unclosed:
-    open_at = text.rfind(OBS_OPEN, tail_start)
-    if open_at != -1:
-      return _clean_block(text[open_at + len(OBS_OPEN):])
   if blocks:
     return _clean_block(blocks[-1].group(1))
+  if allow_unclosed:
+    open_at = text.rfind(OBS_OPEN)
+    if open_at != -1:
+      return _clean_block(text[open_at + len(OBS_OPEN):])
   return None
 
 

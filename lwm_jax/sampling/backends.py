@@ -1,4 +1,6 @@
-"""Chat backends for evaluation and judging: any OpenAI-compatible endpoint, or our own Sampler.
+"""Model backends: our own Sampler, any OpenAI-compatible endpoint, or a plain function.
+
+Evaluation, judging and RL rewards all ask a model the same way through these.
 
 A backend turns conversations (lists of chat messages) into completions. `complete_many` yields
 `(index, Completion | Exception)` as results arrive, so a caller can save each at once; an
@@ -14,6 +16,9 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 import httpx
+
+from lwm_jax.sampling.params import SamplingParams
+from lwm_jax.sampling.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -156,21 +161,9 @@ def _parse_chat_response(resp: httpx.Response, url: str) -> Completion:
       reasoning, str) else "", finish_reason=choice.get("finish_reason"))
 
 
-def _sampling_attr(name: str) -> Any:
-  """`lwm_jax.sampling.<name>`, or from its submodules sampler / params (imported lazily)."""
-  import importlib
-  for mod in ("lwm_jax.sampling", "lwm_jax.sampling.sampler", "lwm_jax.sampling.params"):
-    try:
-      obj = getattr(importlib.import_module(mod), name, None)
-    except ImportError:
-      continue
-    if obj is not None:
-      return obj
-  raise ImportError(f"lwm_jax.sampling provides no {name}: is the sampler installed?")
-
-
 class SamplerBackend(Backend):
-  """Our `lwm_jax.sampling.Sampler`, fed `batch_size` conversations per `generate` call."""
+  """Our `Sampler`, fed `batch_size` conversations per `generate` call. `make_params` builds the
+  sampling parameters (default `SamplingParams`); tests pass a stand-in with a fake sampler."""
 
   def __init__(self, sampler: Any, *, temperature: float = 0.6, max_new_tokens: int = 32768,
                seed: int = 0, batch_size: int = 8, name: str = "sampler",
@@ -182,16 +175,13 @@ class SamplerBackend(Backend):
   @classmethod
   def from_checkpoint(cls, directory: str, decode_dtype: str | None = None,
                       **kw: Any) -> "SamplerBackend":
-    sampler_cls = _sampling_attr("Sampler")  # lazy: JAX and the model load only when used
     kw.setdefault("name", directory.rstrip("/").rsplit("/", 1)[-1] or "checkpoint")
-    return cls(sampler_cls.from_checkpoint(directory, decode_dtype=decode_dtype), **kw)
+    return cls(Sampler.from_checkpoint(directory, decode_dtype=decode_dtype), **kw)
 
   def _params(self, batch_no: int) -> Any:
     kw = dict(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
               seed=self.seed + batch_no)
-    if self.make_params is not None:
-      return self.make_params(**kw)
-    return _sampling_attr("SamplingParams")(**kw)
+    return (self.make_params or SamplingParams)(**kw)
 
   def complete_many(self, convs: Sequence[Messages]
                     ) -> Iterator[tuple[int, Completion | Exception]]:
