@@ -1,5 +1,9 @@
 """AgentWorldBench evaluation: `infer`, `judge`, `score` (or `all`), each resumable.
 
+This is the command line; `evals/` also holds the bundled mini benchmark (`evals/mini_bench/`).
+The library it drives is `lwm_jax/eval/` (inference, judge, scoring, reports) and the record
+format is `lwm_jax/data/bench_records.py`.
+
   # a hosted or served model (any OpenAI-compatible endpoint), judged by another endpoint
   python evals/agentworldbench.py infer --data=AgentWorldBench/ --out=runs/awb \
       --endpoint=http://localhost:8000/v1 --model=Qwen/Qwen-AgentWorld-35B-A3B
@@ -25,7 +29,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lwm_jax.eval import agentworldbench as A  # noqa: E402
+from lwm_jax.eval import inference as A  # noqa: E402
 from lwm_jax.eval import records as R  # noqa: E402
 from lwm_jax.eval import report  # noqa: E402
 from lwm_jax.eval.backends import Backend, OpenAIBackend, SamplerBackend  # noqa: E402

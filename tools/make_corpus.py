@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.data import agentworldbench, prompts, schema  # noqa: E402
+from lwm_jax.data import bench_records, prompts, schema  # noqa: E402
 from lwm_jax.envs import base, collect  # noqa: E402
 
 SPLITS = ("train", "validation", "test")
@@ -74,8 +74,8 @@ def main() -> None:
       write_gz(os.path.join(args.corpus_dir, f"{name}_{s}.jsonl.gz"), trajs)
     records = []
     for t in by_split["test"]:
-      records += agentworldbench.trajectory_to_records(t, prompts.system_prompt(t, 0), bench_turns(len(t.turns)))
-    agentworldbench.write_awb_jsonl(os.path.join(args.bench_dir, f"{name}_test.jsonl"), records)
+      records += bench_records.trajectory_to_records(t, prompts.system_prompt(t, 0), bench_turns(len(t.turns)))
+    bench_records.write_awb_jsonl(os.path.join(args.bench_dir, f"{name}_test.jsonl"), records)
     turns = [len(t.turns) for t in kept]
     report[name] = {"trajectories": len(kept), **{s: len(v) for s, v in by_split.items()},
                     "bench_records": len(records), "dropped": len(dropped),

@@ -12,7 +12,7 @@ import logging
 import re
 from typing import Any, Iterable, Mapping
 
-from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import records as R
 from lwm_jax.eval.backends import Backend, Completion
 from lwm_jax.eval.metrics import DIMENSIONS, sample_score

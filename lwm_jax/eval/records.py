@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Iterable
 
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import schema
 from lwm_jax.eval.metrics import domain_of
 

@@ -11,8 +11,8 @@ import os
 from typing import Any, Iterable
 
 from lwm_jax.data import schema
-from lwm_jax.data.agentworldbench import AWBRecord
-from lwm_jax.eval import agentworldbench as A
+from lwm_jax.data.bench_records import AWBRecord
+from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
 from lwm_jax.eval.metrics import FREE_METRICS, aggregate, aggregate_free, free_metrics
 

@@ -1,4 +1,7 @@
-"""The AgentWorldBench file format: one turn-level sample per JSONL line.
+"""The AgentWorldBench record format (reader and writer): one turn-level sample per JSONL line.
+
+The evaluation library that runs models on these records is `lwm_jax/eval/`; the command line
+and the bundled mini benchmark are in `evals/`.
 
 A record holds the system prompt (`system_str`), the earlier actions (`prompt`) and their
 ground-truth observations (`response`), the action to predict for (`current_prompt`), and where

@@ -1,4 +1,8 @@
-"""AgentWorldBench runs: inference with any backend, the baselines, and the on-disk layout.
+"""AgentWorldBench inference: predictions from any backend, the baselines, and a run's on-disk layout.
+
+`lwm_jax/eval/` is the evaluation library (this module, the judge, scoring, reports); `evals/` holds
+the command line (`evals/agentworldbench.py`) and the bundled mini benchmark; the record format
+itself is `lwm_jax/data/bench_records.py`.
 
 An output directory holds
 
@@ -16,7 +20,7 @@ import os
 import re
 from typing import Any, Iterable
 
-from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import records as R
 from lwm_jax.eval.backends import Backend, Completion
 from lwm_jax.eval.runner import Job, JsonlCache, RunStats, run_jobs
