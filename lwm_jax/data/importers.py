@@ -32,9 +32,9 @@ def trajectory_from_awb(rec: awb.AWBRecord) -> Trajectory:
   if gt is None:
     raise RecordError("record has no ground-truth observation for 'current_prompt'",
                       "no_ground_truth")
-  turns = [Turn(awb.parse_action(a), awb.parse_observation(o))
-           for a, o in zip(rec.prompt, rec.response)]
-  turns.append(Turn(awb.parse_action(rec.current_prompt), gt))
+  # Only the history: published records also carry the turns after the one under test.
+  turns = [Turn(awb.parse_action(a), awb.parse_observation(o)) for a, o in rec.history()]
+  turns.append(Turn(awb.parse_action(rec.action), gt))
   return Trajectory(
       id=_TURN_SUFFIX_RE.sub("", rec.id), domain=rec.task, task="", action_space="",
       initial_state="", turns=turns,
