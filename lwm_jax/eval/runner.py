@@ -45,11 +45,12 @@ def _known_torn(path: str) -> set[int]:
 
 
 def scan_jsonl(path: str, parse: Callable[[dict[str, Any], str], None]
-               ) -> tuple[int, int | None]:
+               ) -> tuple[bool, int | None]:
   """Calls `parse(row, where)` on each JSON object of `path`, where = 'path:line'.
 
-  Returns (number of lines, line number of a torn final line or None). A line that is not a JSON
-  object, other than a torn final line or one noted in `<path>.torn`, raises ForeignFileError.
+  Returns (whether the file ends with a newline or is empty, line number of a torn final line or
+  None). A line that is not a JSON object, other than a torn final line or one noted in
+  `<path>.torn`, raises ForeignFileError.
   """
   with open(path, "rb") as f:
     data = f.read()
@@ -82,7 +83,7 @@ def scan_jsonl(path: str, parse: Callable[[dict[str, Any], str], None]
     if not isinstance(row, dict):
       raise ForeignFileError(f"{path}:{lineno}: a JSON {type(row).__name__}, not a row object")
     parse(row, f"{path}:{lineno}")
-  return len(lines), torn
+  return ends_clean, torn
 
 
 def _keyed(rows: dict[str, dict[str, Any]]) -> Callable[[dict[str, Any], str], None]:
@@ -114,8 +115,10 @@ class JsonlCache:
     self.lock = threading.Lock()
     self.torn_lines = 0
     self._torn_line: int | None = None
+    self._needs_newline = False
     if os.path.exists(self.path):
-      _, self._torn_line = scan_jsonl(self.path, _keyed(self.rows))
+      ends_clean, self._torn_line = scan_jsonl(self.path, _keyed(self.rows))
+      self._needs_newline = not ends_clean
       self.torn_lines = int(self._torn_line is not None)
 
   def __contains__(self, key: str) -> bool:
@@ -125,12 +128,13 @@ class JsonlCache:
     with self.lock:
       os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
       line = json.dumps(row, ensure_ascii=False) + "\n"
-      if self._torn_line is not None:
-        # End the torn line first, so this row starts a line of its own, and remember it.
+      if self._torn_line is not None:  # remembered, so later loads skip it
         with open(_torn_path(self.path), "a", encoding="utf-8") as f:
           f.write(json.dumps({"line": self._torn_line}) + "\n")
-        line = "\n" + line
         self._torn_line = None
+      if self._needs_newline:  # end the last line first: this row starts a line of its own
+        line = "\n" + line
+        self._needs_newline = False
       with open(self.path, "a", encoding="utf-8") as f:
         f.write(line)
         f.flush()
