@@ -165,8 +165,9 @@ def judge(records, out: str) -> None:
     stats, skipped = run_judging(records, preds, backend, A.judged_path(out, name),
                                  retries=_J_RETRIES.value, max_context_chars=_J_CONTEXT.value,
                                  progress=_PROGRESS.value, desc=f"judge {name}")
-    if dropped:
-      skipped = {**skipped, "empty_generation": dropped}
+    if dropped:  # not judged on purpose, not missing
+      skipped = {**skipped, "no_prediction": skipped["no_prediction"] - dropped,
+                 "empty_generation": dropped}
     print(f"judge {name}: {stats.summary()}; skipped {skipped}")
 
 
