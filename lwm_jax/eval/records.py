@@ -30,10 +30,6 @@ def record_key(rec: awb.AWBRecord) -> str:
   return f"{domain(rec)}:{rec.id}"
 
 
-def n_history(rec: awb.AWBRecord) -> int:
-  return max(0, min(rec.turn_idx - 1, len(rec.prompt), len(rec.response)))
-
-
 def history(rec: awb.AWBRecord) -> list[tuple[str, str]]:
   """Earlier (action, observation) pairs as the file renders them."""
   return rec.history()
