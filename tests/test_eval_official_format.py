@@ -126,6 +126,11 @@ def test_official_rows_read_as_ours(tmp_path):
   assert agg["n_domains"] == 1 and agg["partial"]
   with pytest.raises(ValueError, match=r"predictions\.jsonl:1: an official prediction row"):
     official.read_judged(str(p))
+  bad = _official_judged_rows()
+  bad[1]["failed"] = "no"
+  _write_rows(j, bad)
+  with pytest.raises(ValueError, match=r"judged\.jsonl:2: field 'failed' is 'no'"):
+    official.read_judged(str(j))
 
 
 def test_export_reads_back_by_the_official_rules(tmp_path):
@@ -199,6 +204,7 @@ def test_cli_judges_and_scores_official_files(tmp_path):
   assert j["n_domains"] == 1 and j["partial"] and j["pooled_overall"] == 75.0
   md = report.markdown_report(res)
   assert "| theirs | 75.00 | 1 of 7 (partial) | 75.00 | 2 |" in md
+  assert "| theirs | - (1 excl.) | 75.00 | **75.00** (1 of 7 domains) |" in md
   # the imported file is a byte copy, read but never appended to
   assert (out / "predictions" / "theirs.jsonl").read_bytes() == (
       tmp_path / "predictions.jsonl").read_bytes()

@@ -98,8 +98,11 @@ def read_predictions(path: str, row_format: str = "auto") -> dict[str, dict[str,
   return out
 
 
-def _official_scores(row: Mapping[str, Any]) -> dict[str, float | None] | None:
-  if float(row.get("failed", 1.0) or 0.0) != 0.0:
+def _official_scores(row: Mapping[str, Any], where: str) -> dict[str, float | None] | None:
+  failed = row.get("failed")
+  if isinstance(failed, str) or not isinstance(failed, (int, float)):
+    raise ForeignFileError(f"{where}: field 'failed' is {failed!r}, expected 0 or 1")
+  if failed:
     return None
   return {d: valid_score(row.get(d)) for d in DIMENSIONS}
 
@@ -115,7 +118,7 @@ def read_judged(path: str, row_format: str = "auto") -> dict[str, dict[str, Any]
       raise ForeignFileError(f"{where}: an official prediction row (no 'failed'), not a judged "
                              "row: run the judge on it first")
     key = R.record_key(rec)
-    scores = _official_scores(row)
+    scores = _official_scores(row, where)
     out[key] = {"key": key, "task": R.domain(rec), "id": rec.id, "scores": scores,
                 "failed": scores is None, "reason": row.get("error_message", ""),
                 "source": OFFICIAL}

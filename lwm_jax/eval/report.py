@@ -82,7 +82,10 @@ def _table(results: dict[str, Any], metric: str) -> str | None:
       agg = entry["free"][metric]
       cells = [_cell(agg["domains"].get(d)) for d in doms]
     any_row = True
-    lines.append(f"| {name} | " + " | ".join(cells) + f" | **{_cell(agg['overall'])}** |")
+    overall = f"**{_cell(agg['overall'])}**"
+    if metric == "judge" and agg["overall"] is not None and agg.get("partial"):
+      overall += f" ({agg['n_domains']} of 7 domains)"
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {overall} |")
   return "\n".join(lines) if any_row else None
 
 
