@@ -16,19 +16,19 @@ from lwm_jax.eval.runner import ForeignFileError, JsonlCache, read_rows
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_CLI = []
+
+
 def run_cli(*argv):
   """Runs evals/agentworldbench.py in this process (its flags parsed, then reset)."""
-  spec = importlib.util.spec_from_file_location(
-      "awb_cli", os.path.join(REPO, "evals", "agentworldbench.py"))
-  cli = importlib.util.module_from_spec(spec)
-  if "data" not in flags.FLAGS:
-    spec.loader.exec_module(cli)
-    run_cli.module = cli
-  cli = run_cli.module
-  args = ["agentworldbench.py", *argv]
+  if not _CLI:  # loaded once: its flags are defined once per process
+    spec = importlib.util.spec_from_file_location(
+        "awb_cli", os.path.join(REPO, "evals", "agentworldbench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _CLI.append(module)
   try:
-    rest = flags.FLAGS(args)
-    cli.run(rest)
+    _CLI[0].run(flags.FLAGS(["agentworldbench.py", *argv]))
   finally:
     flags.FLAGS.unparse_flags()
 
