@@ -1,5 +1,9 @@
 """AgentWorldBench evaluation: `infer`, `judge`, `score` (or `all`), each resumable.
 
+This is the command line; `evals/` also holds the bundled mini benchmark (`evals/mini_bench/`).
+The library it drives is `lwm_jax/eval/` (inference, judge, scoring, reports) and the record
+format is `lwm_jax/data/bench_records.py`.
+
   # a hosted or served model (any OpenAI-compatible endpoint), judged by another endpoint
   python evals/agentworldbench.py infer --data=AgentWorldBench/ --out=runs/awb \
       --endpoint=http://localhost:8000/v1 --model=Qwen/Qwen-AgentWorld-35B-A3B
@@ -10,34 +14,47 @@
   # the official judge protocol, with the prompts/ folder of a Qwen-AgentWorld checkout
   python evals/agentworldbench.py judge --data=AgentWorldBench/ --out=runs/awb \
       --judge_endpoint=URL/v1 --judge_model=NAME --judge_style=official \
-      --judge_prompts=Qwen-AgentWorld/prompts --judge_drop_empty
+      --judge_prompts=Qwen-AgentWorld/prompts --drop_empty
 
   # our own checkpoint through lwm_jax.sampling.Sampler
   python evals/agentworldbench.py all --data=evals/mini_bench --out=runs/mini --checkpoint=ckpt/
 
+  # the official client's files (QwenLM/Qwen-AgentWorld eval.py) into our judge and score
+  python evals/agentworldbench.py score --data=evals/mini_bench --out=runs/x \
+      --import_predictions=results/predictions.jsonl --import_judged=results/judged.jsonl \
+      --system=my-model
+  # ours out, in the official shapes (for its `judge` and `score` steps)
+  python evals/agentworldbench.py export --data=evals/mini_bench --out=runs/mini
+
 `--data` is a `{domain}_test.jsonl` file or a directory of them. `infer` also writes the baselines
-(copy-previous-observation, empty); `judge` judges every system found under `--out` (baselines
-included unless --nojudge_baselines); `score` writes scores.md, scores.json and scores_*.png.
-API keys come from the environment variables named by --api_key_env / --judge_api_key_env.
+(copy-previous-observation, empty; both names are reserved); `judge` judges every system found
+under `--out` (baselines included unless --nojudge_baselines); `score` writes scores.md,
+scores.json and scores_*.png; `export` writes `official/{system}_predictions.jsonl` (and
+`_judged.jsonl`) in the official client's row shapes. Prediction and judged files may be ours or
+the official client's (`--row_format`, sniffed by default). API keys come from the environment
+variables named by --api_key_env / --judge_api_key_env.
 """
 from __future__ import annotations
 
+import filecmp
 import logging
 import os
+import shutil
 import sys
 
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lwm_jax.eval import agentworldbench as A  # noqa: E402
+from lwm_jax.eval import inference as A  # noqa: E402
+from lwm_jax.eval import official  # noqa: E402
 from lwm_jax.eval import records as R  # noqa: E402
 from lwm_jax.eval import report  # noqa: E402
 from lwm_jax.eval.judge import run_judging  # noqa: E402
 from lwm_jax.judge import STYLES, make_style  # noqa: E402
 from lwm_jax.sampling.backends import Backend, OpenAIBackend, SamplerBackend  # noqa: E402
 
-STEPS = ("infer", "judge", "score", "all")
+STEPS = ("infer", "judge", "score", "all", "export")
 
 _DATA = flags.DEFINE_string("data", None, "A {domain}_test.jsonl file or a directory of them.")
 _OUT = flags.DEFINE_string("out", None, "Run directory (predictions/, judged/, scores.*).")
@@ -80,11 +97,21 @@ _J_STYLE = flags.DEFINE_enum("judge_style", "rubric", STYLES,
 _J_PROMPTS = flags.DEFINE_string("judge_prompts", None,
                                  "Directory laid out like the official repository's prompts/ "
                                  "({domain}/judge_system_prompt.txt), for --judge_style=official.")
-_J_DROP_EMPTY = flags.DEFINE_bool("judge_drop_empty", False,
-                                  "Skip empty predictions instead of judging them (counted), as "
-                                  "the official client does.")
 _J_BASELINES = flags.DEFINE_bool("judge_baselines", True, "Judge the baselines too.")
 _J_SYSTEMS = flags.DEFINE_list("judge_systems", None, "Only judge these systems.")
+_DROP_EMPTY = flags.DEFINE_bool(
+    "drop_empty", False, "Do not judge empty generations; mark them failed (excluded), as the "
+    "official client does. By default they are judged like any other prediction.")
+# files of the official client
+_ROW_FORMAT = flags.DEFINE_enum("row_format", "auto", official.ROW_FORMATS,
+                                "Shape of prediction/judged files: ours, the official client's, "
+                                "or sniffed from the first row.")
+_IMPORT_PREDS = flags.DEFINE_string(
+    "import_predictions", None, "A predictions file (the official client's or ours) to copy in "
+    "as --system's predictions before the step runs.")
+_IMPORT_JUDGED = flags.DEFINE_string(
+    "import_judged", None, "A judged file (the official client's or ours) to copy in as "
+    "--system's judgements before the step runs.")
 
 
 def _model_backend() -> Backend:
@@ -103,6 +130,10 @@ def _model_backend() -> Backend:
                             api_key=os.environ.get(_API_KEY_ENV.value), seed=_SEED.value)
   if _SYSTEM.value:
     backend.name = _SYSTEM.value
+  try:
+    A.check_system_name(backend.name)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   return backend
 
 
@@ -123,9 +154,9 @@ def _judge_backend() -> Backend:
 
 
 def infer(records, out: str) -> None:
+  backend = _model_backend()  # refuses a reserved name before any file is touched
   paths = A.write_baselines(records, out)
   logging.info("baselines: %s", ", ".join(paths))
-  backend = _model_backend()
   stats = A.run_inference(records, backend, A.predictions_path(out, backend.name),
                           progress=_PROGRESS.value)
   print(f"infer {backend.name}: {stats.summary()}")
@@ -143,22 +174,60 @@ def judge(records, out: str) -> None:
   if not systems:
     raise app.UsageError(f"no predictions under {out}/{A.PRED_DIR}: run infer first")
   for name in systems:
-    preds = A.load_rows(A.predictions_path(out, name))
+    preds = A.load_predictions(A.predictions_path(out, name), _ROW_FORMAT.value)
     stats, skipped = run_judging(records, preds, backend, A.judged_path(out, name),
                                  retries=_J_RETRIES.value, style=style,
-                                 drop_empty=_J_DROP_EMPTY.value, progress=_PROGRESS.value,
+                                 drop_empty=_DROP_EMPTY.value, progress=_PROGRESS.value,
                                  desc=f"judge {name}")
     print(f"judge {name}: {stats.summary()}; skipped {skipped}")
 
 
 def score(records, out: str) -> None:
-  results = report.score_run(records, out)
+  results = report.score_run(records, out, _ROW_FORMAT.value)
   paths = report.write_report(results, out)
   print(report.markdown_report(results))
   print("wrote " + ", ".join(paths.values()))
 
 
+def export(records, out: str) -> None:
+  """Every system's files in the official client's shapes, under OUT/official/."""
+  systems = A.list_systems(out, A.PRED_DIR)
+  if not systems:
+    raise app.UsageError(f"no predictions under {out}/{A.PRED_DIR}: run infer first")
+  for name in systems:
+    preds = A.load_predictions(A.predictions_path(out, name), _ROW_FORMAT.value)
+    jpath = A.judged_path(out, name)
+    judged = A.load_judged(jpath, _ROW_FORMAT.value) if os.path.exists(jpath) else None
+    prefix = os.path.join(out, "official", A.system_slug(name))
+    counts = official.export_system(records, preds, judged, prefix)
+    print(f"export {name}: {counts} -> {prefix}_*.jsonl")
+
+
+def import_file(src: str, dest: str, kind: str) -> None:
+  """Copies a user's file into the run (never over a different file) after checking it reads."""
+  A.check_system_name(_SYSTEM.value)
+  if not os.path.isfile(src):
+    raise app.UsageError(f"--import_{kind}: no such file {src}")
+  load = A.load_predictions if kind == "predictions" else A.load_judged
+  n = len(load(src, _ROW_FORMAT.value))  # a clear error naming file and line if unreadable
+  if os.path.exists(dest):
+    if filecmp.cmp(src, dest, shallow=False):
+      return
+    raise app.UsageError(f"--import_{kind}: {dest} exists and differs from {src}; "
+                         "choose another --system or --out")
+  os.makedirs(os.path.dirname(dest), exist_ok=True)
+  shutil.copyfile(src, dest)
+  print(f"imported {n} {kind} rows from {src} as {_SYSTEM.value}")
+
+
 def main(argv: list[str]) -> None:
+  try:
+    run(argv)
+  except ValueError as e:  # bad files and names: one clear line (file:line where known)
+    sys.exit(f"error: {e}")
+
+
+def run(argv: list[str]) -> None:
   if len(argv) != 2 or argv[1] not in STEPS:
     raise app.UsageError(f"usage: {argv[0]} {{{'|'.join(STEPS)}}} --data=... --out=...")
   if not _DATA.value or not _OUT.value:
@@ -168,6 +237,15 @@ def main(argv: list[str]) -> None:
   records = R.load_bench(_DATA.value, domains=_DOMAINS.value, limit_per_domain=_LIMIT.value)
   logging.info("%d records from %s", len(records), _DATA.value)
   os.makedirs(_OUT.value, exist_ok=True)
+  for src, kind, where in ((_IMPORT_PREDS.value, "predictions", A.predictions_path),
+                           (_IMPORT_JUDGED.value, "judged", A.judged_path)):
+    if src:
+      if not _SYSTEM.value:
+        raise app.UsageError(f"--import_{kind} needs --system (the name to report it under)")
+      import_file(src, where(_OUT.value, _SYSTEM.value), kind)
+  if step == "export":
+    export(records, _OUT.value)
+    return
   if step in ("infer", "all"):
     infer(records, _OUT.value)
   if step in ("judge", "all") and (step == "judge" or _J_ENDPOINT.value or _J_CHECKPOINT.value):

@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from lwm_jax.data.agentworldbench import OBSERVATION_HEADER
+from lwm_jax.data.bench_records import OBSERVATION_HEADER
 from lwm_jax.data.reply import split_reasoning, strip_reasoning
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from lwm_jax.data import prompts, schema
-from lwm_jax.data.agentworldbench import format_action, format_observation
+from lwm_jax.data.bench_records import format_action, format_observation
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 

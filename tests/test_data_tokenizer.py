@@ -7,7 +7,7 @@ from tokenizers import Tokenizer as RawHF
 
 from lwm_jax.data import masking, prompts, schema
 from lwm_jax.data import tokenizer as tk
-from lwm_jax.data.agentworldbench import format_observation
+from lwm_jax.data.bench_records import format_observation
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 

@@ -9,7 +9,7 @@ import sys
 from flax import nnx
 
 from lwm_jax import hf
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import prompts, schema
 from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.model.config import get_preset

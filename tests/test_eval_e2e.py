@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import schema
-from lwm_jax.eval import agentworldbench as A
+from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
 from lwm_jax.sampling.backends import FunctionBackend, OpenAIBackend, SamplerBackend
 from lwm_jax.eval.runner import JsonlCache

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from lwm_jax import judge
-from lwm_jax.data import agentworldbench as awb
-from lwm_jax.eval import agentworldbench as A
+from lwm_jax.data import bench_records as awb
+from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
 from lwm_jax.eval.judge import run_judging
 from lwm_jax.sampling.backends import FunctionBackend
@@ -163,7 +163,7 @@ def test_official_prompts_errors(tmp_path):
 def test_run_judging_official_style(tmp_path):
   recs = _write_bench(tmp_path / "bench.jsonl")
   preds = {R.record_key(r): {"prediction": R.ground_truth(r)} for r in recs}
-  preds[R.record_key(recs[1])] = {"prediction": "   "}  # empty: dropped, counted
+  preds[R.record_key(recs[1])] = {"prediction": ""}  # empty: dropped, counted
   calls = []
   bye = R.record_key(recs[2])
 
@@ -180,6 +180,9 @@ def test_run_judging_official_style(tmp_path):
                                drop_empty=True, progress=False)
   assert skipped == {"no_prediction": 0, "no_ground_truth": 0, "empty_prediction": 1}
   rows = {r["key"]: r for r in map(json.loads, out.read_text().splitlines())}
+  dropped = [k for k, r in rows.items() if r.get("dropped_empty")]
+  assert dropped == [R.record_key(recs[1])] and rows[dropped[0]]["failed"]  # kept, not judged
+  rows = {k: r for k, r in rows.items() if k not in dropped}
   assert len(rows) == len(recs) - 1 and stats.done == len(recs) - 1
   # the "ls" turn (recs[1]) was dropped as empty, so no record fails here; every row scored
   assert all(not r["failed"] and r["judge_style"] == "official" for r in rows.values())
@@ -190,9 +193,10 @@ def test_run_judging_official_style(tmp_path):
   # now judge the "ls" turn: three tries (the official client's), then a failed row
   calls.clear()
   preds[R.record_key(recs[1])] = {"prediction": "a.txt"}
-  stats, _ = run_judging(recs, preds, FunctionBackend(reply), str(out), style=style,
+  out = tmp_path / "judged_ls.jsonl"
+  stats, _ = run_judging(recs[1:2], preds, FunctionBackend(reply), str(out), style=style,
                          progress=False)
-  assert len(calls) == 3 and stats.cached == len(recs) - 1
+  assert len(calls) == 3 and stats.done == 1
   row = [json.loads(x) for x in out.read_text().splitlines()][-1]
   assert row["key"] == R.record_key(recs[1]) and row["failed"] and row["scores"] is None
 
@@ -214,7 +218,7 @@ def test_cli_official_judge_style(tmp_path):
     cmd = [sys.executable, os.path.join(REPO, "evals", "agentworldbench.py"), "judge",
            f"--data={bench.parent}", f"--out={out}", f"--judge_endpoint={srv.url}",
            "--judge_model=stub", "--judge_style=official",
-           f"--judge_prompts={_prompts_dir(tmp_path)}", "--judge_drop_empty", "--noprogress"]
+           f"--judge_prompts={_prompts_dir(tmp_path)}", "--drop_empty", "--noprogress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
   finally:
@@ -223,6 +227,7 @@ def test_cli_official_judge_style(tmp_path):
   assert "skipped {'no_prediction': 0, 'no_ground_truth': 0, 'empty_prediction': 5}" in proc.stdout
   assert "skipped {'no_prediction': 0, 'no_ground_truth': 0, 'empty_prediction': 1}" in proc.stdout
   rows = [json.loads(x) for x in open(A.judged_path(str(out), "copy_previous"))]
+  rows = [r for r in rows if not r.get("dropped_empty")]
   assert sorted((r["task"], r["scores"]["quality"]) for r in rows) == [
       ("mcp", 3), ("search", 4), ("terminal", 2), ("terminal", 2)]
   assert len(srv.requests) == 4 and all("<final_evaluation>" in r["messages"][1]["content"]

@@ -1,5 +1,5 @@
 """SimulatedEnv: the world model sees exactly the chat an AgentWorldBench record would give it."""
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import prompts
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.sampling import Generation

@@ -5,7 +5,9 @@ trajectories pass hygiene, split them by a hash of the trajectory id (80% train,
 10% test), and write `data/corpus/{domain}_{split}.jsonl.gz` (gzip with a zero timestamp, so a
 re-run gives the same bytes). The test split is also written in AgentWorldBench format (first, last
 and three evenly spaced middle turns of each trajectory, system prompt variant 0) to
-`evals/mini_bench/{domain}_test.jsonl`.
+`evals/mini_bench/{domain}_test.jsonl`, in the published layout (whole trajectory in `prompt` and
+`response`, `turn_idx` marking the turn). `--bench_only` rewrites only the mini benchmark from the
+corpus's existing test split, without collecting anything.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.data import agentworldbench, prompts, schema  # noqa: E402
+from lwm_jax.data import bench_records, prompts, schema  # noqa: E402
 from lwm_jax.envs import base, collect  # noqa: E402
 
 SPLITS = ("train", "validation", "test")
@@ -45,6 +47,15 @@ def write_gz(path: str, trajs: list[schema.Trajectory]) -> None:
         gz.write(src.read())
 
 
+def write_bench(path: str, test: list[schema.Trajectory]) -> int:
+  """The mini benchmark's records of one domain (system prompt variant 0); returns their count."""
+  records = []
+  for t in test:
+    records += bench_records.trajectory_to_records(t, prompts.system_prompt(t, 0),
+                                                   bench_turns(len(t.turns)))
+  return bench_records.write_awb_jsonl(path, records)
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__)
   ap.add_argument("--per_domain", type=int, default=300)
@@ -53,7 +64,15 @@ def main() -> None:
   ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
   ap.add_argument("--corpus_dir", default="data/corpus")
   ap.add_argument("--bench_dir", default="evals/mini_bench")
+  ap.add_argument("--bench_only", action="store_true",
+                  help="rewrite the mini benchmark from the corpus test split; collect nothing")
   args = ap.parse_args()
+  if args.bench_only:
+    for name in args.domains.split(","):
+      test = list(schema.read_jsonl(os.path.join(args.corpus_dir, f"{name}_test.jsonl.gz")))
+      n = write_bench(os.path.join(args.bench_dir, f"{name}_test.jsonl"), test)
+      print(json.dumps({name: {"test": len(test), "bench_records": n}}), flush=True)
+    return
   os.makedirs(args.corpus_dir, exist_ok=True)
   os.makedirs(args.bench_dir, exist_ok=True)
   report = {}
@@ -72,13 +91,10 @@ def main() -> None:
     by_split = {s: [t for t in kept if split_of(t.id) == s] for s in SPLITS}
     for s, trajs in by_split.items():
       write_gz(os.path.join(args.corpus_dir, f"{name}_{s}.jsonl.gz"), trajs)
-    records = []
-    for t in by_split["test"]:
-      records += agentworldbench.trajectory_to_records(t, prompts.system_prompt(t, 0), bench_turns(len(t.turns)))
-    agentworldbench.write_awb_jsonl(os.path.join(args.bench_dir, f"{name}_test.jsonl"), records)
+    n_bench = write_bench(os.path.join(args.bench_dir, f"{name}_test.jsonl"), by_split["test"])
     turns = [len(t.turns) for t in kept]
     report[name] = {"trajectories": len(kept), **{s: len(v) for s, v in by_split.items()},
-                    "bench_records": len(records), "dropped": len(dropped),
+                    "bench_records": n_bench, "dropped": len(dropped),
                     "turns_min": min(turns), "turns_max": max(turns),
                     "turns_mean": round(sum(turns) / len(turns), 2), "seconds": round(time.time() - t0, 1)}
     print(json.dumps({name: report[name]}), flush=True)

@@ -1,6 +1,6 @@
 """Importers from other trajectory formats into `Trajectory` records.
 
-- AgentWorldBench JSONL (turn-level records, see `agentworldbench.py`): each record becomes one
+- AgentWorldBench JSONL (turn-level records, see `bench_records.py`): each record becomes one
   trajectory holding its history plus the current turn with its ground truth. Records of the same
   trajectory (`id` ending in `#t<k>`) are merged into the longest one when `merge=True`.
 - OpenAI chat messages: one JSON object a line with `messages` (system, then user = action and
@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any
 
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import schema
 from lwm_jax.data.schema import DOMAINS, LoadReport, RecordError, Trajectory, Turn
 
@@ -32,9 +32,9 @@ def trajectory_from_awb(rec: awb.AWBRecord) -> Trajectory:
   if gt is None:
     raise RecordError("record has no ground-truth observation for 'current_prompt'",
                       "no_ground_truth")
-  turns = [Turn(awb.parse_action(a), awb.parse_observation(o))
-           for a, o in zip(rec.prompt, rec.response)]
-  turns.append(Turn(awb.parse_action(rec.current_prompt), gt))
+  # Only the history: published records also carry the turns after the one under test.
+  turns = [Turn(awb.parse_action(a), awb.parse_observation(o)) for a, o in rec.history()]
+  turns.append(Turn(awb.parse_action(rec.action), gt))
   return Trajectory(
       id=_TURN_SUFFIX_RE.sub("", rec.id), domain=rec.task, task="", action_space="",
       initial_state="", turns=turns,

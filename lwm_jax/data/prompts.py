@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
-from lwm_jax.data.agentworldbench import format_action, format_observation
+from lwm_jax.data.bench_records import format_action, format_observation
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN, thinking_target
 from lwm_jax.data.schema import Trajectory
 

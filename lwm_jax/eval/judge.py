@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Mapping
 
-from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import records as R
+from lwm_jax.eval.official import is_empty_generation
 from lwm_jax.eval.runner import Job, JsonlCache, RunStats, run_jobs
 from lwm_jax.judge import JudgeStyle, Messages, rubric_style
 from lwm_jax.sampling.backends import Backend, Completion
@@ -38,8 +39,9 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
   `style` defaults to our rubric cut to `max_context_chars`; `retries` extra calls follow an
   unusable reply (2 gives the official client's 3 tries). Returns the run statistics and counts of
   records skipped before judging: `no_prediction` (inference failed or not run),
-  `no_ground_truth` (inference-only file) and, with `drop_empty`, `empty_prediction` (the
-  official client drops empty generations instead of judging them).
+  `no_ground_truth` (inference-only file) and, with `drop_empty`, `empty_prediction`: as the
+  official client does, an empty generation is not sent to the judge; it gets a failed row
+  (`dropped_empty: true`), so it is excluded from the score and counted there, never lost.
   """
   style = style or rubric_style(max_context_chars)
   skipped = {"no_prediction": 0, "no_ground_truth": 0}
@@ -47,6 +49,7 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
     skipped["empty_prediction"] = 0
   by_key: dict[str, AWBRecord] = {}
   jobs: list[Job] = []
+  cache = JsonlCache(out_path)
   for rec in records:
     key = R.record_key(rec)
     truth = R.ground_truth(rec)
@@ -57,8 +60,12 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
       skipped["no_prediction"] += 1
       continue
     prediction = str(predictions[key].get("prediction", ""))
-    if drop_empty and not prediction.strip():
+    if drop_empty and is_empty_generation(predictions[key]):
       skipped["empty_prediction"] += 1
+      if key not in cache:
+        cache.add({"key": key, "task": R.domain(rec), "id": rec.id, "scores": None,
+                   "failed": True, "reason": "empty generation, not judged (drop_empty)",
+                   "dropped_empty": True, "judge_style": style.name})
       continue
     by_key[key] = rec
     jobs.append(Job(key, judge_messages(rec, prediction, truth, style=style)))
@@ -77,7 +84,7 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
       row.update({k: v for k, v in parsed.items() if k not in ("scores", "reason")})
     return row
 
-  stats = run_jobs(jobs, backend, JsonlCache(out_path), finish, rounds=1 + retries,
+  stats = run_jobs(jobs, backend, cache, finish, rounds=1 + retries,
                    desc=desc, progress=progress)
   if any(skipped.values()):
     log.warning("%s: skipped %s", desc, skipped)

@@ -1,10 +1,13 @@
-"""AgentWorldBench scoring: the judge aggregate of SPECS section 3 and judge-free text metrics.
+"""AgentWorldBench scoring: the judge aggregate and judge-free text metrics.
 
 Judge aggregate. A judged record is `{"task": domain, "id": ..., "scores": {dimension: 1-5}}`. A
 dimension is valid when it is a real number (not a bool) in [1, 5]; a sample's score is the mean of
 its valid dimensions; a sample with none (judge failed, scores missing or all out of range) is
 excluded and counted, never scored 0. Domain score = (mean of sample scores - 1) / 4 * 100; the
-overall is the unweighted mean of the domains that have at least one scored sample.
+overall is the unweighted mean of the domains that have at least one scored sample (the paper's
+table), reported with the number of domains in it and flagged when that is fewer than the
+benchmark's seven. The official client's `score` step prints another overall, the mean over all
+scored samples pooled across domains; it is reported beside ours as `pooled_overall`.
 
 Judge-free metrics compare a prediction with the ground truth:
 - exact match after normalising line ends, trailing spaces on each line and blank lines around;
@@ -22,6 +25,7 @@ from typing import Any, Iterable, Mapping
 
 from lwm_jax.judge import DIMENSIONS, valid_score
 
+N_BENCH_DOMAINS = 7  # MCP, Search, Terminal, SWE, Android, Web, OS
 EDIT_CAP = 20_000
 
 
@@ -46,8 +50,10 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   """Per-domain and overall scores (0-100) of judged records, with sample and excluded counts.
 
   Returns {"domains": {domain: score}, "overall": score or None, "counts": {domain: scored n},
-  "excluded": {domain: n}, "dimensions": {domain: {dimension: score}}}. A domain whose samples were
-  all excluded appears in counts/excluded but not in domains, and does not enter the overall.
+  "excluded": {domain: n}, "dimensions": {domain: {dimension: score}}, "n_domains": domains in
+  the overall, "partial": True when that is fewer than seven, "pooled_overall": the official
+  client's mean over all scored samples, or None}. A domain whose samples were all excluded
+  appears in counts/excluded but not in domains, and does not enter either overall.
   """
   per_domain: dict[str, list[float]] = collections.defaultdict(list)
   per_dim: dict[str, dict[str, list[float]]] = collections.defaultdict(
@@ -70,6 +76,7 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
   all_domains = sorted(set(per_domain) | set(excluded))
   domains = {d: to_percent(sum(v) / len(v)) for d, v in per_domain.items()}
   overall = sum(domains.values()) / len(domains) if domains else None
+  pooled = [v for vals in per_domain.values() for v in vals]
   return {
       "domains": {d: domains[d] for d in all_domains if d in domains},
       "overall": overall,
@@ -77,6 +84,9 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "excluded": {d: excluded.get(d, 0) for d in all_domains},
       "dimensions": {d: {k: to_percent(sum(v) / len(v)) for k, v in per_dim[d].items()}
                      for d in all_domains if d in per_dim},
+      "n_domains": len(domains),
+      "partial": len(domains) < N_BENCH_DOMAINS,
+      "pooled_overall": to_percent(sum(pooled) / len(pooled)) if pooled else None,
   }
 
 

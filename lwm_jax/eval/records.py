@@ -1,11 +1,11 @@
 """Reading AgentWorldBench files for evaluation: history, ground truth and chat messages by turn.
 
-The official files keep the WHOLE trajectory in `prompt` / `response` (every action and every
-observation) and mark the turn under test with `turn_idx` (1-based); files we export keep only the
-history and end `response` with the ground truth. Both read the same way when positions come from
-`turn_idx`: the history is the first `turn_idx - 1` (action, observation) pairs, the ground truth is
-`response[turn_idx - 1]` when present (absent in inference-only files), and the action to predict
-for is `current_prompt`. Future turns never reach the model.
+Positions come from `turn_idx` (see `lwm_jax/data/bench_records.py`): the history is the first
+`turn_idx - 1` (action, observation) pairs, the action under test is `prompt[turn_idx - 1]` (falling
+back to `current_prompt` when `prompt` stops before it), and the ground truth is
+`response[turn_idx - 1]` when present (absent in inference-only files). This is the rule the
+official client applies, so both clients send a model the same messages. Future turns never reach
+the model.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Iterable
 
-from lwm_jax.data import agentworldbench as awb
+from lwm_jax.data import bench_records as awb
 from lwm_jax.data import schema
 from lwm_jax.eval.metrics import domain_of
 
@@ -30,24 +30,14 @@ def record_key(rec: awb.AWBRecord) -> str:
   return f"{domain(rec)}:{rec.id}"
 
 
-def n_history(rec: awb.AWBRecord) -> int:
-  return max(0, min(rec.turn_idx - 1, len(rec.prompt), len(rec.response)))
-
-
 def history(rec: awb.AWBRecord) -> list[tuple[str, str]]:
   """Earlier (action, observation) pairs as the file renders them."""
-  k = n_history(rec)
-  return list(zip(rec.prompt[:k], rec.response[:k]))
+  return rec.history()
 
 
 def chat_messages(rec: awb.AWBRecord) -> list[dict[str, str]]:
-  """System prompt, the history as user/assistant pairs, then the action to predict for."""
-  msgs = [{"role": "system", "content": rec.system_str}] if rec.system_str else []
-  for act, obs in history(rec):
-    msgs.append({"role": "user", "content": act})
-    msgs.append({"role": "assistant", "content": obs})
-  msgs.append({"role": "user", "content": rec.current_prompt})
-  return msgs
+  """System prompt (when not empty), the history as user/assistant pairs, then the action."""
+  return rec.messages()
 
 
 def ground_truth(rec: awb.AWBRecord) -> str | None:

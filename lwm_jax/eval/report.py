@@ -11,8 +11,8 @@ import os
 from typing import Any, Iterable
 
 from lwm_jax.data import schema
-from lwm_jax.data.agentworldbench import AWBRecord
-from lwm_jax.eval import agentworldbench as A
+from lwm_jax.data.bench_records import AWBRecord
+from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
 from lwm_jax.eval.metrics import FREE_METRICS, aggregate, aggregate_free, free_metrics
 
@@ -23,8 +23,12 @@ METRIC_TITLES = {"judge": "Judge score: five-dimension rubric mean, 0-100",
                  "edit_sim": "Edit similarity, %"}
 
 
-def score_run(records: Iterable[AWBRecord], out_dir: str) -> dict[str, Any]:
-  """Judge-free metrics of every predictions file and the aggregate of every judged file."""
+def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "auto"
+              ) -> dict[str, Any]:
+  """Judge-free metrics of every predictions file and the aggregate of every judged file.
+
+  Files may be ours or the official client's (`row_format`: auto, ours, official); nothing is
+  written."""
   recs = list(records)
   by_key = {R.record_key(r): r for r in recs}
   truths = {k: R.ground_truth(r) for k, r in by_key.items()}
@@ -33,7 +37,7 @@ def score_run(records: Iterable[AWBRecord], out_dir: str) -> dict[str, Any]:
     n_records[R.domain(r)] = n_records.get(R.domain(r), 0) + 1
   systems: dict[str, Any] = {}
   for name in A.list_systems(out_dir, A.PRED_DIR):
-    preds = A.load_rows(A.predictions_path(out_dir, name))
+    preds = A.load_predictions(A.predictions_path(out_dir, name), row_format)
     rows, missing = [], 0
     for key, truth in truths.items():
       if truth is None:
@@ -46,7 +50,7 @@ def score_run(records: Iterable[AWBRecord], out_dir: str) -> dict[str, Any]:
                              "judge": None}
     judged_file = A.judged_path(out_dir, name)
     if os.path.exists(judged_file):
-      judged = [row for k, row in A.load_rows(judged_file).items() if k in by_key]
+      judged = [row for k, row in A.load_judged(judged_file, row_format).items() if k in by_key]
       entry["judge"] = aggregate(judged)
       entry["judge"]["not_judged"] = sum(1 for k, t in truths.items()
                                          if t is not None and k in preds) - len(judged)
@@ -78,7 +82,10 @@ def _table(results: dict[str, Any], metric: str) -> str | None:
       agg = entry["free"][metric]
       cells = [_cell(agg["domains"].get(d)) for d in doms]
     any_row = True
-    lines.append(f"| {name} | " + " | ".join(cells) + f" | **{_cell(agg['overall'])}** |")
+    overall = f"**{_cell(agg['overall'])}**"
+    if metric == "judge" and agg["overall"] is not None and agg.get("partial"):
+      overall += f" ({agg['n_domains']} of 7 domains)"
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {overall} |")
   return "\n".join(lines) if any_row else None
 
 
@@ -88,11 +95,17 @@ def markdown_report(results: dict[str, Any]) -> str:
            "Samples per domain: " + ", ".join(f"{DISPLAY.get(d, d)} {n[d]}"
                                              for d in results["domains"]) + ".",
            "Baselines: `copy_previous` repeats the observation before the action; `empty` predicts "
-           "nothing. Overall = unweighted mean of the domains present."]
+           "nothing. Overall = unweighted mean of the domains present (the paper's table)."]
   for metric in ("judge", *FREE_METRICS):
     table = _table(results, metric)
     if table:
       parts += ["", f"## {METRIC_TITLES[metric]}", "", table]
+  overall = _overall_table(results)
+  if overall:
+    parts += ["", "## Judge overall, two ways", "",
+              "Mean of domains: the unweighted mean of the domain scores (the paper's table). "
+              "Pooled: the mean over all scored samples, as the official client's `score` step "
+              "prints it. An overall over fewer than seven domains is flagged.", "", overall]
   notes = []
   for name, e in results["systems"].items():
     if e["missing_predictions"]:
@@ -104,6 +117,20 @@ def markdown_report(results: dict[str, Any]) -> str:
   if notes:
     parts += ["", "## Notes", "", *notes]
   return "\n".join(parts) + "\n"
+
+
+def _overall_table(results: dict[str, Any]) -> str | None:
+  lines = ["| System | Mean of domains | Domains | Pooled (official client) | Scored samples |",
+           "|:--|:-:|:-:|:-:|:-:|"]
+  for name, entry in results["systems"].items():
+    agg = entry["judge"]
+    if agg is None:
+      continue
+    n = agg.get("n_domains", len(agg["domains"]))
+    flag = f"{n} of 7" + (" (partial)" if agg.get("partial", n < 7) else "")
+    lines.append(f"| {name} | {_cell(agg['overall'])} | {flag} | "
+                 f"{_cell(agg.get('pooled_overall'))} | {sum(agg['counts'].values())} |")
+  return "\n".join(lines) if len(lines) > 2 else None
 
 
 def plot(results: dict[str, Any], metric: str, path: str) -> bool:

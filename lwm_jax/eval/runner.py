@@ -3,6 +3,12 @@
 Every finished result is appended to the cache file and flushed at once, keyed by `key`; a rerun
 loads the cache and skips those keys, so an interrupted run resumes where it stopped. Failed calls
 are written to `<cache>.errors.jsonl`, counted and retried by the next run, never cached as done.
+
+The cache never rewrites or truncates a file: it only appends. The one line it tolerates that is
+not a row is a torn write: a final line without a newline that starts a JSON object. Before the
+next append it ends that line with a newline and notes its number in `<cache>.torn`, so later
+loads skip it; any other line that is not a row of this cache (bad JSON, no `key`) is an error
+naming the file and line. Reading (`read_rows`) never writes anything.
 """
 from __future__ import annotations
 
@@ -21,6 +27,85 @@ from lwm_jax.sampling.backends import Backend, Completion, Messages
 log = logging.getLogger(__name__)
 
 
+class ForeignFileError(ValueError):
+  """A file in a cache's place holds a line that is not one of the cache's rows."""
+
+
+def _torn_path(path: str) -> str:
+  return path + ".torn"
+
+
+def _known_torn(path: str) -> set[int]:
+  """Line numbers of earlier torn writes, ended with a newline by a later append."""
+  p = _torn_path(path)
+  if not os.path.exists(p):
+    return set()
+  with open(p, encoding="utf-8") as f:
+    return {int(json.loads(line)["line"]) for line in f if line.strip()}
+
+
+def scan_jsonl(path: str, parse: Callable[[dict[str, Any], str], None]
+               ) -> tuple[bool, int | None]:
+  """Calls `parse(row, where)` on each JSON object of `path`, where = 'path:line'.
+
+  Returns (whether the file ends with a newline or is empty, line number of a torn final line or
+  None). A line that is not a JSON object, other than a torn final line or one noted in
+  `<path>.torn`, raises ForeignFileError.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b"\n") + 1
+    raise ForeignFileError(f"{path}:{line}: not UTF-8 text; not a results file of this "
+                           "program (move it away or choose another --out)") from None
+  lines = text.split("\n")
+  ends_clean = text.endswith("\n") or not text
+  if ends_clean:
+    lines = lines[:-1]
+  known = _known_torn(path)
+  torn = None
+  for lineno, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      if lineno in known:
+        continue
+      if lineno == len(lines) and not ends_clean and line.lstrip().startswith("{"):
+        torn = lineno  # written in part when a run was killed
+        log.warning("%s:%d: ignoring an incomplete last line (%s)", path, lineno, e)
+        continue
+      raise ForeignFileError(f"{path}:{lineno}: not a JSON row ({e}); this file was not written "
+                             "by this program (move it away or choose another --out)") from None
+    if not isinstance(row, dict):
+      raise ForeignFileError(f"{path}:{lineno}: a JSON {type(row).__name__}, not a row object")
+    parse(row, f"{path}:{lineno}")
+  return ends_clean, torn
+
+
+def _keyed(rows: dict[str, dict[str, Any]]) -> Callable[[dict[str, Any], str], None]:
+  def parse(row: dict[str, Any], where: str) -> None:
+    key = row.get("key")
+    if not isinstance(key, str):
+      hint = ("; it looks like an official client file: those are read by judge and score "
+              "(lwm_jax/eval/official.py), never appended to") if "gen" in row or (
+                  "failed" in row and "turn_idx" in row) else "; not a results file of this program"
+      raise ForeignFileError(f"{where}: row has no string 'key' (keys: "
+                             f"{', '.join(list(row)[:8])}){hint}")
+    rows[key] = row
+  return parse
+
+
+def read_rows(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+  """The finished rows of a cache file by key (the last row of a key wins); writes nothing."""
+  rows: dict[str, dict[str, Any]] = {}
+  scan_jsonl(os.fspath(path), _keyed(rows))
+  return rows
+
+
 class JsonlCache:
   """Finished rows by key, backed by an append-only JSONL file (the last row of a key wins)."""
 
@@ -29,46 +114,35 @@ class JsonlCache:
     self.rows: dict[str, dict[str, Any]] = {}
     self.lock = threading.Lock()
     self.torn_lines = 0
+    self._torn_line: int | None = None
+    self._needs_newline = False
     if os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-      for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-          key = row["key"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-          if lineno >= len(lines) - 1:  # a line torn by an interruption while writing
-            self.torn_lines += 1
-            log.warning("%s:%d: ignoring an incomplete last line (%s)", self.path, lineno, e)
-            continue
-          raise ValueError(f"{self.path}:{lineno}: bad cache row ({e})") from None
-        self.rows[key] = row
-      if self.torn_lines:  # rewrite without the torn line so later appends stay valid
-        self._rewrite()
-    else:
-      os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-
-  def _rewrite(self) -> None:
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      for row in self.rows.values():
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, self.path)
+      ends_clean, self._torn_line = scan_jsonl(self.path, _keyed(self.rows))
+      self._needs_newline = not ends_clean
+      self.torn_lines = int(self._torn_line is not None)
 
   def __contains__(self, key: str) -> bool:
     return key in self.rows
 
   def add(self, row: dict[str, Any]) -> None:
     with self.lock:
-      self.rows[row["key"]] = row
+      os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+      line = json.dumps(row, ensure_ascii=False) + "\n"
+      if self._torn_line is not None:  # remembered, so later loads skip it
+        with open(_torn_path(self.path), "a", encoding="utf-8") as f:
+          f.write(json.dumps({"line": self._torn_line}) + "\n")
+        self._torn_line = None
+      if self._needs_newline:  # end the last line first: this row starts a line of its own
+        line = "\n" + line
+        self._needs_newline = False
       with open(self.path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.write(line)
         f.flush()
+      self.rows[row["key"]] = row
 
   def log_error(self, key: str, error: str) -> None:
     with self.lock:
+      os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
       with open(self.path + ".errors.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"key": key, "error": error, "time": time.time()}) + "\n")
 

@@ -1,13 +1,19 @@
-"""The AgentWorldBench file format: one turn-level sample per JSONL line.
+"""The AgentWorldBench record format (reader and writer): one turn-level sample per JSONL line.
 
-A record holds the system prompt (`system_str`), the earlier actions (`prompt`) and their
-ground-truth observations (`response`), the action to predict for (`current_prompt`), and where
-that turn sits in its trajectory (`turn_idx`, 1-based, of `total_turns`). Actions are rendered as a
-`### Turn k` heading, an `**Action:**` line and a fenced block; observations start with
-`**Environment Observation:**`. Positions are taken from `turn_idx`: the history is the first
-`turn_idx - 1` action/observation pairs and the ground truth is `response[turn_idx - 1]` when
-present. That reads both the official files (whose `prompt`/`response` may hold the whole
-trajectory) and ours (which hold the history plus the ground truth) the same way.
+The evaluation library that runs models on these records is `lwm_jax/eval/`; the command line
+and the bundled mini benchmark are in `evals/`.
+
+A record holds the system prompt (`system_str`), the actions (`prompt`) and their ground-truth
+observations (`response`), the action to predict for (`current_prompt`), and where that turn sits in
+its trajectory (`turn_idx`, 1-based, of `total_turns`). Actions are rendered as a `### Turn k`
+heading, an `**Action:**` line and a fenced block; observations start with
+`**Environment Observation:**`.
+
+Published files, and the files `trajectory_to_records` writes, keep the WHOLE trajectory in `prompt`
+and `response`; positions come from `turn_idx`. The history is the first `turn_idx - 1`
+action/observation pairs, the action under test is `prompt[turn_idx - 1]` (the official client reads
+only that one; `current_prompt` is the fallback for files whose `prompt` stops before it) and the
+ground truth is `response[turn_idx - 1]` when present. Later turns never reach a model.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Any, Iterable, Iterator
 from lwm_jax.data import schema
 
 OBSERVATION_HEADER = "**Environment Observation:**"
+INT_ID = "_int_id"  # `extra` flag: the file's id was a JSON number
 _ACTION_RE = re.compile(r"^### Turn (\d+)\n\*\*Action:\*\*\n```[^\n]*\n(.*)\n```\s*$", re.S)
 
 
@@ -61,38 +68,56 @@ class AWBRecord:
 
   @property
   def ground_truth(self) -> str | None:
-    """The observation that follows `current_prompt`, when the record carries it."""
+    """The observation that follows the action under test, when the record carries it."""
     if len(self.response) >= self.turn_idx:
       return parse_observation(self.response[self.turn_idx - 1])
     return None
 
-  def messages(self) -> list[dict[str, str]]:
-    """Chat messages for inference: system, then the history as user/assistant pairs, then the action."""
-    msgs = [{"role": "system", "content": self.system_str}]
+  @property
+  def action(self) -> str:
+    """The action under test: `prompt[turn_idx - 1]` when present, else `current_prompt`."""
+    if len(self.prompt) >= self.turn_idx:
+      return self.prompt[self.turn_idx - 1]
+    return self.current_prompt
+
+  def history(self) -> list[tuple[str, str]]:
+    """The earlier (action, observation) pairs, as the file renders them."""
     h = self.turn_idx - 1
-    for act, obs in zip(self.prompt[:h], self.response[:h]):
+    return list(zip(self.prompt[:h], self.response[:h]))
+
+  def messages(self) -> list[dict[str, str]]:
+    """Chat messages for inference: the system prompt (when not empty), the history as
+    user/assistant pairs, then the action under test."""
+    msgs = [{"role": "system", "content": self.system_str}] if self.system_str else []
+    for act, obs in self.history():
       msgs.append({"role": "user", "content": act})
       msgs.append({"role": "assistant", "content": obs})
-    msgs.append({"role": "user", "content": self.current_prompt})
+    msgs.append({"role": "user", "content": self.action})
     return msgs
 
   def to_dict(self) -> dict[str, Any]:
-    d = {"task": self.task, "id": self.id, "prompt": self.prompt, "response": self.response,
+    extra = dict(self.extra)
+    rid: str | int = int(self.id) if extra.pop(INT_ID, False) else self.id
+    d = {"task": self.task, "id": rid, "prompt": self.prompt, "response": self.response,
          "current_prompt": self.current_prompt, "system_str": self.system_str,
          "turn_idx": self.turn_idx, "total_turns": self.total_turns}
-    d.update(self.extra)
+    d.update(extra)
     return d
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "AWBRecord":
     if not isinstance(d, dict):
       raise ValueError(f"record is a {type(d).__name__}, expected a JSON object")
+    d = dict(d)
+    if "current_prompt" not in d and isinstance(d.get("prompt"), list) and isinstance(
+        d.get("turn_idx"), int) and 1 <= d["turn_idx"] <= len(d["prompt"]):
+      d["current_prompt"] = d["prompt"][d["turn_idx"] - 1]  # the official client's own rule
     for key, typ in (("task", str), ("id", (str, int)), ("prompt", list), ("response", list),
                      ("current_prompt", str), ("system_str", str), ("turn_idx", int),
                      ("total_turns", int)):
       if key not in d:
         raise ValueError(f"missing field '{key}'")
-      if not isinstance(d[key], typ):
+      if not isinstance(d[key], typ) or isinstance(d[key], bool):
         raise ValueError(f"field '{key}' has type {type(d[key]).__name__}")
     for key in ("prompt", "response"):
       if not all(isinstance(x, str) for x in d[key]):
@@ -105,10 +130,12 @@ class AWBRecord:
                        f"found {len(d['prompt'])} and {len(d['response'])}")
     known = {"task", "id", "prompt", "response", "current_prompt", "system_str", "turn_idx",
              "total_turns"}
+    extra = {k: v for k, v in d.items() if k not in known}
+    if isinstance(d["id"], int):
+      extra[INT_ID] = True  # written back as a number
     return cls(task=d["task"], id=str(d["id"]), system_str=d["system_str"], prompt=d["prompt"],
                response=d["response"], current_prompt=d["current_prompt"],
-               turn_idx=d["turn_idx"], total_turns=d["total_turns"],
-               extra={k: v for k, v in d.items() if k not in known})
+               turn_idx=d["turn_idx"], total_turns=d["total_turns"], extra=extra)
 
 
 def read_awb_jsonl(path: str | os.PathLike) -> Iterator[AWBRecord]:
@@ -134,15 +161,16 @@ def write_awb_jsonl(path: str | os.PathLike, records: Iterable[AWBRecord]) -> in
 
 def trajectory_to_records(traj: schema.Trajectory, system_str: str,
                           turn_indices: Iterable[int]) -> list[AWBRecord]:
-  """One AgentWorldBench record per 0-based turn index; `response` ends with the ground truth."""
+  """One AgentWorldBench record per 0-based turn index, in the published layout: `prompt` and
+  `response` hold the whole trajectory and `turn_idx` marks the turn under test."""
+  actions = [format_action(i + 1, x.action) for i, x in enumerate(traj.turns)]
+  observations = [format_observation(x.observation) for x in traj.turns]
   records = []
   for t in turn_indices:
     if not 0 <= t < len(traj.turns):
       raise ValueError(f"trajectory {traj.id}: turn index {t} out of range")
     records.append(AWBRecord(
         task=traj.domain, id=f"{traj.id}#t{t + 1}", system_str=system_str,
-        prompt=[format_action(i + 1, x.action) for i, x in enumerate(traj.turns[:t])],
-        response=[format_observation(x.observation) for x in traj.turns[:t + 1]],
-        current_prompt=format_action(t + 1, traj.turns[t].action),
+        prompt=list(actions), response=list(observations), current_prompt=actions[t],
         turn_idx=t + 1, total_turns=len(traj.turns)))
   return records

@@ -1,4 +1,8 @@
-"""AgentWorldBench runs: inference with any backend, the baselines, and the on-disk layout.
+"""AgentWorldBench inference: predictions from any backend, the baselines, and a run's on-disk layout.
+
+`lwm_jax/eval/` is the evaluation library (this module, the judge, scoring, reports); `evals/` holds
+the command line (`evals/agentworldbench.py`) and the bundled mini benchmark; the record format
+itself is `lwm_jax/data/bench_records.py`.
 
 An output directory holds
 
@@ -7,7 +11,9 @@ An output directory holds
     scores.json, scores.md, scores_*.png   written by `report.score_run`
 
 `{system}` is the model's name or one of the baselines: `copy_previous` (the observation before the
-action, '' at the first turn) and `empty` (an empty prediction).
+action, '' at the first turn) and `empty` (an empty prediction). The baselines' names are reserved:
+a model may not be called that. Prediction and judged files may also be in the official client's
+shapes (`lwm_jax/eval/official.py`); they are read, never appended to.
 """
 from __future__ import annotations
 
@@ -16,10 +22,11 @@ import os
 import re
 from typing import Any, Iterable
 
-from lwm_jax.data.agentworldbench import AWBRecord
+from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.data.reply import parse_prediction
+from lwm_jax.eval import official
 from lwm_jax.eval import records as R
-from lwm_jax.eval.runner import Job, JsonlCache, RunStats, run_jobs
+from lwm_jax.eval.runner import ForeignFileError, Job, JsonlCache, RunStats, read_rows, run_jobs
 from lwm_jax.sampling.backends import Backend, Completion
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,15 @@ def system_slug(name: str) -> str:
   slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name.replace("/", "__")).strip("._")
   if not slug:
     raise ValueError(f"system name {name!r} gives an empty file name")
+  return slug
+
+
+def check_system_name(name: str) -> str:
+  """Refuses a model system whose file would be a baseline's; returns the file-safe name."""
+  slug = system_slug(name)
+  if slug in BASELINES:
+    raise ValueError(f"system name {name!r} is reserved for a baseline (reserved: "
+                     f"{', '.join(BASELINES)}); pass another --system")
   return slug
 
 
@@ -52,6 +68,7 @@ def _row(rec: AWBRecord, prediction: str, **extra: Any) -> dict[str, Any]:
 def run_inference(records: Iterable[AWBRecord], backend: Backend, out_path: str, *,
                   progress: bool = True) -> RunStats:
   """Predicts the next observation of every record not already in `out_path` (the cache)."""
+  check_system_name(backend.name)
   recs = list(records)
   by_key = {R.record_key(r): r for r in recs}
   jobs = [Job(k, R.chat_messages(r)) for k, r in by_key.items()]
@@ -81,24 +98,40 @@ def baseline_prediction(rec: AWBRecord, baseline: str) -> str:
 
 
 def write_baselines(records: Iterable[AWBRecord], out_dir: str) -> list[str]:
-  """Writes (replaces) the baseline prediction files; they need no model."""
+  """Writes the baseline prediction files (they need no model), adding rows for new records.
+
+  An existing baseline file must hold exactly the baseline's predictions; anything else there is
+  refused, never replaced."""
   recs = list(records)
+  by_key = {R.record_key(r): r for r in recs}
   paths = []
   for b in BASELINES:
     path = predictions_path(out_dir, b)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):
-      os.remove(path)
     cache = JsonlCache(path)
+    for key, row in cache.rows.items():
+      if key in by_key and row.get("prediction") != baseline_prediction(by_key[key], b):
+        raise ForeignFileError(f"{path}: row '{key}' is not the {b} baseline's prediction; the "
+                               f"name '{b}' is reserved for the baseline (move the file away)")
     for rec in recs:
-      cache.add(_row(rec, baseline_prediction(rec, b)))
+      if R.record_key(rec) not in cache:
+        cache.add(_row(rec, baseline_prediction(rec, b)))
     paths.append(path)
   return paths
 
 
 def load_rows(path: str) -> dict[str, dict[str, Any]]:
-  """Finished rows of a predictions or judged file, by key."""
-  return dict(JsonlCache(path).rows)
+  """Finished rows of one of our predictions or judged files, by key; writes nothing."""
+  return read_rows(path)
+
+
+def load_predictions(path: str, row_format: str = "auto") -> dict[str, dict[str, Any]]:
+  """A predictions file in our shape or the official client's, as our rows by key."""
+  return official.read_predictions(path, row_format)
+
+
+def load_judged(path: str, row_format: str = "auto") -> dict[str, dict[str, Any]]:
+  """A judged file in our shape or the official client's, as our rows by key."""
+  return official.read_judged(path, row_format)
 
 
 def list_systems(out_dir: str, kind: str = PRED_DIR) -> list[str]:
