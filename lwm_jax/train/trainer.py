@@ -275,7 +275,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
         ckpt.wait()
         raise TrainingDiverged(
             f"loss is {loss} at step {step}; stopping. The last good checkpoint is "
-            f"{ckpt.dir}/{ckpt.latest_step()}" if ckpt.latest_step() is not None else
+            f"{ckpt.dir}/{ckpt.last_good_step()}" if ckpt.last_good_step() is not None else
             f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
       losses_seen.append(loss)
       if c.stage != "rl" and not warned_empty and float(m["loss_weight"]) == 0:
