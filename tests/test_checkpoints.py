@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lwm_jax import checkpoints
+from lwm_jax import checkpoints, sharding
 from lwm_jax.checkpoints import CheckpointError
 from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
@@ -78,6 +78,13 @@ def test_checksums_cover_every_file_and_a_clean_step_restores(workdir):
   assert _same(params, _state(2)["params"])
   one = jax.local_devices()[0]
   assert all(x.sharding.device_set == {one} for x in jax.tree.leaves(params))
+  mesh = sharding.make_mesh()
+  _, on_mesh, _ = checkpoints.restore_params(workdir, mesh=mesh)
+  assert _same(on_mesh, params)
+  want = sharding.state_shardings(on_mesh, mesh)
+  for x, s in zip(jax.tree.leaves(on_mesh), jax.tree.leaves(want)):
+    assert isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+    assert x.sharding.spec == s.spec
 
 
 def test_overwritten_bytes_are_named_and_serving_falls_back(workdir, caplog):
