@@ -11,7 +11,10 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or
 Loading builds the model abstractly (`nnx.eval_shape`) and fills it one parameter at a time: each
 parameter is read from its tensor(s) (memory-mapped, sliced where only part is needed), converted on
 the host and placed straight into its target sharding, so the checkpoint never sits in host memory
-twice. Missing, unexpected and mis-shaped tensors raise `CheckpointError` naming tensor, shapes and file.
+twice. Missing, unexpected and mis-shaped tensors raise `CheckpointError` naming tensor, shapes and file;
+so do `config.json` fields of the wrong JSON type (every such field is named). The expert layout is
+read from the text model's own tensors (`mtp.*` and `model.visual.*` are not looked at). The tokenizer
+and `generation_config.json` of an export are written by `lwm_jax.hf_tokenizer`.
 """
 from __future__ import annotations
 
