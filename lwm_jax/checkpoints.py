@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 CHECKSUMS = "checksums.json"
 STEPS_DIR = "checkpoints"
 
-__all__ = ["CHECKSUMS", "CheckpointError", "check_step", "is_hf_folder", "is_step_dir", "load", "read_meta",
-           "orbax_error", "restore_params", "step_dirs", "verify_step", "write_checksums"]
+__all__ = ["CHECKSUMS", "CheckpointError", "check_step", "is_hf_folder", "is_step_dir", "load",
+           "orbax_error", "read_meta", "restore_params", "step_dirs", "verify_step",
+           "write_checksums"]
 
 
 # ----------------------------------------------------------------------------------- layouts
