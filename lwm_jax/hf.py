@@ -11,7 +11,10 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or
 Loading builds the model abstractly (`nnx.eval_shape`) and fills it one parameter at a time: each
 parameter is read from its tensor(s) (memory-mapped, sliced where only part is needed), converted on
 the host and placed straight into its target sharding, so the checkpoint never sits in host memory
-twice. Missing, unexpected and mis-shaped tensors raise `CheckpointError` naming tensor, shapes and file.
+twice. Missing, unexpected and mis-shaped tensors raise `CheckpointError` naming tensor, shapes and file;
+so do `config.json` fields of the wrong JSON type (every such field is named). The expert layout is
+read from the text model's own tensors (`mtp.*` and `model.visual.*` are not looked at). The tokenizer
+and `generation_config.json` of an export are written by `lwm_jax.hf_tokenizer`.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from lwm_jax import sharding as shd
+from lwm_jax.model import abstract_model
 from lwm_jax.model.config import ModelConfig, from_hf_dict, to_hf_dict
 from lwm_jax.model.layers import DTYPES
 from lwm_jax.model.transformer import Transformer
@@ -159,7 +163,7 @@ def _to_model(t: _Target, read: Callable[..., np.ndarray], shape: tuple[int, ...
 
 
 # ----------------------------------------------------------------------------------- reading files
-def _read_json(path: str) -> dict[str, Any]:
+def read_json(path: str) -> dict[str, Any]:
   try:
     with open(path) as f:
       return json.load(f)
@@ -170,10 +174,84 @@ def _read_json(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
 
 
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "num_experts", "num_local_experts", "num_experts_per_tok", "decoder_sparse_step",
+               "max_position_embeddings", "full_attention_interval",
+               "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+               "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef", "partial_rotary_factor")
+_BOOL_FIELDS = ("tie_word_embeddings", "norm_topk_prob")
+_STR_FIELDS = ("model_type", "dtype", "torch_dtype")
+# null means "use the default" for these (the reader falls back); for the others it is an error
+_NULLABLE = {"head_dim", "intermediate_size", "decoder_sparse_step", "partial_rotary_factor",
+             "dtype", "torch_dtype", "mlp_only_layers", "layer_types", "rope_parameters",
+             "rope_scaling", "tie_word_embeddings", "norm_topk_prob"}
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def _shown(v: Any) -> str:
+  if isinstance(v, str):
+    return f"the string {json.dumps(v)}"
+  kind = {bool: "a boolean", int: "an integer", float: "a number", list: "a list", dict: "an object",
+          type(None): "null"}.get(type(v), type(v).__name__)
+  return f"{json.dumps(v)[:60]} ({kind})" if v is not None else "null"
+
+
+def config_type_errors(d: dict[str, Any], where: str = "") -> list[str]:
+  """One message per field of an HF text config whose JSON type is wrong (`where` prefixes names)."""
+  errs: list[str] = []
+
+  def bad(name: str, want: str, v: Any) -> None:
+    errs.append(f"field '{where}{name}' must be {want}, got {_shown(v)}")
+
+  for name, v in d.items():
+    if v is None:
+      if name in _NULLABLE or name not in (_INT_FIELDS + _FLOAT_FIELDS + _BOOL_FIELDS):
+        continue
+      bad(name, "given (not null)", v)
+    elif name in _INT_FIELDS and (isinstance(v, bool) or not isinstance(v, int)):
+      bad(name, "an integer", v)
+    elif name in _FLOAT_FIELDS and (isinstance(v, bool) or not isinstance(v, (int, float))):
+      bad(name, "a number", v)
+    elif name in _BOOL_FIELDS and not isinstance(v, bool):
+      bad(name, "true or false", v)
+    elif name in _STR_FIELDS and not isinstance(v, str):
+      bad(name, "a string", v)
+    elif name == "mlp_only_layers" and not (isinstance(v, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v)):
+      bad(name, "a list of layer indices", v)
+    elif name == "layer_types" and not (isinstance(v, list) and all(x in LAYER_TYPES for x in v)):
+      bad(name, f"a list of {' / '.join(LAYER_TYPES)}", v)
+    elif name in ("rope_parameters", "rope_scaling"):
+      if not isinstance(v, dict):
+        bad(name, "an object", v)
+      else:
+        errs += config_type_errors({k: v[k] for k in ("rope_theta", "partial_rotary_factor")
+                                    if k in v}, f"{where}{name}.")
+  return errs
+
+
 def read_config(path: str, **overrides: Any) -> ModelConfig:
-  """The ModelConfig of an HF folder (flat, or nested under `text_config`)."""
+  """The ModelConfig of an HF folder (flat, or nested under `text_config`). A field of the wrong
+  JSON type (e.g. `"tie_word_embeddings": "false"`) is a CheckpointError naming every such field."""
   cfg_path = os.path.join(path, CONFIG)
-  hf = _read_json(cfg_path)
+  hf = read_json(cfg_path)
+  if not isinstance(hf, dict):
+    raise CheckpointError(f"{cfg_path}: expected a JSON object, got {_shown(hf)}")
+  errs = []
+  if "text_config" in hf:
+    text = hf["text_config"]
+    if not isinstance(text, dict):
+      errs.append(f"field 'text_config' must be an object, got {_shown(text)}")
+    else:
+      errs += config_type_errors(text, "text_config.")
+    errs += config_type_errors({k: hf[k] for k in ("tie_word_embeddings", "model_type")
+                                if k in hf})
+  else:
+    errs += config_type_errors(hf)
+  if errs:
+    raise CheckpointError(f"{cfg_path}: " + "; ".join(errs))
   try:
     return from_hf_dict(hf, **overrides)
   except KeyError as e:
@@ -182,8 +260,31 @@ def read_config(path: str, **overrides: Any) -> ModelConfig:
     raise CheckpointError(f"{cfg_path}: {e}") from None
 
 
+_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32",
+                "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def dtype_name(dtype: Any) -> str | None:
+  """"float32" | "bfloat16" for a name ("bf16", "float32", ...), a numpy dtype (ml_dtypes'
+  bfloat16 included) or a jnp scalar type; None stays None."""
+  if dtype is None:
+    return None
+  name = None
+  if isinstance(dtype, str):
+    name = _DTYPE_NAMES.get(dtype.strip().lower())
+  else:
+    try:
+      name = _DTYPE_NAMES.get(np.dtype(dtype).name)
+    except TypeError:
+      pass
+  if name is None:
+    raise CheckpointError(f"load_pretrained: dtype {dtype!r} is not float32 or bfloat16 (give e.g. "
+                          "jnp.float32, np.dtype('bfloat16'), 'bf16' or 'float32')")
+  return name
+
+
 def _checkpoint_dtype(path: str) -> str:
-  hf = _read_json(os.path.join(path, CONFIG))
+  hf = read_json(os.path.join(path, CONFIG))
   for d in (hf.get("text_config") or {}, hf):
     name = d.get("dtype") or d.get("torch_dtype")
     if name in ("float32", "bfloat16"):
@@ -198,7 +299,7 @@ class _Checkpoint:
     self.path = path
     index_path, single = os.path.join(path, INDEX), os.path.join(path, SINGLE)
     if os.path.exists(index_path):
-      wm = _read_json(index_path).get("weight_map")
+      wm = read_json(index_path).get("weight_map")
       if not isinstance(wm, dict):
         raise CheckpointError(f"{index_path}: no 'weight_map' object")
       files = sorted(set(wm.values()))
@@ -244,6 +345,9 @@ def _detect_prefix(names: Iterator[str]) -> str:
 
 
 def _detect_expert_layout(names: list[str], path: str) -> str:
+  """From the text model's own tensors: released Qwen3.5 checkpoints store the main layers' experts
+  fused and the MTP layer's per expert, so `mtp.*` (and `model.visual.*`) are not looked at."""
+  names = [n for n in names if not n.startswith(SKIPPED_PREFIXES)]
   fused = any(n.endswith(".mlp.experts.gate_up_proj") for n in names)
   per = any(".mlp.experts.0." in n for n in names)
   if fused and per:
@@ -256,16 +360,14 @@ def load_pretrained(path: str, dtype: str | None = None, mesh: jax.sharding.Mesh
                     rules=None, **config_overrides: Any) -> Transformer:
   """Loads an HF folder into a `Transformer`.
 
-  dtype: parameter and compute dtype ("float32" | "bfloat16"); default the checkpoint's own.
+  dtype: parameter and compute dtype, float32 or bfloat16, as a name ("bf16", "float32"), a numpy
+    dtype or a jnp type; default the checkpoint's own.
   mesh / rules: place each parameter straight into its NamedSharding (`sharding.state_shardings`).
   config_overrides: our ModelConfig fields (e.g. moe_backend="dense").
   """
-  dtype = dtype or _checkpoint_dtype(path)
-  if dtype not in ("float32", "bfloat16"):
-    raise CheckpointError(f"load_pretrained: dtype {dtype!r} is not float32 or bfloat16")
+  dtype = dtype_name(dtype) or _checkpoint_dtype(path)
   cfg = read_config(path, **{"dtype": dtype, "param_dtype": dtype, **config_overrides})
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, abs_state = nnx.split(abstract)
+  graphdef, abs_state = abstract_model(cfg)
   flat = list(nnx.to_flat_state(abs_state))
   rules = rules or shd.DEFAULT_RULES
   with contextlib.ExitStack() as stack:
@@ -378,13 +480,17 @@ def _hf_tensors(model: Transformer, targets: list[_Target]) -> Iterator[tuple[st
 
 
 def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_expert",
-                    released_layout: bool = False, max_shard_bytes: int = 4 * 2**30) -> list[str]:
-  """Writes `config.json` and safetensors (several shards + index past `max_shard_bytes`).
+                    released_layout: bool = False, max_shard_bytes: int = 4 * 2**30,
+                    tokenizer: Any = None, generation: Any = None) -> list[str]:
+  """Writes `config.json`, safetensors (several shards + index past `max_shard_bytes`) and
+  `generation_config.json`; with `tokenizer` (object or path) also the tokenizer files
+  (`hf_tokenizer.save_tokenizer`), so that the folder can be served as it is.
 
   expert_layout: "per_expert" (what HF `save_pretrained` writes) or "fused" (released Qwen3.5).
   released_layout: Qwen3.5 only: config nested under `text_config` (model_type qwen3_5_moe) and
     tensors under `model.language_model.`, as the released checkpoints.
   Tensors are written in the config's param_dtype (fp32 norm scales of a bf16 model are cast).
+  generation: sampling defaults for generation_config.json (`hf_tokenizer.generation_config`).
   Returns the safetensors file names written. Only process 0 writes.
   """
   cfg: ModelConfig = model.cfg
@@ -452,4 +558,12 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
                "weight_map": {k: rename[v] for k, v in sorted(weight_map.items())}}
       with open(os.path.join(path, INDEX), "w") as f:
         json.dump(index, f, indent=2)
+    from lwm_jax import hf_tokenizer  # pylint: disable=import-outside-toplevel
+    if tokenizer is not None:
+      hf_tokenizer.save_tokenizer(tokenizer, path)
+    else:
+      log.warning("save_pretrained %s: no tokenizer given; serving this folder needs --tokenizer",
+                  path)
+    with open(os.path.join(path, hf_tokenizer.GENERATION_CONFIG), "w") as f:
+      json.dump(hf_tokenizer.generation_config(tokenizer, generation), f, indent=2)
   return names

@@ -285,3 +285,102 @@ def test_load_into_mesh_streams_into_shardings(tmp_path):
                       str(tmp_path / "out")], env=env, capture_output=True, text=True,
                      timeout=300)
   assert "SHARDED_OK" in r.stdout, r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- config.json field types
+def _config_copy(tmp_path, case, edit) -> str:
+  d = tmp_path / case
+  d.mkdir()
+  cfg = json.load(open(os.path.join(FIX, case, hf.CONFIG)))
+  edit(cfg)
+  (d / hf.CONFIG).write_text(json.dumps(cfg))
+  return str(d)
+
+
+def test_tie_word_embeddings_as_a_string_is_an_error_naming_the_field(tmp_path):
+  d = _config_copy(tmp_path, "q3_topk_norm", lambda c: c.update(tie_word_embeddings="false"))
+  with pytest.raises(hf.CheckpointError, match=r"config\.json: field 'tie_word_embeddings' must "
+                     r"be true or false, got the string \"false\""):
+    hf.read_config(d)
+
+
+@pytest.mark.parametrize("case,edit,fields", [
+    ("q3_topk_norm", dict(vocab_size="128", rms_norm_eps=[1e-6], norm_topk_prob=1,
+                          mlp_only_layers="1", num_experts=4.5),
+     ["vocab_size", "rms_norm_eps", "norm_topk_prob", "mlp_only_layers", "num_experts"]),
+    ("q3_topk_norm", dict(hidden_size=True, max_position_embeddings=None, model_type=3),
+     ["hidden_size", "max_position_embeddings", "model_type"]),
+    ("q3_dense_mid", dict(rope_parameters={"rope_theta": "10000"}), ["rope_parameters.rope_theta"]),
+    ("q35_released", dict(tie_word_embeddings="no"), ["tie_word_embeddings"]),
+    ("q35_released", dict(text_config=[1]), ["text_config"]),
+])
+def test_every_wrong_field_type_is_named(tmp_path, case, edit, fields):
+  def apply(c):
+    for k, v in edit.items():
+      target = c["text_config"] if "text_config" in c and k not in (
+          "tie_word_embeddings", "text_config") else c
+      target[k] = v
+  d = _config_copy(tmp_path, case, apply)
+  with pytest.raises(hf.CheckpointError) as err:
+    hf.read_config(d)
+  msg = str(err.value)
+  prefix = "text_config." if case.startswith("q35") and fields[0] not in (
+      "tie_word_embeddings", "text_config") else ""
+  for f in fields:
+    assert f"field '{prefix}{f}' must be" in msg, (f, msg)
+  assert msg.count("field '") == len(fields), msg
+
+
+def test_null_where_the_reader_has_a_default_is_accepted(tmp_path):
+  d = _config_copy(tmp_path, "q3_topk_norm", lambda c: c.update(head_dim=None, rope_scaling=None,
+                                                                tie_word_embeddings=None))
+  want = hf.read_config(os.path.join(FIX, "q3_topk_norm"))
+  got = hf.read_config(d)
+  assert got.head_dim == want.hidden_size // want.num_attention_heads
+  assert got.tie_word_embeddings is False
+
+
+# ------------------------------------------------------------------------------------------ dtypes
+@pytest.mark.parametrize("dtype,name", [
+    (jnp.float32, "float32"), (np.float32, "float32"), (np.dtype("float32"), "float32"),
+    ("float32", "float32"), ("fp32", "float32"), (jnp.bfloat16, "bfloat16"),
+    (np.dtype("bfloat16"), "bfloat16"), ("bf16", "bfloat16"), ("BFloat16", "bfloat16")])
+def test_load_pretrained_accepts_dtype_spellings(dtype, name):
+  assert hf.dtype_name(dtype) == name
+  if name == "bfloat16" and dtype != "bf16":
+    return  # one bfloat16 load below is enough; each spelling maps to the same name
+  model = hf.load_pretrained(os.path.join(FIX, "q3_topk_norm"), dtype=dtype)
+  assert model.cfg.dtype == name and model.cfg.param_dtype == name
+  kernel = model.layers[0].self_attn.q_proj.kernel[...]
+  assert kernel.dtype == np.dtype(name)
+
+
+@pytest.mark.parametrize("dtype", ["int8", jnp.int32, "float64x", object()])
+def test_unusable_dtype_is_one_clear_error(dtype):
+  with pytest.raises(hf.CheckpointError, match="dtype .* is not float32 or bfloat16"):
+    hf.load_pretrained(os.path.join(FIX, "q3_topk_norm"), dtype=dtype)
+
+
+# ------------------------------------------------------------- released layout with per-expert MTP
+def test_released_fused_experts_with_per_expert_mtp_tensors_load(tmp_path):
+  """The released Qwen3.5 files: main layers' experts fused, the MTP layer's stored per expert."""
+  if not HAS_DELTANET:
+    pytest.skip("lwm_jax.model.deltanet (GatedDeltaNet) not written yet")
+  d = tmp_path / "q35_released"
+  shutil.copytree(os.path.join(FIX, "q35_released"), d)
+  index = json.load(open(d / hf.INDEX))
+  shard = "model-00002-of-00002.safetensors"
+  tensors = load_file(str(d / shard))
+  rng = np.random.default_rng(0)
+  added = {}
+  for e in range(6):  # 6 experts of hidden 32, expert width 16, as in the main layers
+    for name, shape in (("gate_proj", (16, 32)), ("up_proj", (16, 32)), ("down_proj", (32, 16))):
+      added[f"mtp.layers.0.mlp.experts.{e}.{name}.weight"] = rng.normal(size=shape).astype(
+          np.float32)
+  tensors.update(added)
+  save_file(tensors, str(d / shard), metadata={"format": "pt"})
+  index["weight_map"].update(dict.fromkeys(added, shard))
+  (d / hf.INDEX).write_text(json.dumps(index))
+  # the same text model as the untouched fixture (whose logits match transformers above)
+  _assert_same_params(hf.load_pretrained(str(d)), hf.load_pretrained(os.path.join(FIX,
+                                                                                  "q35_released")))

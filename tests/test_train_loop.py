@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.join(ROOT, "configs"))
 
 import cpt as cpt_config  # noqa: E402
 import rl as rl_config  # noqa: E402
-from lwm_jax.train import checkpoint, trainer  # noqa: E402
+from lwm_jax import checkpoints  # noqa: E402
+from lwm_jax.train import trainer  # noqa: E402
 from lwm_jax.train.synthetic import SyntheticIterator  # noqa: E402
 
 
@@ -60,9 +61,9 @@ def test_exact_resume(tmp_path):
   assert {"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "kept_tokens", "aux_loss"} <= set(rows[0])
   assert (wd / "loss.png").exists() and any((wd / "tensorboard").iterdir())
   # restore_params from the workdir (latest step) and from a step folder
-  mcfg, params, info = checkpoint.restore_params(str(wd))
+  mcfg, params, info = checkpoints.restore_params(str(wd))
   assert info["step"] == 40 and mcfg.num_hidden_layers == 1
-  _, params20, info20 = checkpoint.restore_params(str(wd / "checkpoints" / "20"))
+  _, params20, info20 = checkpoints.restore_params(str(wd / "checkpoints" / "20"))
   assert info20["step"] == 20
   assert not np.allclose(np.asarray(params["lm_head"]["kernel"][...]),
                          np.asarray(params20["lm_head"]["kernel"][...]))
@@ -86,7 +87,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
   it = _NanAt(5, batch=4, seq_len=32, vocab=c.model.vocab_size)
   with pytest.raises(trainer.TrainingDiverged, match="loss is nan at step 5.*checkpoints/4"):
     trainer.train(c, str(tmp_path), train_iter=it)
-  _, params, info = checkpoint.restore_params(str(tmp_path))
+  _, params, info = checkpoints.restore_params(str(tmp_path))
   assert info["step"] == 4
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
@@ -127,3 +128,39 @@ def test_rl_gspo_runs(tmp_path):
   assert r["ratio_min"] == pytest.approx(1.0, abs=1e-5) and r["ratio_max"] == pytest.approx(1.0, abs=1e-5)
   assert r["clip_frac"] == 0.0 and r["entropy"] > 0
   assert np.isfinite(out["losses"]).all()
+
+
+class _CorruptCheckpointThenNan(_NanAt):
+  """At batch `at`, overwrites 100 bytes of the newest step's largest data file, then yields NaN."""
+
+  def __init__(self, workdir, **kw):
+    super().__init__(**kw)
+    self.workdir = workdir
+
+  def __next__(self):
+    if self.index + 1 == self.at:
+      step_dir = os.path.join(self.workdir, "checkpoints", "4")
+      files = [os.path.join(r, n) for r, _, ns in os.walk(os.path.join(step_dir, "state"))
+               for n in ns]
+      self.bad = max(files, key=os.path.getsize)
+      with open(self.bad, "r+b") as f:
+        f.seek(os.path.getsize(self.bad) // 2)
+        f.write(bytes(range(100)))
+    return super().__next__()
+
+
+def test_nan_and_resume_skip_a_checkpoint_that_fails_verification(tmp_path, caplog):
+  """Step 4 is damaged on disk before the NaN at step 5: the error names step 2, and a resume
+  starts from step 2 with a warning naming the damaged file."""
+  c = _tiny(num_steps=6, log_every=0)
+  c.checkpoint.update(every=2, use_async=False)
+  it = _CorruptCheckpointThenNan(str(tmp_path), at=5, batch=4, seq_len=32,
+                                 vocab=c.model.vocab_size)
+  with pytest.raises(trainer.TrainingDiverged, match=r"loss is nan at step 5.*checkpoints/2$"):
+    trainer.train(c, str(tmp_path), train_iter=it)
+  with caplog.at_level("WARNING"):
+    out = trainer.train(c, str(tmp_path))
+  assert out["start_step"] == 2 and out["final_step"] == 6
+  assert any(it.bad in r.getMessage() for r in caplog.records)
+  assert (tmp_path / "rejected_checkpoints" / "4").is_dir()
+  assert checkpoints.restore_params(str(tmp_path))[2]["step"] == 6

@@ -3,7 +3,8 @@
 A prompt is a string (used as is), a chat (a list of `{"role", "content"}` messages, rendered with
 the tokenizer's ChatML template plus the assistant generation prompt), or a list of token ids.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
-prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what `checkpoint.load` finds.
+prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what
+`lwm_jax.checkpoints.load` finds.
 """
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ class Sampler:
   @classmethod
   def from_checkpoint(cls, path: str, *, tokenizer=None, mesh=None, **engine_kw: Any) -> "Sampler":
     """A Hugging Face folder, a training workdir (latest step) or a step folder."""
-    from lwm_jax.sampling import checkpoint  # pylint: disable=import-outside-toplevel
-    model, tok = checkpoint.load(path, tokenizer=tokenizer, mesh=mesh)
+    from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+    model, tok = checkpoints.load(path, tokenizer=tokenizer, mesh=mesh)
     return cls(model, tok, mesh=mesh, **engine_kw)
 
   # ------------------------------------------------------------------------ prompts

@@ -1,4 +1,7 @@
-"""Orbax checkpoints of the train state and the data iterators, and `restore_params` for samplers.
+"""Orbax checkpoints of a training run: the train state and the data iterators, keeping the last K.
+
+Reading parameters for samplers, and the checksums that guard every step, live in
+`lwm_jax.checkpoints`.
 
 On-disk layout of a training workdir:
 
@@ -9,6 +12,10 @@ On-disk layout of a training workdir:
   <workdir>/checkpoints/<step>/data/    JSON: {"process_<i>": iterator state of process i, ...}
   <workdir>/checkpoints/<step>/meta/    JSON: {"step", "model": ModelConfig.to_dict(), "tokenizer",
                                         "stage", "loss"}
+  <workdir>/checkpoints/<step>/checksums.json   size and SHA-256 of every file of the step, written
+                                        once Orbax has finished it (`checkpoints.write_checksums`)
+  <workdir>/rejected_checkpoints/<step>[.n]/  steps that failed verification at resume, moved
+                                        aside (never deleted) so the run can save that step again
 
 Grain iterator states are JSON dicts (DatasetIterator) or bytes (DataLoader iterator, stored as
 {"__bytes_b64__": ...}); every process's state is gathered and written by the primary process.
@@ -24,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from flax import nnx
 
-from lwm_jax.model.config import ModelConfig
+from lwm_jax import checkpoints
+from lwm_jax.checkpoints import CheckpointError
 
 ITEMS = ("state", "data", "meta")
 
@@ -58,85 +65,136 @@ def _gather_json(obj: Any) -> list[Any]:
 
 
 class Checkpointer:
-  """Async Orbax CheckpointManager: saves every `every` steps (or when forced), keeps the last `keep`."""
+  """Async Orbax CheckpointManager: saves every `every` steps (or when forced), keeps the last `keep`.
+
+  After Orbax finishes a step (at the next save, `wait` or `close` when asynchronous), the primary
+  process writes its checksums. `restore` verifies a step before reading it and, for the default
+  (newest) step, falls back to older ones with a warning, moving aside each step whose files no
+  longer match their checksums.
+  """
 
   def __init__(self, workdir: str, every: int, keep: int, use_async: bool = True):
-    self.dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.workdir = os.path.abspath(workdir)
+    self.dir = os.path.join(self.workdir, checkpoints.STEPS_DIR)
     self.every = every
     opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=use_async,
                                         create=True)
     self.mgr = ocp.CheckpointManager(self.dir, options=opts, item_names=ITEMS)
+    self.use_async = use_async
+    self._pending: list[int] = []          # saved steps still without checksums
+    self._verified: dict[int, str] = {}    # step -> "" (good) or the verification error
 
   def latest_step(self) -> int | None:
     return self.mgr.latest_step()
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.dir, str(step))
+
+  def _finish_pending(self) -> None:
+    if not self._pending:
+      return
+    self.mgr.wait_until_finished()
+    if jax.process_index() == 0:
+      for step in self._pending:
+        if os.path.isdir(self.step_dir(step)):  # keep-K may have removed it already
+          checkpoints.write_checksums(self.step_dir(step))
+    self._pending = []
 
   def save(self, step: int, state: Any, iter_state: Any, meta: dict, force: bool = False) -> bool:
     if not force and (self.every <= 0 or step % self.every):
       return False
     if step in self.mgr.all_steps():
       return False
+    self._finish_pending()
     states = _gather_json(encode_iter_state(iter_state))
     data = {f"process_{i}": s for i, s in enumerate(states)}
     self.mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                 data=ocp.args.JsonSave(data),
                                                 meta=ocp.args.JsonSave(meta)), force=True)
+    self._pending.append(step)
+    self._verified.pop(step, None)
+    if not self.use_async:
+      self._finish_pending()
     return True
 
+  def verify(self, step: int) -> str:
+    """"" when the step's files match its checksums (or it has none), else the error (cached)."""
+    if step not in self._verified:
+      try:
+        checkpoints.check_step(self.step_dir(step))
+        self._verified[step] = ""
+      except CheckpointError as e:
+        self._verified[step] = str(e)
+    return self._verified[step]
+
+  def last_good_step(self) -> int | None:
+    """The newest saved step whose files still match their checksums (reads them: error paths)."""
+    self._finish_pending()
+    for step in sorted(self.mgr.all_steps(), reverse=True):
+      if not self.verify(step):
+        return step
+    return None
+
   def restore(self, abstract_state: Any, step: int | None = None):
-    """(state, this process's iterator state, meta) at `step` (default latest), or None."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      return None
+    """(state, this process's iterator state, meta) at `step`, or at the newest step that
+    verifies and restores; None when there is no checkpoint. A bad explicit step raises
+    CheckpointError; bad newer steps are skipped with a warning and moved aside."""
+    self._finish_pending()
+    if step is not None:
+      return self._restore(abstract_state, step)
+    errors = []
+    for s in sorted(self.mgr.all_steps(), reverse=True):
+      try:
+        return self._restore(abstract_state, s)
+      except CheckpointError as e:
+        errors.append(str(e))
+        # Only a step whose files changed since the save is moved aside; one Orbax cannot read
+        # into this run's state (e.g. another model config) stays where it is.
+        where = f"moved to {self._reject(s)}" if self._verified.get(s) else "left in place"
+        logging.warning("checkpoint step %d is unusable: %s; %s, trying the previous step", s, e,
+                        where)
+    if errors:
+      raise CheckpointError(f"{self.dir}: no step could be restored: " + "; ".join(errors))
+    return None
+
+  def _restore(self, abstract_state: Any, step: int):
+    bad = self.verify(step)
+    if bad:
+      raise CheckpointError(bad)
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-    r = self.mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                       data=ocp.args.JsonRestore(),
-                                                       meta=ocp.args.JsonRestore()))
-    it = r["data"].get(f"process_{jax.process_index()}")
+    try:
+      r = self.mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                         data=ocp.args.JsonRestore(),
+                                                         meta=ocp.args.JsonRestore()))
+    except Exception as e:  # Orbax and TensorStore raise many types for a damaged folder
+      raise checkpoints.orbax_error(self.step_dir(step), e) from None
+    it = (r["data"] or {}).get(f"process_{jax.process_index()}")
     if it is None:
-      raise ValueError(f"{self.dir}/{step}/data: no iterator state for process "
-                       f"{jax.process_index()} (saved by {len(r['data'])} processes)")
+      raise CheckpointError(f"{self.step_dir(step)}/data: no iterator state for process "
+                            f"{jax.process_index()} (saved by {len(r['data'] or {})} processes)")
     return r["state"], decode_iter_state(it), r["meta"]
+
+  def _reject(self, step: int) -> str:
+    """Moves a bad step out of the manager's folder (kept for inspection); returns where to."""
+    dest = os.path.join(self.workdir, "rejected_checkpoints", str(step))
+    n = 0
+    while os.path.exists(dest + (f".{n}" if n else "")):
+      n += 1
+    dest += f".{n}" if n else ""
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      os.replace(self.step_dir(step), dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      multihost_utils.sync_global_devices(f"lwm_jax_reject_checkpoint_{step}")
+    self.mgr.reload()
+    self._verified.pop(step, None)
+    return dest
 
   def wait(self) -> None:
     self.mgr.wait_until_finished()
+    self._finish_pending()
 
   def close(self) -> None:
-    self.mgr.wait_until_finished()
+    self.wait()
     self.mgr.close()
-
-
-def _find_step_dir(path: str) -> str:
-  path = os.path.abspath(path)
-  if os.path.isdir(os.path.join(path, "state")) and os.path.isdir(os.path.join(path, "meta")):
-    return path
-  root = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) \
-      else path
-  steps = sorted(int(d) for d in os.listdir(root) if d.isdigit()) if os.path.isdir(root) else []
-  if not steps:
-    raise FileNotFoundError(f"{path}: no checkpoint (expected <workdir>/checkpoints/<step>/ or a "
-                            "step folder holding state/ and meta/)")
-  return os.path.join(root, str(steps[-1]))
-
-
-def restore_params(path: str) -> tuple[ModelConfig, nnx.State, dict[str, Any]]:
-  """Model config, parameter nnx.State and info (step, tokenizer, stage, step_dir) from a workdir
-  (latest step) or a step folder. Merge with `nnx.merge(graphdef, params)` where graphdef comes
-  from `nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))`."""
-  from lwm_jax.train.state import abstract_model  # pylint: disable=import-outside-toplevel
-  step_dir = _find_step_dir(path)
-  with open(os.path.join(step_dir, "meta", "metadata")) as f:
-    meta = json.load(f)
-  cfg = ModelConfig.from_dict(meta["model"])
-  _, abstract = abstract_model(cfg)
-  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)
-  one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  ckptr = ocp.PyTreeCheckpointer()
-  restored = ckptr.restore(os.path.join(step_dir, "state"),
-                           args=ocp.args.PyTreeRestore(
-                               item={"params": target},
-                               # Onto this process's first device; callers shard afterwards.
-                               restore_args={"params": jax.tree.map(
-                                   lambda _: ocp.ArrayRestoreArgs(sharding=one_device), target)},
-                               partial_restore=True))
-  info = dict(meta, step_dir=step_dir)
-  return cfg, restored["params"], info

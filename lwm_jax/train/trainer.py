@@ -275,7 +275,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
         ckpt.wait()
         raise TrainingDiverged(
             f"loss is {loss} at step {step}; stopping. The last good checkpoint is "
-            f"{ckpt.dir}/{ckpt.latest_step()}" if ckpt.latest_step() is not None else
+            f"{ckpt.dir}/{ckpt.last_good_step()}" if ckpt.last_good_step() is not None else
             f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
       losses_seen.append(loss)
       if c.stage != "rl" and not warned_empty and float(m["loss_weight"]) == 0:
@@ -320,7 +320,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_iter: Any = Non
     from lwm_jax import hf  # pylint: disable=import-outside-toplevel
     from flax import nnx  # pylint: disable=import-outside-toplevel
     out = c.export_hf_dir or os.path.join(workdir, "hf")
-    hf.save_pretrained(nnx.merge(graphdef, jax.device_get(state.params)), out)
+    hf.save_pretrained(nnx.merge(graphdef, jax.device_get(state.params)), out,
+                       tokenizer=tok_path or None, generation=c.init_from_hf or None)
     summary["export_hf"] = out
   summary.update(losses=losses_seen, final_step=step, last_good_step=last_good,
                  stopped_by_signal=stop["signal"] is not None)
