@@ -32,7 +32,9 @@ from jax.sharding import NamedSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from lwm_jax import hf_tokenizer
 from lwm_jax import sharding as shd
+from lwm_jax.hf_tokenizer import CheckpointError, read_json  # noqa: F401  (re-exported)
 from lwm_jax.model import abstract_model
 from lwm_jax.model.config import ModelConfig, from_hf_dict, to_hf_dict
 from lwm_jax.model.layers import DTYPES
@@ -47,10 +49,6 @@ RELEASED_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")
 EXPERT_LAYOUTS = ("per_expert", "fused")
-
-
-class CheckpointError(ValueError):
-  """A checkpoint folder that cannot be read into (or written from) the model."""
 
 
 # ------------------------------------------------------------------------------ parameter mapping
@@ -163,17 +161,6 @@ def _to_model(t: _Target, read: Callable[..., np.ndarray], shape: tuple[int, ...
 
 
 # ----------------------------------------------------------------------------------- reading files
-def read_json(path: str) -> dict[str, Any]:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") \
-        from None
-  except OSError as e:
-    raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-
-
 _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                "num_experts", "num_local_experts", "num_experts_per_tok", "decoder_sparse_step",
@@ -558,7 +545,6 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
                "weight_map": {k: rename[v] for k, v in sorted(weight_map.items())}}
       with open(os.path.join(path, INDEX), "w") as f:
         json.dump(index, f, indent=2)
-    from lwm_jax import hf_tokenizer  # pylint: disable=import-outside-toplevel
     if tokenizer is not None:
       hf_tokenizer.save_tokenizer(tokenizer, path)
     else:

@@ -1,4 +1,5 @@
-"""The files of a Hugging Face folder besides the weights: the tokenizer and `generation_config.json`.
+"""The files of a Hugging Face folder besides the weights: the tokenizer and `generation_config.json`
+(and reading a folder's JSON files, with `CheckpointError` for what cannot be read).
 
 `hf.save_pretrained(..., tokenizer=...)` calls these so that an exported training run can be served
 from its folder alone (`launch/serve.py --checkpoint=RUN/hf`): `data.tokenizer.load_tokenizer` finds
@@ -12,7 +13,6 @@ import os
 import shutil
 from typing import Any
 
-from lwm_jax.hf import read_json
 
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -23,6 +23,24 @@ CHATML_TEMPLATE = (
     "{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint folder that cannot be read into (or written from) the model."""
+
+
+def read_json(path: str) -> dict[str, Any]:
+  """A JSON file of a checkpoint folder; a bad or unreadable file is a CheckpointError naming it."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") \
+        from None
+  except OSError as e:
+    raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+
+
 # Sampling defaults carried over from a base checkpoint's generation_config.json.
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "max_new_tokens")
