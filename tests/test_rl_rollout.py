@@ -4,6 +4,8 @@ group advantages match a hand computation, zero-variance groups are counted and 
 restored source draws exactly the same batch."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import numpy as np
 import pytest
@@ -50,11 +52,13 @@ def test_greedy_rollout_equals_the_policys_own_generate(setup):
   ref_b = Sampler(model_b, tok, decode_layout="model", max_batch=4, min_batch_bucket=4, **ENGINE)
   ref_a = Sampler(model_a, tok, decode_layout="model", max_batch=4, min_batch_bucket=4, **ENGINE)
   items = {i.id: i for i in pool.items}
+  rows = [items[pid] for pid in src.last["ids"]]
+  # The reference starts from the chat messages, an independent path to the prompt ids.
+  greedy = SamplingParams(temperature=0, max_new_tokens=16)
+  gens_b = ref_b.generate([it.messages for it in rows], greedy)
+  gens_a = ref_a.generate([it.messages for it in rows], greedy)
   differs = False
-  for row, pid in enumerate(src.last["ids"]):
-    item = items[pid]
-    # The reference starts from the chat messages, an independent path to the prompt ids.
-    g = ref_b.generate([item.messages], SamplingParams(temperature=0, max_new_tokens=16))[0]
+  for row, (item, g, a) in enumerate(zip(rows, gens_b, gens_a)):
     p = len(item.prompt_ids)
     r = int(batch["response_mask"][row].sum())
     assert batch["tokens"][row, :p].tolist() == item.prompt_ids
@@ -62,7 +66,6 @@ def test_greedy_rollout_equals_the_policys_own_generate(setup):
     np.testing.assert_allclose(batch["old_logprobs"][row, p:p + r], g.logprobs, atol=1e-5)
     assert src.last["texts"][row] == g.text
     assert (batch["segment_ids"][row] > 0).sum() == p + r
-    a = ref_a.generate([item.messages], SamplingParams(temperature=0, max_new_tokens=16))[0]
     differs |= a.token_ids != g.token_ids
   assert differs, "the rollout must come from the handed-in parameters, not the initial ones"
   # The sampler's log-probs are the training forward's at the response positions.
@@ -70,6 +73,16 @@ def test_greedy_rollout_equals_the_policys_own_generate(setup):
       params_b, {k: batch[k] for k in ("tokens", "positions", "segment_ids")}))
   m = batch["response_mask"] > 0
   np.testing.assert_allclose(fwd[m], batch["old_logprobs"][m], atol=2e-4)
+  # The trainer's way: no model up front, bind(run), then next_batch(train_state).
+  bound = RolloutSource(None, tok, pool, R.make_reward("reference=1"), rc, **ENGINE)
+  bound.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=1024, batch_size=4,
+                             process_index=0, process_count=1))
+  again = bound.next_batch(SimpleNamespace(params=params_b))
+  for k in BATCH_KEYS:
+    np.testing.assert_array_equal(again[k], batch[k], err_msg=k)
+  with pytest.raises(ValueError, match="batch_size"):
+    bound.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=1024, batch_size=8,
+                               process_index=0, process_count=1))
   # Greedy groups are identical: zero variance, zero advantages, counted.
   assert src.metrics["zero_variance_groups"] == 2 and not batch["advantages"].any()
   assert src.metrics["rollout_s"] > 0 and "reward_s" in src.metrics

@@ -1,6 +1,6 @@
 """The rollout source: RL batches sampled from the live policy, scored and ready for the GSPO step.
 
-Each call (`next(source)`, or `source.next_batch(params)`):
+Each call (`source.next_batch(train_state)`, or `next(source)` after `set_params`):
 
 1. takes the next `prompts_per_batch` prompts of the RL pool (`lwm_jax.rl.pool`) in a seeded
    order (this process's share when several processes train together);
@@ -23,6 +23,12 @@ per component (and per judge dimension when the rubric runs), response length, t
 zero-variance groups. `get_state` / `set_state` hold the prompt order's position and the rollout
 RNG (a counter: the seeds of call k are a hash of the seed, k, the process and the prompt), so a
 resumed run draws the same prompts and, with the same parameters, the same responses.
+
+In the trainer (a loop over a batch source): build the source without a model, let the trainer
+call `bind(run)` once (graph definition, mesh, batch shape, process index and count) and then
+`next_batch(state)` every step with its current TrainState; the first call builds the engine on
+the state's parameters, later calls hand the new parameters to it in place. `get_state` /
+`set_state` go into the checkpoint with the train state.
 """
 from __future__ import annotations
 
@@ -114,14 +120,22 @@ class RolloutSource:
                        "with max_prompt_tokens=cfg.max_prompt_tokens")
     engine_kw.setdefault("max_batch", max(1, cfg.batch_size))
     engine_kw.setdefault("min_batch_bucket", cfg.batch_size)
-    self.sampler = Sampler(model, tokenizer, mesh=mesh, decode_layout="model", **engine_kw)
-    self.engine = self.sampler.engine
-    self._treedef = jax.tree.structure(self.engine.state)
+    self.engine_kw, self.mesh = engine_kw, mesh
+    self.sampler: Sampler | None = None
+    self._graphdef = None
     self.order = PromptOrder(len(pool), cfg.seed, cfg.shuffle, process_index, process_count)
     self.process_index = process_index
     self.calls = 0
     self.metrics: dict[str, float] = {}
     self.last: dict[str, Any] = {}
+    if model is not None:
+      self._build(model)
+
+  def _build(self, model: Any) -> None:
+    self.sampler = Sampler(model, self.tok, mesh=self.mesh, decode_layout="model",
+                           **self.engine_kw)
+    self.engine = self.sampler.engine
+    self._treedef = jax.tree.structure(self.engine.state)
 
   @classmethod
   def from_params(cls, graphdef: Any, params: Any, tokenizer: Any, pool: RlPool,
@@ -129,10 +143,40 @@ class RolloutSource:
     """A source over the model `nnx.merge(graphdef, params)` (the trainer's graph and state)."""
     return cls(nnx.merge(graphdef, params), tokenizer, pool, reward, cfg, **kw)
 
+  # ------------------------------------------------------------------------ the trainer's API
+  def bind(self, run: Any) -> None:
+    """Takes the run's graph, mesh and process layout (`lwm_jax.train.sources.Run`) before the
+    first batch; the policy model is built from the train state's parameters at the first
+    `next_batch(state)`. Checks that the run's batch shape is the rollouts'."""
+    c = self.cfg
+    if run.seq_len != c.seq_len:
+      raise ValueError(f"config.train.seq_len ({run.seq_len}) must equal the rollout seq_len "
+                       f"({c.seq_len})")
+    if run.batch_size != c.batch_size * run.process_count:
+      raise ValueError(f"config.train.batch_size ({run.batch_size}) must be prompts_per_batch x "
+                       f"group_size x processes = {c.prompts_per_batch} x {c.group_size} x "
+                       f"{run.process_count}")
+    self._graphdef = run.graphdef
+    if self.mesh is None:
+      self.mesh = run.mesh
+    state = self.order.get_state()
+    self.order = PromptOrder(len(self.pool), c.seed, c.shuffle, run.process_index,
+                             run.process_count)
+    self.order.set_state(state)
+    self.process_index = run.process_index
+
+  def describe(self) -> str:
+    s = self.pool.stats
+    return (f"rollouts from the live policy: {len(self.pool)} RL prompts "
+            f"({s.get('dropped_too_long', 0)} dropped as too long), {self.cfg.group_size} "
+            f"responses each")
+
   # ------------------------------------------------------------------------ parameters
   def set_params(self, params: Any) -> None:
     """Samples the next rollouts from `params` (an `nnx.State` of the policy, e.g. the train
     state's `params`), used in place: no copy, no save or load."""
+    if self.sampler is None:
+      raise RuntimeError("RolloutSource: no model yet (give one, or bind(run) first)")
     if jax.tree.structure(params) != self._treedef:
       raise ValueError("set_params: the parameter tree does not match the rollout model's "
                        "(another model config?)")
@@ -146,8 +190,16 @@ class RolloutSource:
   def __next__(self) -> dict[str, np.ndarray]:
     return self.next_batch()
 
-  def next_batch(self, params: Any = None) -> dict[str, np.ndarray]:
-    if params is not None:
+  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
+    """The next batch, sampled from `state` (a TrainState, or a parameter state) when given,
+    else from the parameters last handed in."""
+    params = getattr(state, "params", state)
+    if self.sampler is None:
+      if params is None or self._graphdef is None:
+        raise RuntimeError("RolloutSource: give a model, or bind(run) and pass the train state "
+                           "to next_batch")
+      self._build(nnx.merge(self._graphdef, params))
+    elif params is not None:
       self.set_params(params)
     c = self.cfg
     t0 = time.perf_counter()
