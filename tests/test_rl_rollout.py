@@ -4,10 +4,13 @@ group advantages match a hand computation, zero-variance groups are counted and 
 restored source draws exactly the same batch."""
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -19,6 +22,7 @@ from lwm_jax.rl.rollout import BATCH_KEYS, RolloutConfig, RolloutSource
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 from lwm_jax.train import steps
+from lwm_jax.train.state import TrainState
 from tests.test_rl_pool import many_trajs, train_tokenizer
 
 ENGINE = dict(chunk_steps=16, min_prompt_bucket=512, prefill_chunk=512, min_cache_len=1024)
@@ -136,4 +140,45 @@ def test_bad_setup_is_refused(setup):
     RolloutConfig(group_size=1).validate()
   short = RolloutConfig(**{**rc.__dict__, "seq_len": 600})
   with pytest.raises(ValueError, match="longer than"):
-    RolloutSource(Transformer(cfg, rngs=nnx.Rngs(0)), tok, pool, R.make_reward("rule=1"), short)
+    RolloutSource(None, tok, pool, R.make_reward("rule=1"), short)
+  with pytest.raises(ValueError, match="updates_per_batch"):
+    RolloutConfig(prompts_per_batch=3, group_size=2, updates_per_batch=4).validate()
+  with pytest.raises(RuntimeError, match="bind"):
+    RolloutSource(None, tok, pool, R.make_reward("rule=1"), rc).next_batch()
+
+
+def test_four_updates_per_rollout_move_the_ratio_and_resume_mid_rollout(setup):
+  """One rollout feeds 4 optimizer updates: the first is on-policy (ratio 1: the sampler's
+  log-probs are the training forward's), the later ones see a moved policy (ratio != 1, clipped)."""
+  tok, cfg, rc, pool = setup
+  rc = RolloutConfig(**{**rc.__dict__, "temperature": 1.0, "group_size": 4,
+                        "updates_per_batch": 4})
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  src = RolloutSource(None, tok, pool, R.make_reward("reference=1"), rc, **ENGINE)
+  src.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=1024, batch_size=2,
+                           process_index=0, process_count=1))
+  tx = optax.adam(3e-3)
+  state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(steps.gspo_step, graphdef, tx, lambda _: 3e-3,
+                                   steps.StepConfig()))
+  ms, saved, second = [], None, None
+  for k in range(4):
+    b = src.next_batch(state)
+    assert b["tokens"].shape == (2, 1024)
+    if k == 0:
+      saved = src.get_state()
+    if k == 1:
+      second = b
+    state, m = step(state, b)
+    ms.append(jax.device_get(m))
+  assert src.calls == 1  # one rollout, four updates
+  assert abs(float(ms[0]["ratio_mean"]) - 1) < 1e-4 and float(ms[0]["clip_frac"]) == 0
+  assert max(abs(float(m["ratio_mean"]) - 1) for m in ms[1:]) > 1e-3
+  assert max(float(m["clip_frac"]) for m in ms[1:]) > 0
+  # A source restored mid-rollout hands out the same remaining slices without sampling.
+  restored = RolloutSource(None, tok, pool, R.make_reward("reference=1"), rc, **ENGINE)
+  restored.set_state(saved)
+  again = restored.next_batch()
+  for k in BATCH_KEYS:
+    np.testing.assert_array_equal(again[k], second[k], err_msg=k)
+  assert restored.calls == 1 and restored.sampler is None

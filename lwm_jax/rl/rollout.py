@@ -16,7 +16,11 @@ Each call (`source.next_batch(train_state)`, or `next(source)` after `set_params
    (prompt then response, right-padded with the pad id), `positions`, `segment_ids` (1 on real
    tokens, 0 on padding), `response_mask` (1 on response tokens), `old_logprobs` (log p of token
    i under the sampling policy, aligned with `tokens`, 0 elsewhere) and `advantages` [B]: the
-   layout `lwm_jax.train.steps.gspo_step` takes.
+   layout `lwm_jax.train.steps.gspo_step` takes;
+5. hands that batch out in `updates_per_batch` consecutive slices of rows, one per call (one
+   trainer step, one optimizer update each; the paper uses 4): the policy moves between them, so
+   the importance ratio departs from 1 and the clip acts. A new rollout starts when the slices
+   are used up.
 
 `metrics` holds the last call's figures: rollout and reward seconds, reward mean/std overall and
 per component (and per judge dimension when the rubric runs), response length, truncated share,
@@ -32,9 +36,11 @@ the state's parameters, later calls hand the new parameters to it in place. `get
 """
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import hashlib
+import io
 import time
 from typing import Any, Mapping
 
@@ -65,6 +71,7 @@ class RolloutConfig:
   shuffle: bool = True
   filter_zero_variance: bool = False
   adv_eps: float = 1e-6
+  updates_per_batch: int = 1    # optimizer updates (mini-batches) per rollout batch
 
   def validate(self) -> "RolloutConfig":
     def need(cond: bool, field: str, why: str):
@@ -74,11 +81,19 @@ class RolloutConfig:
     need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare a group)")
     need(0 < self.max_new_tokens < self.seq_len, "max_new_tokens", "must be in (0, seq_len)")
     need(self.temperature >= 0, "temperature", "must be >= 0")
+    need(self.updates_per_batch >= 1 and self.batch_size % self.updates_per_batch == 0,
+         "updates_per_batch", f"{self.updates_per_batch} must be >= 1 and divide "
+         f"prompts_per_batch x group_size = {self.batch_size}")
     return self
 
   @property
   def batch_size(self) -> int:
     return self.prompts_per_batch * self.group_size
+
+  @property
+  def minibatch_size(self) -> int:
+    """Rows of each batch handed to the trainer (one optimizer update)."""
+    return self.batch_size // self.updates_per_batch
 
   @property
   def max_prompt_tokens(self) -> int:
@@ -126,6 +141,7 @@ class RolloutSource:
     self.order = PromptOrder(len(pool), cfg.seed, cfg.shuffle, process_index, process_count)
     self.process_index = process_index
     self.calls = 0
+    self._pending: list[dict[str, np.ndarray]] = []
     self.metrics: dict[str, float] = {}
     self.last: dict[str, Any] = {}
     if model is not None:
@@ -152,10 +168,10 @@ class RolloutSource:
     if run.seq_len != c.seq_len:
       raise ValueError(f"config.train.seq_len ({run.seq_len}) must equal the rollout seq_len "
                        f"({c.seq_len})")
-    if run.batch_size != c.batch_size * run.process_count:
+    if run.batch_size != c.minibatch_size * run.process_count:
       raise ValueError(f"config.train.batch_size ({run.batch_size}) must be prompts_per_batch x "
-                       f"group_size x processes = {c.prompts_per_batch} x {c.group_size} x "
-                       f"{run.process_count}")
+                       f"group_size / updates_per_batch x processes = {c.prompts_per_batch} x "
+                       f"{c.group_size} / {c.updates_per_batch} x {run.process_count}")
     self._graphdef = run.graphdef
     if self.mesh is None:
       self.mesh = run.mesh
@@ -191,8 +207,20 @@ class RolloutSource:
     return self.next_batch()
 
   def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    """The next batch, sampled from `state` (a TrainState, or a parameter state) when given,
-    else from the parameters last handed in."""
+    """The next mini-batch: the next slice of the current rollout batch, or, when that is used
+    up, the first slice of a new rollout sampled from `state` (a TrainState, or a parameter
+    state) when given, else from the parameters last handed in."""
+    if not self._pending:
+      self._pending = self._split(self.rollout(state))
+    self.metrics["minibatch"] = float(self.cfg.updates_per_batch - len(self._pending))
+    return self._pending.pop(0)
+
+  def _split(self, batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    k, rows = self.cfg.updates_per_batch, self.cfg.minibatch_size
+    return [{n: v[j * rows:(j + 1) * rows] for n, v in batch.items()} for j in range(k)]
+
+  def rollout(self, state: Any = None) -> dict[str, np.ndarray]:
+    """One whole rollout batch ([prompts_per_batch x group_size] rows), see the module docstring."""
     params = getattr(state, "params", state)
     if self.sampler is None:
       if params is None or self._graphdef is None:
@@ -271,7 +299,10 @@ class RolloutSource:
 
   # ------------------------------------------------------------------------ resume
   def get_state(self) -> dict[str, Any]:
-    return {"order": self.order.get_state(), "calls": self.calls, "seed": self.cfg.seed}
+    """JSON-able: the prompt order, the rollout counter and the rollout's unused mini-batches
+    (base64 of a compressed npz; empty at a rollout boundary or with one update per batch)."""
+    return {"order": self.order.get_state(), "calls": self.calls, "seed": self.cfg.seed,
+            "pending": [_pack(b) for b in self._pending]}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     if int(state.get("seed", self.cfg.seed)) != self.cfg.seed:
@@ -279,3 +310,15 @@ class RolloutSource:
                        f"{self.cfg.seed}")
     self.order.set_state(state["order"])
     self.calls = int(state["calls"])
+    self._pending = [_unpack(b) for b in state.get("pending", [])]
+
+
+def _pack(batch: Mapping[str, np.ndarray]) -> str:
+  buf = io.BytesIO()
+  np.savez_compressed(buf, **batch)
+  return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _unpack(text: str) -> dict[str, np.ndarray]:
+  with np.load(io.BytesIO(base64.b64decode(text))) as z:
+    return {k: z[k] for k in z.files}
