@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,8 +44,6 @@ from lwm_jax import judge as judge_lib
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, parse_prediction, strip_reasoning
 from lwm_jax.eval import metrics
 from lwm_jax.rl import guard
-
-log = logging.getLogger(__name__)
 
 MAX_REWARD = 25.0
 
