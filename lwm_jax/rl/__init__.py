@@ -1,6 +1,8 @@
 """lwm_jax.rl: reinforcement learning of world models and of agents.
 
-Rewards (rule-based, the judge's rubric, their mix), rollout sources that feed the trainer, and
-rejection sampling. May import train, sampling, data and lwm_jax.judge; meets sim only through
-the Env interface. Nothing imports rl.
+Rewards (`rewards`: rule verifiers, the judge's rubric, judge-free similarity, their mix) and the
+anti-hacking guard (`guard`); the RL prompt pool and the CPT/SFT/RL split (`pool`); the rollout
+source that feeds the trainer (`rollout`); rejection sampling of SFT reasoning traces
+(`rejection`). May import train, sampling, data, lwm_jax.judge and lwm_jax.eval.metrics (the
+judge-free similarities); meets sim only through the Env interface. Nothing imports rl.
 """
