@@ -8,7 +8,7 @@ import pytest
 
 from lwm_jax.data import hygiene, pipeline, prompts, schema
 from lwm_jax.data import tokenizer as tk
-from lwm_jax.data.agentworldbench import format_action, format_observation
+from lwm_jax.data.bench_records import format_action, format_observation
 from lwm_jax.rl import pool as pool_lib
 
 JSONL = os.path.join(os.path.dirname(__file__), "fixtures", "data", "trajectories.jsonl")

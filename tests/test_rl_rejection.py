@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from lwm_jax.data import pipeline, schema
-from lwm_jax.data.agentworldbench import parse_action
+from lwm_jax.data.bench_records import parse_action
 from lwm_jax.rl import rejection
 from lwm_jax.rl import rewards as R
 from lwm_jax.sampling.backends import FunctionBackend, SamplerBackend

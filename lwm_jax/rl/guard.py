@@ -27,7 +27,7 @@ import json
 import re
 from typing import Any
 
-from lwm_jax.data.agentworldbench import OBSERVATION_HEADER
+from lwm_jax.data.bench_records import OBSERVATION_HEADER
 
 DETERMINISTIC = ("json", "tree", "output")
 ALLOWED = DETERMINISTIC + ("free",)
