@@ -13,7 +13,10 @@ import abc
 import ast
 import dataclasses
 import importlib
+import os
 import random
+import shutil
+import tempfile
 from typing import Any, ClassVar
 
 # Fixed wall clock of every sandbox: 2024-06-01 09:00:00 UTC. Each step advances it by a minute.
@@ -39,6 +42,32 @@ class Env(abc.ABC):
     self.goal: dict[str, Any] = {}   # structured task spec, read by the scripted agent
     self.steps = 0
     self._info: EnvInfo | None = None  # set by reset() of environments that use the default describe
+    self.sandbox = ""  # the episode's throwaway directory, for envs that keep files
+    self.root_parent: str | None = None  # where such directories are made (None: the system temp)
+
+  # -- the parts every reset() shares ----------------------------------------------------------
+  def _begin(self, seed: int, close: bool = True) -> random.Random:
+    """Starts an episode: ends the previous one (`close()`, unless the env keeps its servers
+    across episodes), zeroes the step count and returns the episode's seeded generator."""
+    if close:
+      self.close()
+    self.steps = 0
+    return random.Random(seed * 7 + 1)
+
+  def _ready(self, task: str, action_space: str, initial_state: str) -> str:
+    """Ends reset(): records what describe() returns and gives back the initial state."""
+    self._info = EnvInfo(task=task, action_space=action_space, initial_state=initial_state)
+    return initial_state
+
+  def _make_dir(self, prefix: str) -> str:
+    """A fresh episode directory (also kept in `self.sandbox`; `_remove_dir` deletes it)."""
+    self.sandbox = tempfile.mkdtemp(prefix=prefix, dir=self.root_parent)
+    return self.sandbox
+
+  def _remove_dir(self) -> None:
+    if self.sandbox and os.path.isdir(self.sandbox):
+      shutil.rmtree(self.sandbox, ignore_errors=True)
+    self.sandbox = ""
 
   @abc.abstractmethod
   def reset(self, seed: int) -> str:

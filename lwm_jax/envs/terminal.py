@@ -12,19 +12,18 @@ import getpass
 import os
 import random
 import re
+import secrets
 import select
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import Any
 
-from lwm_jax.envs import base
+from lwm_jax.envs import base, sandbox
 
 HOME_SHOWN = "/home/user"
-_SENTINEL = "__LWM_DONE_7f3a__"
+_STATUS_FD, _OUT_FD = 87, 88  # the shell's private status pipe; a copy of its output pipe
 _BASH_INIT = r"""
 shopt -s expand_aliases
 alias ls='ls -C'
@@ -91,22 +90,25 @@ _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes"
 class TerminalEnv(base.Env):
   domain = "terminal"
 
-  def __init__(self, time_limit: float = 3.0, root: str | None = None) -> None:
+  def __init__(self, time_limit: float = 3.0, root: str | None = None, unsafe: bool = False,
+               limits: sandbox.Limits = sandbox.Limits()) -> None:
     super().__init__()
     self.time_limit = time_limit
     self.root_parent = root
-    self.sandbox = ""
+    self.limits = limits
+    self.isolated = sandbox.check(unsafe, "TerminalEnv")
     self.home = ""
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
 
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
-    self.close()
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
-    self.sandbox = tempfile.mkdtemp(prefix="lwm_term_", dir=self.root_parent)
+    rng = self._begin(seed)
+    self.sandbox = self._make_dir("lwm_term_")
     self.home = os.path.join(self.sandbox, "home")
+    # Paths as the shell sees them: the episode directory is /sandbox inside the sandbox.
+    self.inner = sandbox.INNER_ROOT if self.isolated else self.sandbox
+    self.inner_home = os.path.join(self.inner, "home")
     self.files = _build_tree(rng)
     for rel, text in sorted(self.files.items()):
       path = os.path.join(self.home, rel)
@@ -117,35 +119,49 @@ class TerminalEnv(base.Env):
     self._fix_mtimes(force=True)
     kind = rng.choice(_TASKS)
     self.goal = self._make_goal(kind, rng)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.home, "TZ": "UTC", "LC_ALL": "C",
-           "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.sandbox, "tmp"),
-           "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
-    self.proc = subprocess.Popen(
-        ["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, cwd=self.home, env=env, start_new_session=True)
-    self.cwd = self.home
-    self._run_raw(_BASH_INIT + f"RANDOM={seed % 32768}\n", quiet=True)
+    self.seed = seed
+    self._start_shell()
     listing = "\n".join(sorted(self.files))
-    self._initial = (f"Files under ~ (= {HOME_SHOWN}):\n{listing}\n\n{self._prompt()}")
-    self._info = base.EnvInfo(task=self.goal["text"],
-                              action_space=ACTION_SPACE.format(limit=self.time_limit),
-                              initial_state=self._initial)
-    return self._initial
+    initial = f"Files under ~ (= {HOME_SHOWN}):\n{listing}\n\n{self._prompt()}"
+    return self._ready(self.goal["text"], ACTION_SPACE.format(limit=self.time_limit), initial)
 
-  def close(self) -> None:
+  def _start_shell(self) -> None:
+    """Starts bash (in its sandbox) in ~; commands come on stdin, status lines on a private pipe."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.inner_home, "TZ": "UTC", "LC_ALL": "C",
+           "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.inner, "tmp"),
+           "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
+    argv = ["bash", "--noprofile", "--norc"]
+    if self.isolated:
+      argv = sandbox.command(argv, self.sandbox, self.inner_home, self.limits,
+                             tmp=os.path.join(self.sandbox, "tmp"))
+    else:
+      argv = ["/bin/bash", "-c", sandbox.ulimit_script(self.limits), *argv[:1], *argv]
+    status_r, status_w = os.pipe()
+    try:
+      self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, cwd=self.home, env=env,
+                                   start_new_session=True, pass_fds=(status_w,))
+    finally:
+      os.close(status_w)
+    self.status_fd = status_r
+    self.cwd = self.inner_home
+    self.shell_pid = 0
+    init = (_BASH_INIT + f"RANDOM={self.seed % 32768}\n"
+            f"exec {_STATUS_FD}>&{status_w} {status_w}>&- {_OUT_FD}>&1\n")
+    self._run_raw(init, quiet=True)
+
+  def _stop_shell(self) -> None:
     if self.proc is not None:
-      try:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      self.proc.wait()
+      sandbox.kill_tree(self.proc)
       for f in (self.proc.stdin, self.proc.stdout):
         if f:
           f.close()
+      os.close(self.status_fd)
       self.proc = None
-    if self.sandbox and os.path.isdir(self.sandbox):
-      shutil.rmtree(self.sandbox, ignore_errors=True)
-    self.sandbox = ""
+
+  def close(self) -> None:
+    self._stop_shell()
+    self._remove_dir()
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "normalised": [
@@ -158,32 +174,64 @@ class TerminalEnv(base.Env):
       raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
     now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
-    out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)}\n")
+    # Commands read an empty stdin: the shell's own stdin carries the next commands.
+    out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)} </dev/null\n")
     self._fix_mtimes()
     out = re.sub(r"bash: (eval: )?line \d+: ", "bash: ", out)
     # Job messages carry real PIDs ("bash: 15820 Killed ..."): renumber them per step.
     out = re.sub(r"^bash: +\d+ ", f"bash: {1000 + self.steps:5d} ", out, flags=re.M)
-    out = out.replace(self.home, HOME_SHOWN).replace(self.sandbox, "/sandbox")
+    for home in (self.inner_home, self.home):
+      out = out.replace(home, HOME_SHOWN)
+    out = out.replace(self.sandbox, "/sandbox")
     return base.truncate(out, self.max_obs_chars) + self._prompt()
 
   def _prompt(self) -> str:
     cwd = self.cwd
-    if cwd == self.home or cwd.startswith(self.home + "/"):
-      cwd = "~" + cwd[len(self.home):]
+    if cwd == self.inner_home or cwd.startswith(self.inner_home + "/"):
+      cwd = "~" + cwd[len(self.inner_home):]
     user = getpass.getuser()
     return f"{user}@sandbox:{cwd}{'#' if user == 'root' else '$'} "
 
   def _run_raw(self, script: str, quiet: bool = False) -> str:
+    """Runs `script` in the shell; returns its output (restarting the shell if it was lost)."""
+    out, trouble = self._exchange(script)
+    if out and not out.endswith("\n"):
+      out += "\n"
+    if trouble:
+      if self.proc is None or self.shell_pid == 0:
+        raise RuntimeError(f"bash failed to start: {trouble}\n{out}")
+      self._stop_shell()
+      self._start_shell()
+      out += f"[{trouble}; a new shell was started in ~]\n"
+    return "" if quiet else out
+
+  def _exchange(self, script: str) -> tuple[str, str]:
+    """Sends `script` plus a status request; returns (output, why the shell is lost or '').
+
+    The status line goes to a pipe the commands' output never reaches and carries a random
+    token, so a command cannot end or fake it by printing text.
+    """
     assert self.proc and self.proc.stdin and self.proc.stdout
-    script += f"printf '\\n{_SENTINEL} %d %s\\n' \"$?\" \"$PWD\"\n"
-    self.proc.stdin.write(script.encode())
-    self.proc.stdin.flush()
-    fd = self.proc.stdout.fileno()
-    buf = b""
+    token = secrets.token_hex(12)
+    # Status: the command's exit code, whether stdout and stderr still reach the env's pipe (a
+    # copy of it was kept as fd _OUT_FD when the shell started), the shell's PID and directory.
+    script += (f"printf '%s %d ' {token} \"$?\" >&{_STATUS_FD}; [[ /dev/fd/1 -ef /dev/fd/{_OUT_FD} && "
+               f"/dev/fd/2 -ef /dev/fd/{_OUT_FD} ]]; printf '%d %d %s\\n' \"$?\" \"$$\" \"$PWD\" "
+               f">&{_STATUS_FD}\n")
+    try:
+      self.proc.stdin.write(script.encode())
+      self.proc.stdin.flush()
+    except BrokenPipeError:
+      return "", self._lost()
+    out_fd = self.proc.stdout.fileno()
+    buf, status = bytearray(), b""
+    size_cap = self.limits.output_bytes
+    dropped = 0
     deadline = time.monotonic() + self.time_limit
     timed_out = False
-    marker = ("\n" + _SENTINEL).encode()
-    while True:
+    trouble = ""
+    status_line = None
+    while status_line is None:
       left = deadline - time.monotonic()
       if left <= 0 and not timed_out:
         timed_out = True
@@ -191,41 +239,81 @@ class TerminalEnv(base.Env):
         deadline = time.monotonic() + 5.0
         continue
       if left <= 0:
-        raise RuntimeError("bash did not return after its command was killed")
-      ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-      if not ready:
-        continue
-      chunk = os.read(fd, 65536)
-      if not chunk:
-        raise RuntimeError("bash exited")
-      buf += chunk
-      i = buf.find(marker)
-      if i >= 0 and b"\n" in buf[i + len(marker):]:
+        trouble = "the shell did not return after its command was killed"
         break
-    i = buf.rfind(marker)
-    tail = buf[i + len(marker):].decode("utf-8", "replace").strip().split(" ", 1)
-    self.cwd = tail[1] if len(tail) > 1 else self.cwd
-    out = buf[:i].decode("utf-8", "replace")
-    if out and not out.endswith("\n"):
-      out += "\n"
+      ready, _, _ = select.select([out_fd, self.status_fd], [], [], min(left, 0.5))
+      if out_fd in ready:
+        chunk = os.read(out_fd, 65536)
+        keep = chunk[:max(0, size_cap - len(buf))]
+        buf += keep
+        dropped += len(chunk) - len(keep)
+      if self.status_fd in ready:
+        chunk = os.read(self.status_fd, 4096)
+        if not chunk:
+          trouble = self._lost()
+          break
+        status += chunk
+        for line in status.split(b"\n")[:-1]:
+          if line.startswith(token.encode() + b" "):
+            status_line = line.decode("utf-8", "replace").split(" ", 4)
+        status = status[status.rfind(b"\n") + 1:]
+      elif not ready and self.proc.poll() is not None:
+        trouble = self._lost()
+        break
+    while select.select([out_fd], [], [], 0)[0]:  # what the command wrote before it ended
+      chunk = os.read(out_fd, 65536)
+      if not chunk:
+        break
+      keep = chunk[:max(0, size_cap - len(buf))]
+      buf += keep
+      dropped += len(chunk) - len(keep)
+    out = buf.decode("utf-8", "replace")
+    if dropped:
+      out += f"\n[{dropped} more bytes of output dropped]"
+    if status_line is not None:
+      self.shell_pid = self._host_pid(int(status_line[3]))
+      self.cwd = status_line[4] if len(status_line) > 4 else self.cwd
+      if status_line[2] != "0":
+        trouble = "the command redirected the shell's output away"
     if timed_out:
-      out += f"^C\n[command killed after {self.time_limit:g} s time limit]\n"
-    return "" if quiet else out
+      out = out + ("\n" if out and not out.endswith("\n") else "")
+      out += f"^C\n[command killed after {self.time_limit:g} s time limit]"
+    return out, trouble
+
+  def _lost(self) -> str:
+    """Why the shell is gone (it exited or was killed)."""
+    assert self.proc
+    try:
+      rc = self.proc.wait(2)
+    except subprocess.TimeoutExpired:
+      return "the shell stopped answering"
+    if rc < 0 or rc >= 128:
+      sig = -rc if rc < 0 else rc - 128
+      try:
+        name = signal.Signals(sig).name
+      except ValueError:
+        name = str(sig)
+      return f"the shell was killed by {name}"
+    return f"the shell exited with status {rc}"
+
+  def _host_pid(self, inner_pid: int) -> int:
+    """The host PID of the shell whose PID inside its namespace is `inner_pid`."""
+    assert self.proc
+    if self.shell_pid:
+      return self.shell_pid
+    for pid in [self.proc.pid, *sandbox.descendants(self.proc.pid)]:
+      try:
+        with open(f"/proc/{pid}/status") as f:
+          ns = next(l for l in f if l.startswith("NSpid:")).split()
+      except (OSError, StopIteration):
+        continue
+      if int(ns[-1]) == inner_pid:
+        return pid
+    return 0
 
   def _kill_children(self) -> None:
-    """Kills every descendant of the bash process (never bash itself)."""
-    assert self.proc
-    todo, seen = [self.proc.pid], []
-    while todo:
-      pid = todo.pop()
-      try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-          kids = [int(x) for x in f.read().split()]
-      except OSError:
-        kids = []
-      seen.extend(kids)
-      todo.extend(kids)
-    for pid in seen:
+    """Kills every descendant of the shell (never the shell itself)."""
+    for pid in sandbox.descendants(self.shell_pid)[::-1] if self.shell_pid else []:
       try:
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
