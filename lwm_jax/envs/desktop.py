@@ -27,6 +27,7 @@ One action per turn, Python call syntax:
 Observation: the UI tree of the focused window plus the dock; interactive elements have [id]."""
 HOME_SHOWN = "/home/user"
 APPS = ("Files", "Text Editor", "Settings")
+MAX_NAME_BYTES = 255  # the longest file name Linux file systems accept
 
 
 class DesktopEnv(ui.UiEnv):
@@ -134,13 +135,18 @@ class DesktopEnv(ui.UiEnv):
   def _rename(self, win: dict[str, Any]) -> None:
     new = win["rename"].strip()
     old = os.path.join(win["cwd"], win["sel"])
-    if not new or "/" in new:
+    if not new or "/" in new or "\0" in new or new in (".", ".."):
       win["msg"] = f"Invalid name {new!r}"
+    elif len(os.fsencode(new)) > MAX_NAME_BYTES:
+      win["msg"] = f"Invalid name: {len(os.fsencode(new))} bytes long (at most {MAX_NAME_BYTES})"
     elif os.path.exists(os.path.join(win["cwd"], new)):
       win["msg"] = f"A file named {new} already exists"
     else:
-      os.rename(old, os.path.join(win["cwd"], new))
-      win["sel"], win["msg"] = new, f"Renamed to {new}"
+      try:
+        os.rename(old, os.path.join(win["cwd"], new))
+        win["sel"], win["msg"] = new, f"Renamed to {new}"
+      except OSError as e:  # what a file manager shows when the file system says no
+        win["msg"] = f"Cannot rename {win['sel']}: {e.strerror}"
     win["rename"] = None
 
   def _delete(self, win: dict[str, Any]) -> None:

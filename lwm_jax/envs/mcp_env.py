@@ -132,8 +132,16 @@ class McpEnv(base.Env):
     if not isinstance(call, dict) or not isinstance(call.get("tool"), str):
       return json.dumps({"error": {"code": -32600, "message": "Invalid request: expected "
                                    "{\"tool\": NAME, \"arguments\": {...}}"}})
-    name, args = call["tool"], call.get("arguments", {})
-    result = self.client.call(lambda s: s.call_tool(name, args))
+    name, args = call["tool"], call.get("arguments")
+    args = {} if args is None else args
+    if not isinstance(args, dict):
+      return json.dumps({"error": {"code": -32602, "message": "Invalid params: \"arguments\" must "
+                                   f"be a JSON object, got {type(args).__name__}"}})
+    try:
+      result = self.client.call(lambda s: s.call_tool(name, args))
+    except TimeoutError:
+      return json.dumps({"error": {"code": -32001, "message": "Request timed out: the server did "
+                                   "not answer within 30 s"}})
     return base.truncate(render_result(result), self.max_obs_chars)
 
   def episode_meta(self) -> dict[str, Any]:

@@ -33,6 +33,8 @@ MODULES = (
 PER_PAGE = 5
 LINES_PER_PAGE = 40
 INDEX_VERSION = "1"
+MAX_QUERY_CHARS = 1000
+MAX_TERMS = 32
 ACTION_SPACE = """\
 One call per turn, Python call syntax with literal arguments:
   search(query="words", page=1)   full-text search (all words must match; "quoted phrases" allowed),
@@ -99,7 +101,13 @@ def ensure_index(cache_dir: str | None = None) -> str:
 
 
 def _fts_query(query: str) -> str:
-  """User query -> FTS5 expression: every word (or quoted phrase) must match."""
+  """User query -> FTS5 expression: every word (or quoted phrase) must match.
+
+  Raises ValueError for a query longer than MAX_QUERY_CHARS or with more than MAX_TERMS terms
+  (FTS5's cost grows with the square of the number of terms).
+  """
+  if len(query) > MAX_QUERY_CHARS:
+    raise ValueError(f"query too long ({len(query)} characters; at most {MAX_QUERY_CHARS})")
   parts = re.findall(r'"([^"]+)"|(\S+)', query)
   terms = []
   for phrase, word in parts:
@@ -107,6 +115,8 @@ def _fts_query(query: str) -> str:
     t = re.sub(r"[^\w\s.]", " ", t).strip()
     if t:
       terms.append('"' + t.replace('"', '""') + '"')
+  if len(terms) > MAX_TERMS:
+    raise ValueError(f"too many search terms ({len(terms)}; at most {MAX_TERMS})")
   return " AND ".join(terms)
 
 
@@ -155,7 +165,7 @@ class SearchEnv(base.Env):
       if name == "search":
         return self.search(str(kw.get("query", "")), kw.get("page", 1))
       return self.open(str(kw.get("doc_id", "")), kw.get("page", 1))
-    except ValueError as e:
+    except (ValueError, sqlite3.Error) as e:
       return f"Error: {e}"
 
   def search(self, query: str, page: Any = 1) -> str:

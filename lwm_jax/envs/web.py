@@ -291,7 +291,14 @@ class WebEnv(base.Env):
       self._navigate("POST", url, data)
 
   def _do_goto(self, url: Any) -> None:
-    u = urllib.parse.urlsplit(str(url))
+    if not isinstance(url, str):
+      raise ValueError(f"url must be a string, got {url!r}")
+    bad = sorted({c for c in url if ord(c) < 0x20 or ord(c) == 0x7f})
+    if bad:
+      raise ValueError(f"invalid URL: it contains control characters {', '.join(map(repr, bad))}")
+    # Spaces and non-ASCII are sent percent-encoded, as a browser's address bar does.
+    url = urllib.parse.quote(url, safe="".join(chr(c) for c in range(0x21, 0x7f)))
+    u = urllib.parse.urlsplit(url)
     if u.netloc and u.netloc != "shop.local":
       raise ValueError(f"cannot reach {u.netloc}: only {HOST} is available")
     self._navigate("GET", urllib.parse.urlunsplit(("", "", u.path or "/", u.query, "")))
