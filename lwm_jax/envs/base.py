@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import os
 import random
+import re
 import shutil
 import tempfile
 from typing import Any, ClassVar
@@ -53,6 +54,13 @@ class Env(abc.ABC):
       self.close()
     self.steps = 0
     return random.Random(seed * 7 + 1)
+
+  def _set_goal(self, tasks: dict[str, str], goal: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Makes `goal` the episode's goal, with its task text `tasks[goal["kind"]]` filled in from
+    the goal's fields and `extra`."""
+    goal["text"] = tasks[goal["kind"]].format(**goal, **extra)
+    self.goal = goal
+    return goal
 
   def _ready(self, task: str, action_space: str, initial_state: str) -> str:
     """Ends reset(): records what describe() returns and gives back the initial state."""
@@ -114,6 +122,47 @@ class Agent(abc.ABC):
   @abc.abstractmethod
   def act(self, observation: str) -> str | None:
     """The next action given the last observation, or None to end the episode."""
+
+
+class PlanAgent(Agent):
+  """A scripted agent that works through a plan of steps made when the episode begins.
+
+  `make_plan` returns the steps. A step that is a string is the action itself; a callable is
+  called with the last observation and returns the action; any other step (a tuple naming what to
+  do) is resolved against the last observation by `resolve`. Both may return None to skip the
+  step (what it needs is not on screen) and may put steps back at the front of `self.plan`, e.g.
+  to page on until something shows up.
+  """
+
+  def begin(self, env: Env, initial_state: str) -> None:
+    self.plan: list[Any] = self.make_plan(env, initial_state)
+
+  @abc.abstractmethod
+  def make_plan(self, env: Env, initial_state: str) -> list[Any]:
+    """The episode's steps, drawn from the env's goal and `self.rng`."""
+
+  def resolve(self, step: Any, observation: str) -> str | None:
+    """The action for a non-string step given the last observation (None: skip it)."""
+    raise ValueError(f"{type(self).__name__} cannot resolve plan step {step!r}")
+
+  def act(self, observation: str) -> str | None:
+    while self.plan:
+      step = self.plan.pop(0)
+      if isinstance(step, str):
+        action = step
+      elif callable(step):
+        action = step(observation)
+      else:
+        action = self.resolve(step, observation)
+      if action is not None:
+        return action
+    return None
+
+
+def first_hit(observation: str, path_pattern: str) -> tuple[str, int] | None:
+  """(path, line) of the first grep-style `path:line:` hit whose path matches `path_pattern`."""
+  m = re.search(rf"^({path_pattern}):(\d+):", observation, re.M)
+  return (m.group(1), int(m.group(2))) if m else None
 
 
 def truncate(text: str, limit: int) -> str:

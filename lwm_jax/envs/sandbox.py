@@ -21,6 +21,8 @@ import sys
 import time
 import warnings
 
+from lwm_jax.envs import base
+
 INNER_ROOT = "/sandbox"
 UNSAFE_ENV = "LWM_ENVS_UNSAFE"
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; `make test` "
@@ -130,6 +132,30 @@ def inner_path(episode_dir: str, host_path: str) -> str:
   """Where a host path inside the episode directory appears in the sandbox."""
   rel = os.path.relpath(host_path, episode_dir)
   return INNER_ROOT if rel == "." else os.path.join(INNER_ROOT, rel)
+
+
+class SandboxedEnv(base.Env):
+  """An env that runs real commands, each inside a sandbox over its episode directory."""
+
+  def __init__(self, root: str | None, unsafe: bool, limits: Limits) -> None:
+    super().__init__()
+    self.root_parent = root
+    self.limits = limits
+    self.isolated = check(unsafe, type(self).__name__)
+
+  def _open_dir(self, prefix: str) -> str:
+    """Makes the episode directory (with its tmp/); returns where commands see it."""
+    self._make_dir(prefix)
+    os.makedirs(os.path.join(self.sandbox, "tmp"))
+    self.inner = INNER_ROOT if self.isolated else self.sandbox
+    return self.inner
+
+  def _argv(self, argv: list[str], cwd: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
+    """`argv` wrapped to run in the episode's sandbox (or only under its limits, when unsafe)."""
+    if self.isolated:
+      return command(argv, self.sandbox, cwd, self.limits, ro_paths,
+                     tmp=os.path.join(self.sandbox, "tmp"))
+    return ["/bin/bash", "-c", ulimit_script(self.limits), argv[0], *argv]
 
 
 def descendants(pid: int) -> list[int]:

@@ -12,7 +12,6 @@ import importlib
 import inspect
 import os
 import pydoc
-import random
 import re
 import sqlite3
 import sys
@@ -135,8 +134,7 @@ class SearchEnv(base.Env):
     self.ids = [r[0] for r in self.con.execute("SELECT doc_id FROM docs ORDER BY doc_id")]
 
   def reset(self, seed: int) -> str:
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
+    rng = self._begin(seed, close=False)  # the index stays open across episodes
     funcs = [d for d in self.ids if "." in d and d.split(".")[-1][:1].islower()]
     target = rng.choice(funcs)
     title, body = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (target,)).fetchone()
@@ -151,8 +149,7 @@ class SearchEnv(base.Env):
     initial = (f"Search engine over the Python {sys.version_info.major}.{sys.version_info.minor} "
                f"standard library documentation: {len(self.ids)} documents indexed (modules, "
                "classes, functions). No query has been run yet.")
-    self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    return self._ready(self.goal["text"], ACTION_SPACE, initial)
 
   def episode_meta(self) -> dict[str, Any]:
     return {"target_doc": self.goal.get("target"), "collection":

@@ -161,16 +161,13 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
             "GIT_COMMITTER_DATE": "2024-06-01T09:00:00+00:00", "GIT_CONFIG_NOSYSTEM": "1"}
 
 
-class SweEnv(base.Env):
+class SweEnv(sandbox.SandboxedEnv):
   domain = "swe"
 
   def __init__(self, root: str | None = None, test_timeout: float = 30.0, unsafe: bool = False,
                limits: sandbox.Limits = sandbox.Limits()) -> None:
-    super().__init__()
-    self.root_parent = root
+    super().__init__(root, unsafe, limits)
     self.test_timeout = test_timeout
-    self.limits = limits
-    self.isolated = sandbox.check(unsafe, "SweEnv")
     # pytest runs with this interpreter, whose installation is shown read-only in the sandbox.
     self.python_paths = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)
                                       if not os.path.realpath(p).startswith("/usr/")}))
@@ -182,22 +179,15 @@ class SweEnv(base.Env):
 
   def _run(self, args: list[str], timeout: float = 30.0) -> tuple[int, str]:
     """Runs a tool in the episode's sandbox, in the repository; returns (exit code, output)."""
-    if self.isolated:
-      argv = sandbox.command(args, self.sandbox, self.inner_repo, self.limits, self.python_paths,
-                             tmp=os.path.join(self.sandbox, "tmp"))
-    else:
-      argv = ["/bin/bash", "-c", sandbox.ulimit_script(self.limits), args[0], *args]
+    argv = self._argv(args, self.inner_repo, self.python_paths)
     rc, out, timed_out = sandbox.run(argv, cwd=self.repo, env=self._env(), timeout=timeout,
                                      max_output=self.limits.output_bytes)
     return (124, f"[timed out after {timeout:g} s]\n") if timed_out else (rc, out)
 
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
-    self._make_dir("lwm_swe_")
+    self.inner_repo = os.path.join(self._open_dir("lwm_swe_"), "repo")
     self.repo = os.path.join(self.sandbox, "repo")
-    os.makedirs(os.path.join(self.sandbox, "tmp"))
-    self.inner = sandbox.INNER_ROOT if self.isolated else self.sandbox
-    self.inner_repo = os.path.join(self.inner, "repo")
     bug_idx = rng.randrange(len(BUGS))
     path, good, bad, test, report = BUGS[bug_idx]
     files = {"README.md": "# textkit\n\nSmall string and number helpers. Run `pytest` to test.\n",
@@ -318,12 +308,12 @@ class SweEnv(base.Env):
     return out or "(no changes)"
 
 
-class SweAgent(base.Agent):
+class SweAgent(base.PlanAgent):
   """Reproduces the failure, locates the function, fixes it (sometimes after a bad try), re-tests."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
-    plan: list[str] = []
+    plan: list[Any] = []
     if r.random() < 0.5:
       plan.append(r.choice(['ls()', 'ls(path="textkit")', 'view(path="README.md")', 'ls(path="tests")']))
     if r.random() < 0.15:
@@ -331,7 +321,7 @@ class SweAgent(base.Agent):
     plan.append(r.choice(['run_tests()', 'run_tests(target="tests")',
                           f'run_tests(target="tests/test_{g["path"].split("/")[-1]}")']))
     plan.append(f'search(pattern="def {g["func"]}")')
-    plan.append("@view")
+    plan.append(_view_definition)
     if r.random() < 0.3:
       plan.append(f'view(path="tests/test_{g["path"].split("/")[-1]}")')
     if r.random() < 0.35:  # a bad edit: text that is not in the file, or a wrong fix
@@ -348,19 +338,15 @@ class SweAgent(base.Agent):
       plan.append("diff()")
     if r.random() < 0.3:
       plan.append("run_tests()")
-    self.plan = plan
+    return plan
 
-  def act(self, observation: str) -> str | None:
-    if not self.plan:
-      return None
-    a = self.plan.pop(0)
-    if a == "@view":
-      m = re.search(r"^([\w/]+\.py):(\d+):", observation, re.M)
-      if not m:
-        return 'search(pattern="def ")'
-      line = int(m.group(2))
-      return f'view(path="{m.group(1)}", start={max(1, line - 1)}, end={line + 10})'
-    return a
+
+def _view_definition(observation: str) -> str:
+  """Opens the file around the definition that the previous search found (or searches again)."""
+  hit = base.first_hit(observation, r"[\w/]+\.py")
+  if hit is None:
+    return 'search(pattern="def ")'
+  return f'view(path="{hit[0]}", start={max(1, hit[1] - 1)}, end={hit[1] + 10})'
 
 
 def repr_edit(path: str, old: str, new: str) -> str:

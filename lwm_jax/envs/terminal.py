@@ -87,16 +87,13 @@ def _build_tree(rng: random.Random) -> dict[str, str]:
 _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes", "top_users")
 
 
-class TerminalEnv(base.Env):
+class TerminalEnv(sandbox.SandboxedEnv):
   domain = "terminal"
 
   def __init__(self, time_limit: float = 3.0, root: str | None = None, unsafe: bool = False,
                limits: sandbox.Limits = sandbox.Limits()) -> None:
-    super().__init__()
+    super().__init__(root, unsafe, limits)
     self.time_limit = time_limit
-    self.root_parent = root
-    self.limits = limits
-    self.isolated = sandbox.check(unsafe, "TerminalEnv")
     self.home = ""
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
@@ -104,18 +101,15 @@ class TerminalEnv(base.Env):
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
-    self.sandbox = self._make_dir("lwm_term_")
-    self.home = os.path.join(self.sandbox, "home")
     # Paths as the shell sees them: the episode directory is /sandbox inside the sandbox.
-    self.inner = sandbox.INNER_ROOT if self.isolated else self.sandbox
-    self.inner_home = os.path.join(self.inner, "home")
+    self.inner_home = os.path.join(self._open_dir("lwm_term_"), "home")
+    self.home = os.path.join(self.sandbox, "home")
     self.files = _build_tree(rng)
     for rel, text in sorted(self.files.items()):
       path = os.path.join(self.home, rel)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    os.makedirs(os.path.join(self.sandbox, "tmp"))
     self._fix_mtimes(force=True)
     kind = rng.choice(_TASKS)
     self.goal = self._make_goal(kind, rng)
@@ -130,12 +124,7 @@ class TerminalEnv(base.Env):
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.inner_home, "TZ": "UTC", "LC_ALL": "C",
            "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.inner, "tmp"),
            "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
-    argv = ["bash", "--noprofile", "--norc"]
-    if self.isolated:
-      argv = sandbox.command(argv, self.sandbox, self.inner_home, self.limits,
-                             tmp=os.path.join(self.sandbox, "tmp"))
-    else:
-      argv = ["/bin/bash", "-c", sandbox.ulimit_script(self.limits), *argv[:1], *argv]
+    argv = self._argv(["bash", "--noprofile", "--norc"], self.inner_home)
     status_r, status_w = os.pipe()
     try:
       self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -357,12 +346,12 @@ class TerminalEnv(base.Env):
                                   "appears, most frequent first."}
 
 
-class TerminalAgent(base.Agent):
+class TerminalAgent(base.PlanAgent):
   """Explores a little, makes typical mistakes, then carries out the goal step by step."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
-    plan: list[str] = []
+    plan: list[Any] = []
     explore = ["ls", "ls -la", "ls logs data", "cat README.md", "ls -R", "pwd", "head -n 5 logs/app.log",
                "wc -l logs/app.log data/sales.csv", "cat notes/todo.txt", "date", "ls -l data",
                "find . -name '*.py'", "tail -n 3 logs/app.log", "echo $HOME", "whoami"]
@@ -384,7 +373,7 @@ class TerminalAgent(base.Agent):
       plan += ["head -n 3 data/sales.csv", f"grep ',{reg},' data/sales.csv",
                f"awk -F, '$2==\"{reg}\" {{s+=$4}} END {{print s+0}}' data/sales.csv"]
     elif k == "find_def":
-      plan += [f"grep -rn 'def {g['func']}' src", "@show_def"]
+      plan += [f"grep -rn 'def {g['func']}' src", _show_definition]
     elif k == "backup_csv":
       plan += ["ls data", "mkdir backup", "cp data/*.csv backup/", "ls -l backup",
                "diff data/sales.csv backup/sales.csv && echo same"]
@@ -400,17 +389,10 @@ class TerminalAgent(base.Agent):
       plan.insert(r.randrange(len(plan) + 1), r.choice(explore))
     if r.random() < 0.3:
       plan.append(r.choice(["ls", "date", "ls -l", "cat report.txt", "cat notes/todo.txt"]))
-    self.plan = plan
-    self.func = g.get("func", "")
+    return plan
 
-  def act(self, observation: str) -> str | None:
-    if not self.plan:
-      return None
-    a = self.plan.pop(0)
-    if a == "@show_def":
-      m = re.search(r"^(src/\w+\.py):(\d+):", observation, re.M)
-      if not m:
-        return "grep -rn 'def ' src"
-      start = int(m.group(2))
-      return f"sed -n '{start},{start + 2}p' {m.group(1)}"
-    return a
+
+def _show_definition(observation: str) -> str:
+  """Prints the definition that the previous grep found (or greps again)."""
+  hit = base.first_hit(observation, r"src/\w+\.py")
+  return "grep -rn 'def ' src" if hit is None else f"sed -n '{hit[1]},{hit[1] + 2}p' {hit[0]}"
