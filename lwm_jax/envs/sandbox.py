@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import select
 import shutil
 import signal
@@ -173,9 +174,65 @@ def descendants(pid: int) -> list[int]:
   return seen
 
 
+def popen(argv: list[str], **kwargs) -> subprocess.Popen:
+  """subprocess.Popen for a command line made by `command()` (or a plain one).
+
+  For a sandbox it asks bwrap for the host PID of the sandbox's first process, so that
+  `kill_tree`/`run` can wait until the whole sandbox is gone: bwrap itself may exit a moment
+  before the kernel has ended the other processes of its PID namespace.
+  """
+  info_w = -1
+  if argv[0] == "bwrap":
+    info_r, info_w = os.pipe()
+    argv = [argv[0], "--info-fd", str(info_w), *argv[1:]]
+    kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), info_w)
+  try:
+    proc = subprocess.Popen(argv, **kwargs)
+  except BaseException:
+    if info_w >= 0:
+      os.close(info_r)
+    raise
+  finally:
+    if info_w >= 0:
+      os.close(info_w)
+  proc.sandbox_info_fd = info_r if info_w >= 0 else -1  # type: ignore[attr-defined]
+  return proc
+
+
+def _await_end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+  """After `proc` (bwrap) has exited: waits until its sandbox's first process has ended too,
+  which the kernel allows only once every process of the sandbox has ended."""
+  fd = getattr(proc, "sandbox_info_fd", -1)
+  if fd < 0:
+    return
+  proc.sandbox_info_fd = -1  # type: ignore[attr-defined]
+  info = b""
+  with os.fdopen(fd, "rb") as f:
+    info = f.read()
+  m = re.search(rb'"child-pid":\s*(\d+)', info)
+  if m:
+    _await_gone([int(m.group(1))], timeout)
+
+
+def _await_gone(pids: list[int], timeout: float = 5.0) -> None:
+  """Waits until every process in `pids` has ended (gone, or a zombie)."""
+  deadline = time.monotonic() + timeout
+  for pid in pids:
+    while time.monotonic() < deadline:
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            break
+      except (OSError, IndexError):
+        break
+      time.sleep(0.005)
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
-  """SIGKILLs `proc`, its process group and every descendant, then reaps it."""
-  for pid in descendants(proc.pid)[::-1]:
+  """SIGKILLs `proc`, its process group and every descendant, then reaps it and waits until
+  they have all ended."""
+  kids = descendants(proc.pid)
+  for pid in kids[::-1]:
     try:
       os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -189,6 +246,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
   except ProcessLookupError:
     pass
   proc.wait()
+  _await_gone(kids)
+  _await_end(proc)
 
 
 def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float,
@@ -198,8 +257,8 @@ def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float,
   Returns (exit code, stdout+stderr, timed out); extra output is dropped with a note. The whole
   process tree is killed at the timeout.
   """
-  proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, start_new_session=True)
+  proc = popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+               stderr=subprocess.STDOUT, start_new_session=True)
   assert proc.stdout is not None
   fd = proc.stdout.fileno()
   chunks, size, dropped = [], 0, 0
@@ -220,7 +279,11 @@ def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float,
     chunks.append(keep)
     size += len(keep)
     dropped += len(chunk) - len(keep)
-  kill_tree(proc) if timed_out else proc.wait()
+  if timed_out:
+    kill_tree(proc)
+  else:
+    proc.wait()
+    _await_end(proc)
   proc.stdout.close()
   out = b"".join(chunks).decode("utf-8", "replace")
   if dropped:

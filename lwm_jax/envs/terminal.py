@@ -127,9 +127,9 @@ class TerminalEnv(sandbox.SandboxedEnv):
     argv = self._argv(["bash", "--noprofile", "--norc"], self.inner_home)
     status_r, status_w = os.pipe()
     try:
-      self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, cwd=self.home, env=env,
-                                   start_new_session=True, pass_fds=(status_w,))
+      self.proc = sandbox.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=self.home, env=env,
+                                start_new_session=True, pass_fds=(status_w,))
     finally:
       os.close(status_w)
     self.status_fd = status_r
