@@ -47,7 +47,7 @@ class Limits:
 _probe_result: str | None = None
 
 
-def _probe() -> str:
+def problem() -> str:
   """'' when bubblewrap can build a sandbox here, else why not (cached)."""
   global _probe_result
   if _probe_result is None:
@@ -66,7 +66,7 @@ def _probe() -> str:
 
 
 def available() -> bool:
-  return _probe() == ""
+  return problem() == ""
 
 
 def check(unsafe: bool, what: str) -> bool:
@@ -75,7 +75,7 @@ def check(unsafe: bool, what: str) -> bool:
   Raises RuntimeError when isolation is unavailable and unsafe mode was not asked for.
   """
   unsafe = unsafe or os.environ.get(UNSAFE_ENV, "") not in ("", "0")
-  why = _probe()
+  why = problem()
   if not why:
     return True
   if not unsafe:
