@@ -4,6 +4,8 @@
 one seeded bug, and commits it (fixed author, dates and identity, so hashes repeat). Actions view
 files, grep, edit by exact string replacement, run pytest and show `git diff`; the observations are
 those tools' real output, with the sandbox path shown as `/repo` and pytest's run time fixed.
+Every tool (git, pytest and whatever code the agent puts in the tests) runs in the episode's
+sandbox (see `sandbox`), and no argument of an action is ever read as a command-line option.
 """
 from __future__ import annotations
 

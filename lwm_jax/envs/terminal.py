@@ -1,10 +1,12 @@
-"""A persistent real bash session in a throwaway sandbox with a seeded file tree.
+"""A persistent real bash session in a sandbox (see `sandbox`) with a seeded file tree.
 
-Every command runs in the same `bash` process (so `cd`, variables and functions persist), is
-limited in time (children are killed past the limit), and its real output plus the next prompt
-line is the observation. Determinism: TZ=UTC, LC_ALL=C, a fixed clock (`date` reads `$LWM_NOW`,
-which advances one minute per step; files touched by a command get that time as mtime), $RANDOM
-seeded, and the sandbox's real temp path shown as `/home/user`.
+Every command runs in the same `bash` process (so `cd`, variables and functions persist), reads an
+empty stdin, is limited in time (children are killed past the limit), and its real output plus
+the next prompt line is the observation. A command that ends the shell (`exit`, `kill -9 $$`) or
+sends its output elsewhere (`exec >/dev/null`) gets a note and a fresh shell in ~. Determinism:
+TZ=UTC, LC_ALL=C, a fixed clock (`date` reads `$LWM_NOW`, which advances one minute per step;
+files touched by a command get that time as mtime), $RANDOM seeded, and the home directory shown
+as `/home/user`.
 """
 from __future__ import annotations
 
