@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax.data import agentworldbench, prompts, schema  # noqa: E402
-from lwm_jax.envs import base, collect  # noqa: E402
+from lwm_jax.envs import base, collect, sandbox  # noqa: E402
 
 SPLITS = ("train", "validation", "test")
 
@@ -53,7 +53,12 @@ def main() -> None:
   ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
   ap.add_argument("--corpus_dir", default="data/corpus")
   ap.add_argument("--bench_dir", default="evals/mini_bench")
+  ap.add_argument("--unsafe_no_sandbox", action="store_true",
+                  help="run the terminal and swe commands WITHOUT isolation where bubblewrap is "
+                       "unavailable (they can then read and change this machine's files)")
   args = ap.parse_args()
+  if args.unsafe_no_sandbox:
+    os.environ[sandbox.UNSAFE_ENV] = "1"
   os.makedirs(args.corpus_dir, exist_ok=True)
   os.makedirs(args.bench_dir, exist_ok=True)
   report = {}
