@@ -83,7 +83,7 @@ def check(unsafe: bool, what: str) -> bool:
                        f"or accept running commands unisolated on this machine with unsafe=True "
                        f"(or {UNSAFE_ENV}=1).")
   warnings.warn(f"{what}: running commands WITHOUT a sandbox ({why}); they can read and change "
-                "this machine's files", RuntimeWarning, stacklevel=3)
+                "this machine's files", RuntimeWarning, stacklevel=4)
   return False
 
 
