@@ -14,6 +14,7 @@ import os
 import pydoc
 import re
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -31,7 +32,7 @@ MODULES = (
     "weakref zipfile zlib").split()
 PER_PAGE = 5
 LINES_PER_PAGE = 40
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"  # 2: built in a fresh process (1 could list `__slotnames__`)
 MAX_QUERY_CHARS = 1000
 MAX_TERMS = 32
 ACTION_SPACE = """\
@@ -89,14 +90,26 @@ def ensure_index(cache_dir: str | None = None) -> str:
   os.makedirs(cache_dir, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
   os.close(fd)
-  con = sqlite3.connect(tmp)
+  # Built by a fresh interpreter: pydoc's text depends on what the process did before (a class
+  # that was pickled or copied gains a `__slotnames__` attribute, which pydoc then lists).
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.search", "--build", tmp], env=env,
+                        capture_output=True, text=True)
+  if proc.returncode:
+    os.remove(tmp)
+    raise RuntimeError(f"building the search index failed:\n{proc.stderr}")
+  os.replace(tmp, path)
+  return path
+
+
+def write_index(path: str) -> None:
+  """Writes the FTS5 index of `build_documents()` to the (empty) SQLite file `path`."""
+  con = sqlite3.connect(path)
   con.execute("CREATE VIRTUAL TABLE docs USING fts5(doc_id UNINDEXED, title, body, "
               "tokenize='porter unicode61')")
   con.executemany("INSERT INTO docs VALUES (?,?,?)", build_documents())
   con.commit()
   con.close()
-  os.replace(tmp, path)
-  return path
 
 
 def _fts_query(query: str) -> str:
@@ -281,3 +294,9 @@ class SearchAgent(base.Agent):
       return f'search(query="{self.last_query}")'
     self.opened = True
     return f'open(doc_id="{g["target"]}")'
+
+
+if __name__ == "__main__":
+  if sys.argv[1:2] != ["--build"] or len(sys.argv) != 3:
+    sys.exit("usage: python -m lwm_jax.envs.search --build INDEX_PATH")
+  write_index(sys.argv[2])
