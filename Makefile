@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test bench corpus fixtures clean
+.PHONY: demo test bench corpus fixtures clean sandbox-tool
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,10 +14,19 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-test: $(VENV)/.installed
+# The terminal and swe environments run commands inside bubblewrap (lwm_jax/envs/sandbox.py):
+# installed here when missing and we are root with apt, then checked to work on this kernel.
+sandbox-tool: $(VENV)/.installed
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap)) >/dev/null; \
+	  else echo "bubblewrap (bwrap) is missing: install it (Debian/Ubuntu: apt-get install bubblewrap)" >&2; exit 1; fi; }
+	@$(PY) -c 'import sys; from lwm_jax.envs import sandbox; p = sandbox.problem(); p and sys.exit(p + "; the terminal and swe environments need it (or LWM_ENVS_UNSAFE=1 to run them unisolated)")'
+
+test: $(VENV)/.installed sandbox-tool
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py
 
 bench: $(VENV)/.installed
@@ -29,7 +38,7 @@ fixtures: $(VENV)/.installed
 	$(PY) tools/make_hf_fixtures.py
 
 # Bundled corpus (7 domains x 300 real trajectories) and the mini benchmark; byte-identical on re-run.
-corpus: $(VENV)/.installed
+corpus: $(VENV)/.installed sandbox-tool
 	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2
 
 clean:

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax.data import bench_records, prompts, schema  # noqa: E402
-from lwm_jax.envs import base, collect  # noqa: E402
+from lwm_jax.envs import base, collect, sandbox  # noqa: E402
 
 SPLITS = ("train", "validation", "test")
 
@@ -66,6 +66,9 @@ def main() -> None:
   ap.add_argument("--bench_dir", default="evals/mini_bench")
   ap.add_argument("--bench_only", action="store_true",
                   help="rewrite the mini benchmark from the corpus test split; collect nothing")
+  ap.add_argument("--unsafe_no_sandbox", action="store_true",
+                  help="run the terminal and swe commands WITHOUT isolation where bubblewrap is "
+                       "unavailable (they can then read and change this machine's files)")
   args = ap.parse_args()
   if args.bench_only:
     for name in args.domains.split(","):
@@ -73,6 +76,8 @@ def main() -> None:
       n = write_bench(os.path.join(args.bench_dir, f"{name}_test.jsonl"), test)
       print(json.dumps({name: {"test": len(test), "bench_records": n}}), flush=True)
     return
+  if args.unsafe_no_sandbox:
+    os.environ[sandbox.UNSAFE_ENV] = "1"
   os.makedirs(args.corpus_dir, exist_ok=True)
   os.makedirs(args.bench_dir, exist_ok=True)
   report = {}

@@ -1,6 +1,7 @@
-"""lwm_jax.envs: real local environments that produce genuine trajectories.
+"""lwm_jax.envs: the seven real environments, their scripted agents and corpus collection.
 
-One per domain (terminal, mcp, search, swe, android, web, os) behind the `base.Env` API, the
-scripted agents that drive them, and the recorder and parallel collector that write trajectory
-JSONL. May import lwm_jax.data (the schema); not model, train, sampling, eval, sim or rl.
+`base` holds the Env/Agent API, the plan-following scripted agent and the registry; one module per
+domain (terminal, swe, mcp_env + mcp_server, search, web + web_app, android, desktop + ui);
+`sandbox` isolates the domains that run real commands (bubblewrap); `recorder` and `collect` turn
+episodes into `data.schema.Trajectory` records. May import lwm_jax.data; nothing above it.
 """

@@ -8,7 +8,6 @@ hierarchy with numbered interactive nodes. Actions: `tap(id)`, `type(id, "text")
 """
 from __future__ import annotations
 
-import random
 import re
 from typing import Any
 
@@ -25,6 +24,11 @@ One action per turn, Python call syntax:
 Observation: the view hierarchy of the screen; nodes that accept input have an id."""
 APPS = {"Contacts": "com.android.contacts", "Clock": "com.android.deskclock",
         "Settings": "com.android.settings", "Notes": "com.example.notes"}
+TASKS = {"add_contact": "Add a contact {name} with phone {phone}.",
+         "alarm": "Create an alarm at {hour:02d}:{minute:02d} labelled '{label}'.",
+         "settings": "Turn {switch} {toggle} and raise the brightness.",
+         "note": "Write a note titled '{note}'.",
+         "delete_contact": "Delete the contact {victim}."}
 NAMES = ["Ada Park", "Bruno Diaz", "Cleo Grant", "Dev Patel", "Eva Lind", "Femi Ade", "Gus Hale",
          "Hana Sato", "Ivo Brun", "Juno West"]
 
@@ -35,8 +39,7 @@ class AndroidEnv(ui.UiEnv):
   signatures = {"tap": ("id",), "type": ("id", "text"), "back": (), "home": (), "open_app": ("name",)}
 
   def reset(self, seed: int) -> str:
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
+    rng = self._begin(seed, close=False)
     self.stack: list[tuple[str, dict[str, Any]]] = [("home", {})]
     self.contacts = [{"name": n, "phone": f"+1 555 {rng.randint(1000, 9999)}"}
                      for n in sorted(rng.sample(NAMES, rng.randint(2, 6)))]
@@ -49,21 +52,14 @@ class AndroidEnv(ui.UiEnv):
         [("Groceries", "milk, eggs, rice"), ("Ideas", "garden bench"), ("Trip", "book train")], rng.randint(0, 2))]
     kind = rng.choice(["add_contact", "alarm", "settings", "note", "delete_contact"])
     name = rng.choice([n for n in NAMES if n not in {c["name"] for c in self.contacts}])
-    self.goal = {"kind": kind, "name": name, "phone": f"+1 555 {rng.randint(1000, 9999)}",
-                 "hour": rng.randint(5, 11), "minute": rng.choice([0, 10, 30, 45]),
-                 "label": rng.choice(["Run", "Call mom", "Standup"]), "victim": rng.choice(self.contacts)["name"],
-                 "toggle": rng.choice(["Wi-Fi", "Bluetooth", "Dark theme"]),
-                 "note": rng.choice(["Pay rent", "Water plants", "Return books"])}
-    g = self.goal
-    g["text"] = {"add_contact": f"Add a contact {g['name']} with phone {g['phone']}.",
-                 "alarm": f"Create an alarm at {g['hour']:02d}:{g['minute']:02d} labelled '{g['label']}'.",
-                 "settings": f"Turn {'off' if self.settings[g['toggle']] else 'on'} {g['toggle']} and raise the brightness.",
-                 "note": f"Write a note titled '{g['note']}'.",
-                 "delete_contact": f"Delete the contact {g['victim']}."}[kind]
+    goal = {"kind": kind, "name": name, "phone": f"+1 555 {rng.randint(1000, 9999)}",
+            "hour": rng.randint(5, 11), "minute": rng.choice([0, 10, 30, 45]),
+            "label": rng.choice(["Run", "Call mom", "Standup"]), "victim": rng.choice(self.contacts)["name"],
+            "toggle": rng.choice(["Wi-Fi", "Bluetooth", "Dark theme"]),
+            "note": rng.choice(["Pay rent", "Water plants", "Return books"])}
+    g = self._set_goal(TASKS, goal, switch="off" if self.settings[goal["toggle"]] else "on")
     self.error = ""
-    initial = self.current()
-    self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    return self._ready(g["text"], ACTION_SPACE, self.current())
 
   def screen_state(self, observation: str) -> str:
     return re.sub(r"\b\d\d:\d\d(\s+Wi-Fi)", r"\1", re.sub(r' time="[^"]*"', "", observation))
@@ -215,10 +211,10 @@ class AndroidEnv(ui.UiEnv):
     self._form(w, d, save, p)
 
 
-class AndroidAgent(base.Agent):
+class AndroidAgent(base.PlanAgent):
   """Opens the right app (by launcher or open_app), fills forms, with slips and detours."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
     app = {"add_contact": "Contacts", "delete_contact": "Contacts", "alarm": "Clock",
            "settings": "Settings", "note": "Notes"}[g["kind"]]
@@ -260,15 +256,10 @@ class AndroidAgent(base.Agent):
       s.insert(r.randrange(1, len(s)), r.choice(["tap(77)", 'type(1, "x")', "tap(0)"]))
     if r.random() < 0.4:
       s.append(r.choice(["home()", "back()"]))
-    self.s = s
+    return s
 
-  def act(self, observation: str) -> str | None:
-    while self.s:
-      x = self.s.pop(0)
-      if isinstance(x, str):
-        return x
-      i = ui.find(observation, x[1])
-      if i is None:
-        continue
-      return f"tap({i})" if x[0] == "tap" else f"type({i}, {x[2]!r})"
-    return None
+  def resolve(self, step: Any, observation: str) -> str | None:
+    i = ui.find(observation, step[1])
+    if i is None:
+      return None
+    return f"tap({i})" if step[0] == "tap" else f"type({i}, {step[2]!r})"

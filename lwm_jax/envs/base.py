@@ -13,7 +13,11 @@ import abc
 import ast
 import dataclasses
 import importlib
+import os
 import random
+import re
+import shutil
+import tempfile
 from typing import Any, ClassVar
 
 # Fixed wall clock of every sandbox: 2024-06-01 09:00:00 UTC. Each step advances it by a minute.
@@ -39,6 +43,39 @@ class Env(abc.ABC):
     self.goal: dict[str, Any] = {}   # structured task spec, read by the scripted agent
     self.steps = 0
     self._info: EnvInfo | None = None  # set by reset() of environments that use the default describe
+    self.sandbox = ""  # the episode's throwaway directory, for envs that keep files
+    self.root_parent: str | None = None  # where such directories are made (None: the system temp)
+
+  # -- the parts every reset() shares ----------------------------------------------------------
+  def _begin(self, seed: int, close: bool = True) -> random.Random:
+    """Starts an episode: ends the previous one (`close()`, unless the env keeps its servers
+    across episodes), zeroes the step count and returns the episode's seeded generator."""
+    if close:
+      self.close()
+    self.steps = 0
+    return random.Random(seed * 7 + 1)
+
+  def _set_goal(self, tasks: dict[str, str], goal: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Makes `goal` the episode's goal, with its task text `tasks[goal["kind"]]` filled in from
+    the goal's fields and `extra`."""
+    goal["text"] = tasks[goal["kind"]].format(**goal, **extra)
+    self.goal = goal
+    return goal
+
+  def _ready(self, task: str, action_space: str, initial_state: str) -> str:
+    """Ends reset(): records what describe() returns and gives back the initial state."""
+    self._info = EnvInfo(task=task, action_space=action_space, initial_state=initial_state)
+    return initial_state
+
+  def _make_dir(self, prefix: str) -> str:
+    """A fresh episode directory (also kept in `self.sandbox`; `_remove_dir` deletes it)."""
+    self.sandbox = tempfile.mkdtemp(prefix=prefix, dir=self.root_parent)
+    return self.sandbox
+
+  def _remove_dir(self) -> None:
+    if self.sandbox and os.path.isdir(self.sandbox):
+      shutil.rmtree(self.sandbox, ignore_errors=True)
+    self.sandbox = ""
 
   @abc.abstractmethod
   def reset(self, seed: int) -> str:
@@ -85,6 +122,47 @@ class Agent(abc.ABC):
   @abc.abstractmethod
   def act(self, observation: str) -> str | None:
     """The next action given the last observation, or None to end the episode."""
+
+
+class PlanAgent(Agent):
+  """A scripted agent that works through a plan of steps made when the episode begins.
+
+  `make_plan` returns the steps. A step that is a string is the action itself; a callable is
+  called with the last observation and returns the action; any other step (a tuple naming what to
+  do) is resolved against the last observation by `resolve`. Both may return None to skip the
+  step (what it needs is not on screen) and may put steps back at the front of `self.plan`, e.g.
+  to page on until something shows up.
+  """
+
+  def begin(self, env: Env, initial_state: str) -> None:
+    self.plan: list[Any] = self.make_plan(env, initial_state)
+
+  @abc.abstractmethod
+  def make_plan(self, env: Env, initial_state: str) -> list[Any]:
+    """The episode's steps, drawn from the env's goal and `self.rng`."""
+
+  def resolve(self, step: Any, observation: str) -> str | None:
+    """The action for a non-string step given the last observation (None: skip it)."""
+    raise ValueError(f"{type(self).__name__} cannot resolve plan step {step!r}")
+
+  def act(self, observation: str) -> str | None:
+    while self.plan:
+      step = self.plan.pop(0)
+      if isinstance(step, str):
+        action = step
+      elif callable(step):
+        action = step(observation)
+      else:
+        action = self.resolve(step, observation)
+      if action is not None:
+        return action
+    return None
+
+
+def first_hit(observation: str, path_pattern: str) -> tuple[str, int] | None:
+  """(path, line) of the first grep-style `path:line:` hit whose path matches `path_pattern`."""
+  m = re.search(rf"^({path_pattern}):(\d+):", observation, re.M)
+  return (m.group(1), int(m.group(2))) if m else None
 
 
 def truncate(text: str, limit: int) -> str:

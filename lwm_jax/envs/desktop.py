@@ -9,9 +9,7 @@ screen is rendered as a UI tree with numbered interactive elements. Actions: `cl
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import tempfile
 from typing import Any
 
 from lwm_jax.envs import base, ui
@@ -27,6 +25,12 @@ One action per turn, Python call syntax:
 Observation: the UI tree of the focused window plus the dock; interactive elements have [id]."""
 HOME_SHOWN = "/home/user"
 APPS = ("Files", "Text Editor", "Settings")
+TASKS = {"edit": "Open ~/{file} in the editor, add the line '{line}' and save it.",
+         "mkdir": "Create a folder named {folder} in Documents.",
+         "rename": "Rename ~/{file} to {newname}.",
+         "delete": "Delete ~/{file}.",
+         "theme": "Switch the desktop theme to {theme} and lower the volume."}
+MAX_NAME_BYTES = 255  # the longest file name Linux file systems accept
 
 
 class DesktopEnv(ui.UiEnv):
@@ -38,13 +42,10 @@ class DesktopEnv(ui.UiEnv):
   def __init__(self, root: str | None = None) -> None:
     super().__init__()
     self.root_parent = root
-    self.sandbox = ""
 
   def reset(self, seed: int) -> str:
-    self.close()
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
-    self.sandbox = tempfile.mkdtemp(prefix="lwm_os_", dir=self.root_parent)
+    rng = self._begin(seed)
+    self._make_dir("lwm_os_")
     self.home = os.path.join(self.sandbox, "home")
     files = {"Documents/report.txt": "Quarterly report\nSales up 4%.\n",
              "Documents/todo.txt": "- call plumber\n- renew passport\n",
@@ -63,19 +64,12 @@ class DesktopEnv(ui.UiEnv):
                      "wallpaper": "Hills"}
     txts = sorted(r for r in files if r.endswith(".txt"))
     kind = rng.choice(["edit", "mkdir", "rename", "delete", "theme"])
-    self.goal = {"kind": kind, "file": rng.choice(txts), "folder": rng.choice(["Projects", "Archive", "Taxes"]),
-                 "line": rng.choice(["Checked.", "Done by Friday.", "See attached."]),
-                 "newname": rng.choice(["final.txt", "old.txt", "draft.txt"])}
-    g = self.goal
-    g["text"] = {"edit": f"Open ~/{g['file']} in the editor, add the line '{g['line']}' and save it.",
-                 "mkdir": f"Create a folder named {g['folder']} in Documents.",
-                 "rename": f"Rename ~/{g['file']} to {g['newname']}.",
-                 "delete": f"Delete ~/{g['file']}.",
-                 "theme": f"Switch the desktop theme to {'Light' if self.settings['theme'] == 'Dark' else 'Dark'} "
-                          "and lower the volume."}[kind]
-    initial = self.current()
-    self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    g = self._set_goal(TASKS, {
+        "kind": kind, "file": rng.choice(txts), "folder": rng.choice(["Projects", "Archive", "Taxes"]),
+        "line": rng.choice(["Checked.", "Done by Friday.", "See attached."]),
+        "newname": rng.choice(["final.txt", "old.txt", "draft.txt"])},
+        theme="Light" if self.settings["theme"] == "Dark" else "Dark")
+    return self._ready(g["text"], ACTION_SPACE, self.current())
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "model": "deterministic program modelling a desktop "
@@ -83,9 +77,7 @@ class DesktopEnv(ui.UiEnv):
             "normalised": ["sandbox path shown as /home/user"]}
 
   def close(self) -> None:
-    if self.sandbox and os.path.isdir(self.sandbox):
-      shutil.rmtree(self.sandbox, ignore_errors=True)
-    self.sandbox = ""
+    self._remove_dir()
 
   def shown(self, path: str) -> str:
     return HOME_SHOWN + path[len(self.home):]
@@ -134,13 +126,18 @@ class DesktopEnv(ui.UiEnv):
   def _rename(self, win: dict[str, Any]) -> None:
     new = win["rename"].strip()
     old = os.path.join(win["cwd"], win["sel"])
-    if not new or "/" in new:
+    if not new or "/" in new or "\0" in new or new in (".", ".."):
       win["msg"] = f"Invalid name {new!r}"
+    elif len(os.fsencode(new)) > MAX_NAME_BYTES:
+      win["msg"] = f"Invalid name: {len(os.fsencode(new))} bytes long (at most {MAX_NAME_BYTES})"
     elif os.path.exists(os.path.join(win["cwd"], new)):
       win["msg"] = f"A file named {new} already exists"
     else:
-      os.rename(old, os.path.join(win["cwd"], new))
-      win["sel"], win["msg"] = new, f"Renamed to {new}"
+      try:
+        os.rename(old, os.path.join(win["cwd"], new))
+        win["sel"], win["msg"] = new, f"Renamed to {new}"
+      except OSError as e:  # what a file manager shows when the file system says no
+        win["msg"] = f"Cannot rename {win['sel']}: {e.strerror}"
     win["rename"] = None
 
   def _delete(self, win: dict[str, Any]) -> None:
@@ -221,10 +218,10 @@ class DesktopEnv(ui.UiEnv):
     w.append(Widget("button", "Close", 0, on_tap=lambda: self.windows.remove(win)))
 
 
-class DesktopAgent(base.Agent):
+class DesktopAgent(base.PlanAgent):
   """Browses to the file, works on it through the apps, with slips (wrong items, bad keys)."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
     folder, fname = g["file"].split("/")
     s: list[Any] = []
@@ -257,22 +254,17 @@ class DesktopAgent(base.Agent):
         s.append(("click", "Volume -"))
     if r.random() < 0.3:
       s.append(r.choice(['hotkey("alt+tab")', ("click", "Up"), 'hotkey("ctrl+w")']))
-    self.s = s
+    return s
 
-  def act(self, observation: str) -> str | None:
-    while self.s:
-      x = self.s.pop(0)
-      if isinstance(x, str):
-        return x
-      op, text = x[0], x[1]
-      i = ui.find(observation, f'"{text}' if op in ("click", "double_click") else text)
-      if i is None:
-        continue
-      if op == "type_append":
-        line = next((l for l in observation.splitlines() if f"[{i}] textarea" in l), "")
-        cur = line.split('"', 1)[1].rsplit('"', 1)[0] if '"' in line else ""
-        return f"type({i}, {cur + x[2] + chr(92) + 'n'!r})"
-      if op == "type":
-        return f"type({i}, {x[2]!r})"
-      return f"{op}({i})"
-    return None
+  def resolve(self, step: Any, observation: str) -> str | None:
+    op, text = step[0], step[1]
+    i = ui.find(observation, f'"{text}' if op in ("click", "double_click") else text)
+    if i is None:
+      return None
+    if op == "type_append":
+      line = next((l for l in observation.splitlines() if f"[{i}] textarea" in l), "")
+      cur = line.split('"', 1)[1].rsplit('"', 1)[0] if '"' in line else ""
+      return f"type({i}, {cur + step[2] + chr(92) + 'n'!r})"
+    if op == "type":
+      return f"type({i}, {step[2]!r})"
+    return f"{op}({i})"

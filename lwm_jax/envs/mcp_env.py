@@ -13,7 +13,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -103,8 +102,7 @@ class McpEnv(base.Env):
   def reset(self, seed: int) -> str:
     if self.client is None:
       raise RuntimeError("env is closed")
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
+    rng = self._begin(seed, close=False)  # the server lives as long as the env
     if os.path.exists(self.db_path):
       os.remove(self.db_path)
     counts = mcp_server.build_database(self.db_path, seed)
@@ -118,8 +116,7 @@ class McpEnv(base.Env):
                ", ".join(f"{k}={v}" for k, v in counts.items()))
     space = ("Call one tool per turn as a JSON object {\"tool\": NAME, \"arguments\": {...}}. "
              "Available tools (MCP tools/list):\n" + json.dumps(self.tools, indent=1))
-    self._info = base.EnvInfo(task=self.goal["text"], action_space=space, initial_state=initial)
-    return initial
+    return self._ready(self.goal["text"], space, initial)
 
   def step(self, action: str) -> str:
     if self.client is None:
@@ -132,8 +129,16 @@ class McpEnv(base.Env):
     if not isinstance(call, dict) or not isinstance(call.get("tool"), str):
       return json.dumps({"error": {"code": -32600, "message": "Invalid request: expected "
                                    "{\"tool\": NAME, \"arguments\": {...}}"}})
-    name, args = call["tool"], call.get("arguments", {})
-    result = self.client.call(lambda s: s.call_tool(name, args))
+    name, args = call["tool"], call.get("arguments")
+    args = {} if args is None else args
+    if not isinstance(args, dict):
+      return json.dumps({"error": {"code": -32602, "message": "Invalid params: \"arguments\" must "
+                                   f"be a JSON object, got {type(args).__name__}"}})
+    try:
+      result = self.client.call(lambda s: s.call_tool(name, args))
+    except TimeoutError:
+      return json.dumps({"error": {"code": -32001, "message": "Request timed out: the server did "
+                                   "not answer within 30 s"}})
     return base.truncate(render_result(result), self.max_obs_chars)
 
   def episode_meta(self) -> dict[str, Any]:
@@ -182,10 +187,10 @@ def _call(tool: str, **args: Any) -> str:
   return json.dumps({"tool": tool, "arguments": args})
 
 
-class McpAgent(base.Agent):
+class McpAgent(base.PlanAgent):
   """Discovers the schema, then works through the task, sometimes with bad SQL or arguments."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
     tools = set(g["tools"])
     plan: list[Any] = []
@@ -198,7 +203,7 @@ class McpAgent(base.Agent):
     k = g["kind"]
     if k == "order":
       plan += [_call("get_customer", customer_id=g["customer_id"]),
-               _call("search_products", keyword=g["keyword"]), "@order",
+               _call("search_products", keyword=g["keyword"]), self._order,
                _call("list_orders", customer_id=g["customer_id"])]
       if r.random() < 0.2:
         plan.insert(-2, _call("create_order", customer_id=g["customer_id"], product_id="first", quantity=1))
@@ -235,23 +240,18 @@ class McpAgent(base.Agent):
       plan.append(_call("query", sql=r.choice([
           "SELECT name, tier FROM customers WHERE tier = 'gold'", "SELECT COUNT(*) FROM products WHERE stock = 0",
           "SELECT name, price FROM products ORDER BY price DESC LIMIT 3", "SELEC * FROM customers"])))
-    self.plan = plan
     self.goal = g
     # Never call an undeclared tool: drop those steps (the task tools are always declared).
-    self.plan = [p for p in self.plan if p.startswith("@") or not p.startswith("{\"tool\"")
-                 or json.loads(p)["tool"] in tools]
+    return [p for p in plan if not isinstance(p, str) or not p.startswith("{\"tool\"")
+            or json.loads(p)["tool"] in tools]
 
-  def act(self, observation: str) -> str | None:
-    if not self.plan:
-      return None
-    a = self.plan.pop(0)
-    if a == "@order":
-      try:
-        rows = json.loads(observation)["rows"]
-      except (json.JSONDecodeError, KeyError, TypeError):
-        rows = []
-      named = [row for row in rows if row[1] == self.goal["product"]]
-      pid = (named or rows)[0][0] if rows else 1
-      return _call("create_order", customer_id=self.goal["customer_id"], product_id=pid,
-                   quantity=self.goal["quantity"])
-    return a
+  def _order(self, observation: str) -> str:
+    """Orders the product that the previous search found."""
+    try:
+      rows = json.loads(observation)["rows"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+      rows = []
+    named = [row for row in rows if row[1] == self.goal["product"]]
+    pid = (named or rows)[0][0] if rows else 1
+    return _call("create_order", customer_id=self.goal["customer_id"], product_id=pid,
+                 quantity=self.goal["quantity"])

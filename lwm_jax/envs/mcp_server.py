@@ -11,9 +11,11 @@ import argparse
 import json
 import random
 import sqlite3
+import time
 from typing import Any
 
 FIXED_TIME = "2024-06-01T09:00:00Z"
+QUERY_SECONDS = 2.0  # the longest a tool's SQL may run
 _SCHEMA = """
 CREATE TABLE customers (
   id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL UNIQUE,
@@ -96,19 +98,28 @@ def make_server(db_path: str) -> Any:
 
   app = MCPServer("shop-db", instructions="Tools over the shop's SQLite database.")
 
-  def connect() -> sqlite3.Connection:
-    con = sqlite3.connect(db_path)
+  def connect(read_only: bool = False) -> sqlite3.Connection:
+    if read_only:  # the engine itself refuses writes, whatever the statement looks like
+      con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+      con.execute("PRAGMA query_only = ON")
+    else:
+      con = sqlite3.connect(db_path)
     con.execute("PRAGMA foreign_keys = ON")
+    deadline = time.monotonic() + QUERY_SECONDS
+    # SQLite calls this every 10k VM steps; a non-zero answer interrupts the statement.
+    con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     return con
 
-  def run(fn: Any) -> str:
-    con = connect()
+  def run(fn: Any, read_only: bool = False) -> str:
+    con = connect(read_only)
     try:
       out = fn(con)
       con.commit()
       return out
     except sqlite3.Error as e:
       con.rollback()
+      if str(e) == "interrupted":
+        raise ToolError(f"query interrupted: it ran longer than {QUERY_SECONDS:g} s") from None
       raise ToolError(f"sqlite3.{type(e).__name__}: {e}") from None
     finally:
       con.close()
@@ -135,7 +146,7 @@ def make_server(db_path: str) -> Any:
     """Runs one read-only SELECT statement and returns up to 50 rows."""
     if not sql.lstrip().lower().startswith(("select", "with")):
       raise ToolError("only SELECT statements are allowed; use the write tools to change data")
-    return run(lambda c: _rows(c.execute(sql)))
+    return run(lambda c: _rows(c.execute(sql)), read_only=True)
 
   @app.tool()
   def get_customer(customer_id: int) -> str:

@@ -12,9 +12,9 @@ import importlib
 import inspect
 import os
 import pydoc
-import random
 import re
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -32,7 +32,9 @@ MODULES = (
     "weakref zipfile zlib").split()
 PER_PAGE = 5
 LINES_PER_PAGE = 40
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"  # 2: built in a fresh process (1 could list `__slotnames__`)
+MAX_QUERY_CHARS = 1000
+MAX_TERMS = 32
 ACTION_SPACE = """\
 One call per turn, Python call syntax with literal arguments:
   search(query="words", page=1)   full-text search (all words must match; "quoted phrases" allowed),
@@ -88,18 +90,36 @@ def ensure_index(cache_dir: str | None = None) -> str:
   os.makedirs(cache_dir, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
   os.close(fd)
-  con = sqlite3.connect(tmp)
+  # Built by a fresh interpreter: pydoc's text depends on what the process did before (a class
+  # that was pickled or copied gains a `__slotnames__` attribute, which pydoc then lists).
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.search", "--build", tmp], env=env,
+                        capture_output=True, text=True)
+  if proc.returncode:
+    os.remove(tmp)
+    raise RuntimeError(f"building the search index failed:\n{proc.stderr}")
+  os.replace(tmp, path)
+  return path
+
+
+def write_index(path: str) -> None:
+  """Writes the FTS5 index of `build_documents()` to the (empty) SQLite file `path`."""
+  con = sqlite3.connect(path)
   con.execute("CREATE VIRTUAL TABLE docs USING fts5(doc_id UNINDEXED, title, body, "
               "tokenize='porter unicode61')")
   con.executemany("INSERT INTO docs VALUES (?,?,?)", build_documents())
   con.commit()
   con.close()
-  os.replace(tmp, path)
-  return path
 
 
 def _fts_query(query: str) -> str:
-  """User query -> FTS5 expression: every word (or quoted phrase) must match."""
+  """User query -> FTS5 expression: every word (or quoted phrase) must match.
+
+  Raises ValueError for a query longer than MAX_QUERY_CHARS or with more than MAX_TERMS terms
+  (FTS5's cost grows with the square of the number of terms).
+  """
+  if len(query) > MAX_QUERY_CHARS:
+    raise ValueError(f"query too long ({len(query)} characters; at most {MAX_QUERY_CHARS})")
   parts = re.findall(r'"([^"]+)"|(\S+)', query)
   terms = []
   for phrase, word in parts:
@@ -107,6 +127,8 @@ def _fts_query(query: str) -> str:
     t = re.sub(r"[^\w\s.]", " ", t).strip()
     if t:
       terms.append('"' + t.replace('"', '""') + '"')
+  if len(terms) > MAX_TERMS:
+    raise ValueError(f"too many search terms ({len(terms)}; at most {MAX_TERMS})")
   return " AND ".join(terms)
 
 
@@ -125,8 +147,7 @@ class SearchEnv(base.Env):
     self.ids = [r[0] for r in self.con.execute("SELECT doc_id FROM docs ORDER BY doc_id")]
 
   def reset(self, seed: int) -> str:
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
+    rng = self._begin(seed, close=False)  # the index stays open across episodes
     funcs = [d for d in self.ids if "." in d and d.split(".")[-1][:1].islower()]
     target = rng.choice(funcs)
     title, body = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (target,)).fetchone()
@@ -141,8 +162,7 @@ class SearchEnv(base.Env):
     initial = (f"Search engine over the Python {sys.version_info.major}.{sys.version_info.minor} "
                f"standard library documentation: {len(self.ids)} documents indexed (modules, "
                "classes, functions). No query has been run yet.")
-    self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    return self._ready(self.goal["text"], ACTION_SPACE, initial)
 
   def episode_meta(self) -> dict[str, Any]:
     return {"target_doc": self.goal.get("target"), "collection":
@@ -155,7 +175,7 @@ class SearchEnv(base.Env):
       if name == "search":
         return self.search(str(kw.get("query", "")), kw.get("page", 1))
       return self.open(str(kw.get("doc_id", "")), kw.get("page", 1))
-    except ValueError as e:
+    except (ValueError, sqlite3.Error) as e:
       return f"Error: {e}"
 
   def search(self, query: str, page: Any = 1) -> str:
@@ -274,3 +294,9 @@ class SearchAgent(base.Agent):
       return f'search(query="{self.last_query}")'
     self.opened = True
     return f'open(doc_id="{g["target"]}")'
+
+
+if __name__ == "__main__":
+  if sys.argv[1:2] != ["--build"] or len(sys.argv) != 3:
+    sys.exit("usage: python -m lwm_jax.envs.search --build INDEX_PATH")
+  write_index(sys.argv[2])

@@ -4,19 +4,17 @@
 one seeded bug, and commits it (fixed author, dates and identity, so hashes repeat). Actions view
 files, grep, edit by exact string replacement, run pytest and show `git diff`; the observations are
 those tools' real output, with the sandbox path shown as `/repo` and pytest's run time fixed.
+Every tool (git, pytest and whatever code the agent puts in the tests) runs in the episode's
+sandbox (see `sandbox`), and no argument of an action is ever read as a command-line option.
 """
 from __future__ import annotations
 
 import os
-import random
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from typing import Any
 
-from lwm_jax.envs import base
+from lwm_jax.envs import base, sandbox
 
 REPO_SHOWN = "/repo"
 SIGNATURES = {"view": ("path", "start", "end"), "search": ("pattern", "path"),
@@ -165,33 +163,32 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
             "GIT_COMMITTER_DATE": "2024-06-01T09:00:00+00:00", "GIT_CONFIG_NOSYSTEM": "1"}
 
 
-class SweEnv(base.Env):
+class SweEnv(sandbox.SandboxedEnv):
   domain = "swe"
 
-  def __init__(self, root: str | None = None, test_timeout: float = 30.0) -> None:
-    super().__init__()
-    self.root_parent = root
+  def __init__(self, root: str | None = None, test_timeout: float = 30.0, unsafe: bool = False,
+               limits: sandbox.Limits = sandbox.Limits()) -> None:
+    super().__init__(root, unsafe, limits)
     self.test_timeout = test_timeout
-    self.sandbox = ""
+    # pytest runs with this interpreter, whose installation is shown read-only in the sandbox.
+    self.python_paths = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)
+                                      if not os.path.realpath(p).startswith("/usr/")}))
 
   def _env(self) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.sandbox, "LC_ALL": "C",
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.inner, "LC_ALL": "C",
             "TZ": "UTC", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "GIT_PAGER": "cat", **_GIT_ENV}
 
   def _run(self, args: list[str], timeout: float = 30.0) -> tuple[int, str]:
-    try:
-      p = subprocess.run(args, cwd=self.repo, env=self._env(), capture_output=True, text=True,
-                         timeout=timeout)
-    except subprocess.TimeoutExpired:
-      return 124, f"[timed out after {timeout:g} s]\n"
-    return p.returncode, p.stdout + p.stderr
+    """Runs a tool in the episode's sandbox, in the repository; returns (exit code, output)."""
+    argv = self._argv(args, self.inner_repo, self.python_paths)
+    rc, out, timed_out = sandbox.run(argv, cwd=self.repo, env=self._env(), timeout=timeout,
+                                     max_output=self.limits.output_bytes)
+    return (124, f"[timed out after {timeout:g} s]\n") if timed_out else (rc, out)
 
   def reset(self, seed: int) -> str:
-    self.close()
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
-    self.sandbox = tempfile.mkdtemp(prefix="lwm_swe_", dir=self.root_parent)
+    rng = self._begin(seed)
+    self.inner_repo = os.path.join(self._open_dir("lwm_swe_"), "repo")
     self.repo = os.path.join(self.sandbox, "repo")
     bug_idx = rng.randrange(len(BUGS))
     path, good, bad, test, report = BUGS[bug_idx]
@@ -218,8 +215,7 @@ class SweEnv(base.Env):
     _, head = self._run(["git", "log", "--oneline", "-1"])
     initial = (f"Repository {REPO_SHOWN} (git, branch main, HEAD {head.strip()}); "
                "working tree clean.\nFiles: " + ", ".join(sorted(files)))
-    self._info = base.EnvInfo(task=self.goal["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    return self._ready(self.goal["text"], ACTION_SPACE, initial)
 
   def episode_meta(self) -> dict[str, Any]:
     return {"bug": self.goal.get("bug"), "failing_test": self.goal.get("test"),
@@ -227,9 +223,7 @@ class SweEnv(base.Env):
                            "git identity and dates fixed"]}
 
   def close(self) -> None:
-    if self.sandbox and os.path.isdir(self.sandbox):
-      shutil.rmtree(self.sandbox, ignore_errors=True)
-    self.sandbox = ""
+    self._remove_dir()
 
   def _safe(self, rel: Any) -> str:
     if not isinstance(rel, str) or not rel:
@@ -248,7 +242,9 @@ class SweEnv(base.Env):
       out = getattr(self, "_do_" + name)(**kw)
     except (ValueError, TypeError) as e:
       out = f"Error: {e}"
-    out = out.replace(self.repo, REPO_SHOWN).replace(self.sandbox, "/sandbox")
+    for repo in (self.inner_repo, self.repo):
+      out = out.replace(repo, REPO_SHOWN)
+    out = out.replace(self.sandbox, "/sandbox")
     out = re.sub(r" in \d+\.\d+s", " in 0.01s", out)
     return base.truncate(out.rstrip("\n") + "\n", self.max_obs_chars)
 
@@ -274,7 +270,10 @@ class SweEnv(base.Env):
 
   def _do_search(self, pattern: str, path: str = ".") -> str:
     self._safe(path)
-    rc, out = self._run(["git", "grep", "-n", "-E", pattern, "--", path])
+    if not isinstance(pattern, str) or not pattern:
+      raise ValueError("pattern must be a non-empty string")
+    # `-e` and `--`: neither the pattern nor the path is ever read as an option.
+    rc, out = self._run(["git", "grep", "-n", "-E", "-e", pattern, "--", path])
     return out if out else f"(no matches for /{pattern}/)" if rc == 1 else out
 
   def _do_edit(self, path: str, old: str, new: str) -> str:
@@ -297,9 +296,13 @@ class SweEnv(base.Env):
     return f"Edited {path}.\n{snippet}"
 
   def _do_run_tests(self, target: str = "tests") -> str:
+    if not isinstance(target, str) or target.startswith("-"):
+      raise ValueError(f"target must be a path or a node id such as tests/test_x.py::test_y, "
+                       f"not {target!r}")
     self._safe(target.split("::")[0])
+    # pytest reads options even after `--`, hence the check above; `--` is kept for clarity.
     rc, out = self._run([sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider",
-                         target], timeout=self.test_timeout)
+                         "--", target], timeout=self.test_timeout)
     return out + f"[exit code {rc}]"
 
   def _do_diff(self) -> str:
@@ -307,12 +310,12 @@ class SweEnv(base.Env):
     return out or "(no changes)"
 
 
-class SweAgent(base.Agent):
+class SweAgent(base.PlanAgent):
   """Reproduces the failure, locates the function, fixes it (sometimes after a bad try), re-tests."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
-    plan: list[str] = []
+    plan: list[Any] = []
     if r.random() < 0.5:
       plan.append(r.choice(['ls()', 'ls(path="textkit")', 'view(path="README.md")', 'ls(path="tests")']))
     if r.random() < 0.15:
@@ -320,7 +323,7 @@ class SweAgent(base.Agent):
     plan.append(r.choice(['run_tests()', 'run_tests(target="tests")',
                           f'run_tests(target="tests/test_{g["path"].split("/")[-1]}")']))
     plan.append(f'search(pattern="def {g["func"]}")')
-    plan.append("@view")
+    plan.append(_view_definition)
     if r.random() < 0.3:
       plan.append(f'view(path="tests/test_{g["path"].split("/")[-1]}")')
     if r.random() < 0.35:  # a bad edit: text that is not in the file, or a wrong fix
@@ -337,19 +340,15 @@ class SweAgent(base.Agent):
       plan.append("diff()")
     if r.random() < 0.3:
       plan.append("run_tests()")
-    self.plan = plan
+    return plan
 
-  def act(self, observation: str) -> str | None:
-    if not self.plan:
-      return None
-    a = self.plan.pop(0)
-    if a == "@view":
-      m = re.search(r"^([\w/]+\.py):(\d+):", observation, re.M)
-      if not m:
-        return 'search(pattern="def ")'
-      line = int(m.group(2))
-      return f'view(path="{m.group(1)}", start={max(1, line - 1)}, end={line + 10})'
-    return a
+
+def _view_definition(observation: str) -> str:
+  """Opens the file around the definition that the previous search found (or searches again)."""
+  hit = base.first_hit(observation, r"[\w/]+\.py")
+  if hit is None:
+    return 'search(pattern="def ")'
+  return f'view(path="{hit[0]}", start={max(1, hit[1] - 1)}, end={hit[1] + 10})'
 
 
 def repr_edit(path: str, old: str, new: str) -> str:

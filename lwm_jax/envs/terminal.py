@@ -1,10 +1,12 @@
-"""A persistent real bash session in a throwaway sandbox with a seeded file tree.
+"""A persistent real bash session in a sandbox (see `sandbox`) with a seeded file tree.
 
-Every command runs in the same `bash` process (so `cd`, variables and functions persist), is
-limited in time (children are killed past the limit), and its real output plus the next prompt
-line is the observation. Determinism: TZ=UTC, LC_ALL=C, a fixed clock (`date` reads `$LWM_NOW`,
-which advances one minute per step; files touched by a command get that time as mtime), $RANDOM
-seeded, and the sandbox's real temp path shown as `/home/user`.
+Every command runs in the same `bash` process (so `cd`, variables and functions persist), reads an
+empty stdin, is limited in time (children are killed past the limit), and its real output plus
+the next prompt line is the observation. A command that ends the shell (`exit`, `kill -9 $$`) or
+sends its output elsewhere (`exec >/dev/null`) gets a note and a fresh shell in ~. Determinism:
+TZ=UTC, LC_ALL=C, a fixed clock (`date` reads `$LWM_NOW`, which advances one minute per step;
+files touched by a command get that time as mtime), $RANDOM seeded, and the home directory shown
+as `/home/user`.
 """
 from __future__ import annotations
 
@@ -12,19 +14,18 @@ import getpass
 import os
 import random
 import re
+import secrets
 import select
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import Any
 
-from lwm_jax.envs import base
+from lwm_jax.envs import base, sandbox
 
 HOME_SHOWN = "/home/user"
-_SENTINEL = "__LWM_DONE_7f3a__"
+_STATUS_FD, _OUT_FD = 87, 88  # the shell's private status pipe; a copy of its output pipe
 _BASH_INIT = r"""
 shopt -s expand_aliases
 alias ls='ls -C'
@@ -88,24 +89,22 @@ def _build_tree(rng: random.Random) -> dict[str, str]:
 _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes", "top_users")
 
 
-class TerminalEnv(base.Env):
+class TerminalEnv(sandbox.SandboxedEnv):
   domain = "terminal"
 
-  def __init__(self, time_limit: float = 3.0, root: str | None = None) -> None:
-    super().__init__()
+  def __init__(self, time_limit: float = 3.0, root: str | None = None, unsafe: bool = False,
+               limits: sandbox.Limits = sandbox.Limits()) -> None:
+    super().__init__(root, unsafe, limits)
     self.time_limit = time_limit
-    self.root_parent = root
-    self.sandbox = ""
     self.home = ""
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
 
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
-    self.close()
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
-    self.sandbox = tempfile.mkdtemp(prefix="lwm_term_", dir=self.root_parent)
+    rng = self._begin(seed)
+    # Paths as the shell sees them: the episode directory is /sandbox inside the sandbox.
+    self.inner_home = os.path.join(self._open_dir("lwm_term_"), "home")
     self.home = os.path.join(self.sandbox, "home")
     self.files = _build_tree(rng)
     for rel, text in sorted(self.files.items()):
@@ -113,39 +112,47 @@ class TerminalEnv(base.Env):
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    os.makedirs(os.path.join(self.sandbox, "tmp"))
     self._fix_mtimes(force=True)
     kind = rng.choice(_TASKS)
     self.goal = self._make_goal(kind, rng)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.home, "TZ": "UTC", "LC_ALL": "C",
-           "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.sandbox, "tmp"),
-           "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
-    self.proc = subprocess.Popen(
-        ["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, cwd=self.home, env=env, start_new_session=True)
-    self.cwd = self.home
-    self._run_raw(_BASH_INIT + f"RANDOM={seed % 32768}\n", quiet=True)
+    self.seed = seed
+    self._start_shell()
     listing = "\n".join(sorted(self.files))
-    self._initial = (f"Files under ~ (= {HOME_SHOWN}):\n{listing}\n\n{self._prompt()}")
-    self._info = base.EnvInfo(task=self.goal["text"],
-                              action_space=ACTION_SPACE.format(limit=self.time_limit),
-                              initial_state=self._initial)
-    return self._initial
+    initial = f"Files under ~ (= {HOME_SHOWN}):\n{listing}\n\n{self._prompt()}"
+    return self._ready(self.goal["text"], ACTION_SPACE.format(limit=self.time_limit), initial)
 
-  def close(self) -> None:
+  def _start_shell(self) -> None:
+    """Starts bash (in its sandbox) in ~; commands come on stdin, status lines on a private pipe."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.inner_home, "TZ": "UTC", "LC_ALL": "C",
+           "LANG": "C", "TERM": "dumb", "TMPDIR": os.path.join(self.inner, "tmp"),
+           "SOURCE_DATE_EPOCH": str(base.FIXED_EPOCH), "COLUMNS": "80"}
+    argv = self._argv(["bash", "--noprofile", "--norc"], self.inner_home)
+    status_r, status_w = os.pipe()
+    try:
+      self.proc = sandbox.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=self.home, env=env,
+                                start_new_session=True, pass_fds=(status_w,))
+    finally:
+      os.close(status_w)
+    self.status_fd = status_r
+    self.cwd = self.inner_home
+    self.shell_pid = 0
+    init = (_BASH_INIT + f"RANDOM={self.seed % 32768}\n"
+            f"exec {_STATUS_FD}>&{status_w} {status_w}>&- {_OUT_FD}>&1\n")
+    self._run_raw(init, quiet=True)
+
+  def _stop_shell(self) -> None:
     if self.proc is not None:
-      try:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      self.proc.wait()
+      sandbox.kill_tree(self.proc)
       for f in (self.proc.stdin, self.proc.stdout):
         if f:
           f.close()
+      os.close(self.status_fd)
       self.proc = None
-    if self.sandbox and os.path.isdir(self.sandbox):
-      shutil.rmtree(self.sandbox, ignore_errors=True)
-    self.sandbox = ""
+
+  def close(self) -> None:
+    self._stop_shell()
+    self._remove_dir()
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "normalised": [
@@ -158,32 +165,64 @@ class TerminalEnv(base.Env):
       raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
     now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
-    out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)}\n")
+    # Commands read an empty stdin: the shell's own stdin carries the next commands.
+    out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)} </dev/null\n")
     self._fix_mtimes()
     out = re.sub(r"bash: (eval: )?line \d+: ", "bash: ", out)
     # Job messages carry real PIDs ("bash: 15820 Killed ..."): renumber them per step.
     out = re.sub(r"^bash: +\d+ ", f"bash: {1000 + self.steps:5d} ", out, flags=re.M)
-    out = out.replace(self.home, HOME_SHOWN).replace(self.sandbox, "/sandbox")
+    for home in (self.inner_home, self.home):
+      out = out.replace(home, HOME_SHOWN)
+    out = out.replace(self.sandbox, "/sandbox")
     return base.truncate(out, self.max_obs_chars) + self._prompt()
 
   def _prompt(self) -> str:
     cwd = self.cwd
-    if cwd == self.home or cwd.startswith(self.home + "/"):
-      cwd = "~" + cwd[len(self.home):]
+    if cwd == self.inner_home or cwd.startswith(self.inner_home + "/"):
+      cwd = "~" + cwd[len(self.inner_home):]
     user = getpass.getuser()
     return f"{user}@sandbox:{cwd}{'#' if user == 'root' else '$'} "
 
   def _run_raw(self, script: str, quiet: bool = False) -> str:
+    """Runs `script` in the shell; returns its output (restarting the shell if it was lost)."""
+    out, trouble = self._exchange(script)
+    if out and not out.endswith("\n"):
+      out += "\n"
+    if trouble:
+      if self.proc is None or self.shell_pid == 0:
+        raise RuntimeError(f"bash failed to start: {trouble}\n{out}")
+      self._stop_shell()
+      self._start_shell()
+      out += f"[{trouble}; a new shell was started in ~]\n"
+    return "" if quiet else out
+
+  def _exchange(self, script: str) -> tuple[str, str]:
+    """Sends `script` plus a status request; returns (output, why the shell is lost or '').
+
+    The status line goes to a pipe the commands' output never reaches and carries a random
+    token, so a command cannot end or fake it by printing text.
+    """
     assert self.proc and self.proc.stdin and self.proc.stdout
-    script += f"printf '\\n{_SENTINEL} %d %s\\n' \"$?\" \"$PWD\"\n"
-    self.proc.stdin.write(script.encode())
-    self.proc.stdin.flush()
-    fd = self.proc.stdout.fileno()
-    buf = b""
+    token = secrets.token_hex(12)
+    # Status: the command's exit code, whether stdout and stderr still reach the env's pipe (a
+    # copy of it was kept as fd _OUT_FD when the shell started), the shell's PID and directory.
+    script += (f"printf '%s %d ' {token} \"$?\" >&{_STATUS_FD}; [[ /dev/fd/1 -ef /dev/fd/{_OUT_FD} && "
+               f"/dev/fd/2 -ef /dev/fd/{_OUT_FD} ]]; printf '%d %d %s\\n' \"$?\" \"$$\" \"$PWD\" "
+               f">&{_STATUS_FD}\n")
+    try:
+      self.proc.stdin.write(script.encode())
+      self.proc.stdin.flush()
+    except BrokenPipeError:
+      return "", self._lost()
+    out_fd = self.proc.stdout.fileno()
+    buf, status = bytearray(), b""
+    size_cap = self.limits.output_bytes
+    dropped = 0
     deadline = time.monotonic() + self.time_limit
     timed_out = False
-    marker = ("\n" + _SENTINEL).encode()
-    while True:
+    trouble = ""
+    status_line = None
+    while status_line is None:
       left = deadline - time.monotonic()
       if left <= 0 and not timed_out:
         timed_out = True
@@ -191,41 +230,81 @@ class TerminalEnv(base.Env):
         deadline = time.monotonic() + 5.0
         continue
       if left <= 0:
-        raise RuntimeError("bash did not return after its command was killed")
-      ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-      if not ready:
-        continue
-      chunk = os.read(fd, 65536)
-      if not chunk:
-        raise RuntimeError("bash exited")
-      buf += chunk
-      i = buf.find(marker)
-      if i >= 0 and b"\n" in buf[i + len(marker):]:
+        trouble = "the shell did not return after its command was killed"
         break
-    i = buf.rfind(marker)
-    tail = buf[i + len(marker):].decode("utf-8", "replace").strip().split(" ", 1)
-    self.cwd = tail[1] if len(tail) > 1 else self.cwd
-    out = buf[:i].decode("utf-8", "replace")
-    if out and not out.endswith("\n"):
-      out += "\n"
+      ready, _, _ = select.select([out_fd, self.status_fd], [], [], min(left, 0.5))
+      if out_fd in ready:
+        chunk = os.read(out_fd, 65536)
+        keep = chunk[:max(0, size_cap - len(buf))]
+        buf += keep
+        dropped += len(chunk) - len(keep)
+      if self.status_fd in ready:
+        chunk = os.read(self.status_fd, 4096)
+        if not chunk:
+          trouble = self._lost()
+          break
+        status += chunk
+        for line in status.split(b"\n")[:-1]:
+          if line.startswith(token.encode() + b" "):
+            status_line = line.decode("utf-8", "replace").split(" ", 4)
+        status = status[status.rfind(b"\n") + 1:]
+      elif not ready and self.proc.poll() is not None:
+        trouble = self._lost()
+        break
+    while select.select([out_fd], [], [], 0)[0]:  # what the command wrote before it ended
+      chunk = os.read(out_fd, 65536)
+      if not chunk:
+        break
+      keep = chunk[:max(0, size_cap - len(buf))]
+      buf += keep
+      dropped += len(chunk) - len(keep)
+    out = buf.decode("utf-8", "replace")
+    if dropped:
+      out += f"\n[{dropped} more bytes of output dropped]"
+    if status_line is not None:
+      self.shell_pid = self._host_pid(int(status_line[3]))
+      self.cwd = status_line[4] if len(status_line) > 4 else self.cwd
+      if status_line[2] != "0":
+        trouble = "the command redirected the shell's output away"
     if timed_out:
-      out += f"^C\n[command killed after {self.time_limit:g} s time limit]\n"
-    return "" if quiet else out
+      out = out + ("\n" if out and not out.endswith("\n") else "")
+      out += f"^C\n[command killed after {self.time_limit:g} s time limit]"
+    return out, trouble
+
+  def _lost(self) -> str:
+    """Why the shell is gone (it exited or was killed)."""
+    assert self.proc
+    try:
+      rc = self.proc.wait(2)
+    except subprocess.TimeoutExpired:
+      return "the shell stopped answering"
+    if rc < 0 or rc >= 128:
+      sig = -rc if rc < 0 else rc - 128
+      try:
+        name = signal.Signals(sig).name
+      except ValueError:
+        name = str(sig)
+      return f"the shell was killed by {name}"
+    return f"the shell exited with status {rc}"
+
+  def _host_pid(self, inner_pid: int) -> int:
+    """The host PID of the shell whose PID inside its namespace is `inner_pid`."""
+    assert self.proc
+    if self.shell_pid:
+      return self.shell_pid
+    for pid in [self.proc.pid, *sandbox.descendants(self.proc.pid)]:
+      try:
+        with open(f"/proc/{pid}/status") as f:
+          ns = next(l for l in f if l.startswith("NSpid:")).split()
+      except (OSError, StopIteration):
+        continue
+      if int(ns[-1]) == inner_pid:
+        return pid
+    return 0
 
   def _kill_children(self) -> None:
-    """Kills every descendant of the bash process (never bash itself)."""
-    assert self.proc
-    todo, seen = [self.proc.pid], []
-    while todo:
-      pid = todo.pop()
-      try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-          kids = [int(x) for x in f.read().split()]
-      except OSError:
-        kids = []
-      seen.extend(kids)
-      todo.extend(kids)
-    for pid in seen:
+    """Kills every descendant of the shell (never the shell itself)."""
+    for pid in sandbox.descendants(self.shell_pid)[::-1] if self.shell_pid else []:
       try:
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
@@ -269,12 +348,12 @@ class TerminalEnv(base.Env):
                                   "appears, most frequent first."}
 
 
-class TerminalAgent(base.Agent):
+class TerminalAgent(base.PlanAgent):
   """Explores a little, makes typical mistakes, then carries out the goal step by step."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
-    plan: list[str] = []
+    plan: list[Any] = []
     explore = ["ls", "ls -la", "ls logs data", "cat README.md", "ls -R", "pwd", "head -n 5 logs/app.log",
                "wc -l logs/app.log data/sales.csv", "cat notes/todo.txt", "date", "ls -l data",
                "find . -name '*.py'", "tail -n 3 logs/app.log", "echo $HOME", "whoami"]
@@ -296,7 +375,7 @@ class TerminalAgent(base.Agent):
       plan += ["head -n 3 data/sales.csv", f"grep ',{reg},' data/sales.csv",
                f"awk -F, '$2==\"{reg}\" {{s+=$4}} END {{print s+0}}' data/sales.csv"]
     elif k == "find_def":
-      plan += [f"grep -rn 'def {g['func']}' src", "@show_def"]
+      plan += [f"grep -rn 'def {g['func']}' src", _show_definition]
     elif k == "backup_csv":
       plan += ["ls data", "mkdir backup", "cp data/*.csv backup/", "ls -l backup",
                "diff data/sales.csv backup/sales.csv && echo same"]
@@ -312,17 +391,10 @@ class TerminalAgent(base.Agent):
       plan.insert(r.randrange(len(plan) + 1), r.choice(explore))
     if r.random() < 0.3:
       plan.append(r.choice(["ls", "date", "ls -l", "cat report.txt", "cat notes/todo.txt"]))
-    self.plan = plan
-    self.func = g.get("func", "")
+    return plan
 
-  def act(self, observation: str) -> str | None:
-    if not self.plan:
-      return None
-    a = self.plan.pop(0)
-    if a == "@show_def":
-      m = re.search(r"^(src/\w+\.py):(\d+):", observation, re.M)
-      if not m:
-        return "grep -rn 'def ' src"
-      start = int(m.group(2))
-      return f"sed -n '{start},{start + 2}p' {m.group(1)}"
-    return a
+
+def _show_definition(observation: str) -> str:
+  """Prints the definition that the previous grep found (or greps again)."""
+  hit = base.first_hit(observation, r"src/\w+\.py")
+  return "grep -rn 'def ' src" if hit is None else f"sed -n '{hit[1]},{hit[1] + 2}p' {hit[0]}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html.parser
 import http.client
-import random
 import re
 import urllib.parse
 from typing import Any
@@ -31,6 +30,11 @@ One browser action per turn, Python call syntax:
   back()                  return to the previous page
 Observation: the page as an accessibility tree; interactive elements are shown as [id] role "name"."""
 
+TASKS = {
+    "buy": "Sign in as {user} (password {password}) and order {qty} x '{product}' with {shipping} "
+           "shipping to {address}.",
+    "cheapest": "Find the cheapest product in the '{category}' category and open its page.",
+    "account": "Sign in as {user} (password {password}) and check the account's orders."}
 _CONTAINERS = {"nav": "navigation", "main": "main", "ul": "list", "li": "listitem", "form": "form"}
 
 
@@ -193,9 +197,7 @@ class WebEnv(base.Env):
 
   # -- env api -----------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
-    self.close()
-    rng = random.Random(seed * 7 + 1)
-    self.steps = 0
+    rng = self._begin(seed)
     self.server = web_app.ShopServer(seed)
     self.sid = ""
     self.history: list[str] = []
@@ -205,17 +207,11 @@ class WebEnv(base.Env):
     user = rng.choice(sorted(web_app.USERS))
     target = rng.choice(prods)
     cat = rng.choice(sorted({p["category"] for p in prods}))
-    self.goal = {"kind": kind, "user": user, "password": web_app.USERS[user], "product": target["name"],
-                 "category": cat, "qty": rng.choice([1, 1, 2, 3]), "shipping": rng.choice(["standard", "express"]),
-                 "address": rng.choice(["12 Harbour Road, Bristol", "4 Elm Street, Leeds", "9 Mill Lane, York"])}
-    g = self.goal
-    g["text"] = {"buy": f"Sign in as {user} (password {g['password']}) and order {g['qty']} x "
-                        f"'{g['product']}' with {g['shipping']} shipping to {g['address']}.",
-                 "cheapest": f"Find the cheapest product in the '{cat}' category and open its page.",
-                 "account": f"Sign in as {user} (password {g['password']}) and check the account's orders."}[kind]
-    initial = self.render()
-    self._info = base.EnvInfo(task=g["text"], action_space=ACTION_SPACE, initial_state=initial)
-    return initial
+    g = self._set_goal(TASKS, {
+        "kind": kind, "user": user, "password": web_app.USERS[user], "product": target["name"],
+        "category": cat, "qty": rng.choice([1, 1, 2, 3]), "shipping": rng.choice(["standard", "express"]),
+        "address": rng.choice(["12 Harbour Road, Bristol", "4 Elm Street, Leeds", "9 Mill Lane, York"])})
+    return self._ready(g["text"], ACTION_SPACE, self.render())
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "app": "lwm_jax.envs.web_app (http.server on loopback)",
@@ -285,13 +281,19 @@ class WebEnv(base.Env):
         data[n["attrs"].get("name", "")] = n["value"]
     url = urllib.parse.urljoin(self.url, f["action"] or self.url)
     if f["method"] == "GET":
-      sep = "&" if "?" in url else "?"
       self._navigate("GET", url.split("?")[0] + "?" + urllib.parse.urlencode(data) if data else url)
     else:
       self._navigate("POST", url, data)
 
   def _do_goto(self, url: Any) -> None:
-    u = urllib.parse.urlsplit(str(url))
+    if not isinstance(url, str):
+      raise ValueError(f"url must be a string, got {url!r}")
+    bad = sorted({c for c in url if ord(c) < 0x20 or ord(c) == 0x7f})
+    if bad:
+      raise ValueError(f"invalid URL: it contains control characters {', '.join(map(repr, bad))}")
+    # Spaces and non-ASCII are sent percent-encoded, as a browser's address bar does.
+    url = urllib.parse.quote(url, safe="".join(chr(c) for c in range(0x21, 0x7f)))
+    u = urllib.parse.urlsplit(url)
     if u.netloc and u.netloc != "shop.local":
       raise ValueError(f"cannot reach {u.netloc}: only {HOST} is available")
     self._navigate("GET", urllib.parse.urlunsplit(("", "", u.path or "/", u.query, "")))
@@ -311,79 +313,76 @@ def find(obs: str, role: str, name: str = "") -> int | None:
   return None
 
 
-class WebAgent(base.Agent):
+class WebAgent(base.PlanAgent):
   """Navigates by reading the tree; mixes in detours (404s, bad ids, wrong password)."""
 
-  def begin(self, env: base.Env, initial_state: str) -> None:
+  def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
     self.g = g
-    steps: list[Any] = []
+    plan: list[Any] = []
     if r.random() < 0.3:
-      steps.append(r.choice(['goto("/cart")', "click(99)", 'type(1, "hello")', "back()",
+      plan.append(r.choice(['goto("/cart")', "click(99)", 'type(1, "hello")', "back()",
                              'goto("https://example.org/")', 'select(2, "x")']))
     if g["kind"] == "buy":
       if r.random() < 0.5:
-        steps += [("type", "textbox", "Search", g["product"].split()[0]), ("click", "button", "Search")]
+        plan += [("type", "textbox", "Search", g["product"].split()[0]), ("click", "button", "Search")]
       else:
-        steps += [("click", "link", "Products"), ("find_product",)]
-      steps += [("click", "link", g["product"]), ("select", "combobox", "Quantity", str(g["qty"])),
+        plan += [("click", "link", "Products"), ("find_product",)]
+      plan += [("click", "link", g["product"]), ("select", "combobox", "Quantity", str(g["qty"])),
                 ("click", "button", "Add to cart"), ("click", "link", "Cart"), ("click", "link", "Checkout"),
                 ("type", "textbox", "Username", g["user"])]
       if r.random() < 0.3:
-        steps += [("type", "textbox", "Password", "letmein"), ("click", "button", "Sign in"),
+        plan += [("type", "textbox", "Password", "letmein"), ("click", "button", "Sign in"),
                   ("type", "textbox", "Username", g["user"])]
-      steps += [("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
+      plan += [("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
       if r.random() < 0.3:
-        steps.append(("click", "button", "Place order"))  # no address yet: a form error
-      steps += [("type", "textbox", "Delivery address", g["address"]),
+        plan.append(("click", "button", "Place order"))  # no address yet: a form error
+      plan += [("type", "textbox", "Delivery address", g["address"]),
                 ("select", "combobox", "Shipping", g["shipping"]), ("click", "button", "Place order")]
     elif g["kind"] == "cheapest":
-      steps += [("click", "link", "Products"), ("select", "combobox", "Category", g["category"]),
+      plan += [("click", "link", "Products"), ("select", "combobox", "Category", g["category"]),
                 ("click", "button", "Filter"), ("next_pages",), ("open_cheapest",)]
     else:
-      steps += ['goto("/account")', ("type", "textbox", "Username", g["user"]),
+      plan += ['goto("/account")', ("type", "textbox", "Username", g["user"]),
                 ("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
       if r.random() < 0.5:
-        steps += [("click", "link", "Products"), ("click", "link", "Next page")]
-      steps.append(("click", "link", "Log out"))
+        plan += [("click", "link", "Products"), ("click", "link", "Next page")]
+      plan.append(("click", "link", "Log out"))
     if r.random() < 0.3:
-      steps.append(r.choice([("click", "link", "Home"), "back()", ("click", "link", "Cart")]))
-    self.steps = steps
+      plan.append(r.choice([("click", "link", "Home"), "back()", ("click", "link", "Cart")]))
     self.prices: list[tuple[float, str]] = []
+    return plan
 
-  def act(self, observation: str) -> str | None:
-    while self.steps:
-      s = self.steps.pop(0)
-      if isinstance(s, str):
-        return s
-      op = s[0]
-      if op == "find_product":  # page through the catalogue until the product shows up
-        if find(observation, "link", self.g["product"]) is None:
-          nxt = find(observation, "link", "Next page")
-          if nxt is not None:
-            self.steps.insert(0, s)
-            return f"click({nxt})"
-        continue
-      if op == "next_pages":
-        self.prices += re.findall(r'link "([^"]+)"\n\s*text "\$([\d.]+)', observation)
-        nxt = find(observation, "link", "Next page")
-        if nxt is not None:
-          self.steps.insert(0, s)
-          return f"click({nxt})"
-        continue
-      if op == "open_cheapest":
-        if not self.prices:
-          continue
-        name = min(self.prices, key=lambda x: (float(x[1]), x[0]))[0]
-        i = find(observation, "link", name)
-        return f"click({i})" if i is not None else f'goto("/products?category={self.g["category"]}")'
-      i = find(observation, s[1], s[2])
-      if i is None:
-        continue  # the element is not on this page: skip the step, as a hurried agent would
-      if op == "click":
-        return f"click({i})"
-      if op == "type":
-        return f"type({i}, {s[3]!r})"
-      if op == "select":
-        return f"select({i}, {s[3]!r})"
+  def resolve(self, step: Any, observation: str) -> str | None:
+    op = step[0]
+    if op == "find_product":  # page through the catalogue until the product shows up
+      if find(observation, "link", self.g["product"]) is None:
+        return self._page_on(step, observation)
+      return None
+    if op == "next_pages":  # note every price, page by page
+      self.prices += re.findall(r'link "([^"]+)"\n\s*text "\$([\d.]+)', observation)
+      return self._page_on(step, observation)
+    if op == "open_cheapest":
+      if not self.prices:
+        return None
+      name = min(self.prices, key=lambda x: (float(x[1]), x[0]))[0]
+      i = find(observation, "link", name)
+      return f"click({i})" if i is not None else f'goto("/products?category={self.g["category"]}")'
+    i = find(observation, step[1], step[2])
+    if i is None:
+      return None  # the element is not on this page: skip the step, as a hurried agent would
+    if op == "click":
+      return f"click({i})"
+    if op == "type":
+      return f"type({i}, {step[3]!r})"
+    if op == "select":
+      return f"select({i}, {step[3]!r})"
     return None
+
+  def _page_on(self, step: Any, observation: str) -> str | None:
+    """Clicks "Next page" and keeps `step` for the next page; None on the last page."""
+    nxt = find(observation, "link", "Next page")
+    if nxt is None:
+      return None
+    self.plan.insert(0, step)
+    return f"click({nxt})"
