@@ -1,4 +1,4 @@
-"""Data-hygiene filters (SPECS 2): every drop is counted under its reason.
+"""Data-hygiene filters (docs/recipe.md, "Data hygiene"): every drop is counted under its reason.
 
 - a trajectory with fewer than 2 turns (after the turn filter below) is dropped;
 - an MCP/SWE trajectory that calls a tool its action space does not declare is dropped;

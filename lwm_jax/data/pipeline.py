@@ -55,7 +55,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   tfds_dir:     a dataset built by `launch/data.py build` (random access ArrayRecord)
   split:        TFDS split name ('train', 'validation', 'test', or slices like 'train[:10]')
   validation:   'strict' (first bad JSONL line raises path:line) or 'skip' (count and go on)
-  hygiene:      apply the SPECS 2 hygiene filters to JSONL input (TFDS builds already did)
+  hygiene:      apply the hygiene filters (docs/recipe.md) to JSONL input (TFDS builds already did)
   seq_len:      tokens per packed row (and the prompt budget for rl-prompts)
   batch_size:   rows per batch, per process
   seed:         shuffle seed; also picks SFT/RL target turns and SFT prompt variants
@@ -99,7 +99,7 @@ def _hash_int(*parts: Any) -> int:
 
 
 def target_turn(traj: Trajectory, seed: int) -> int:
-  """The seeded prediction target of a trajectory (one per trajectory, SPECS 2)."""
+  """The seeded prediction target of a trajectory (one per trajectory)."""
   return _hash_int(seed, "target", traj.id) % len(traj.turns)
 
 

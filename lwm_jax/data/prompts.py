@@ -3,7 +3,7 @@
 A system prompt has five parts: task description, action space, initial state, demonstrations and
 simulation instruction. `system_prompt(traj, variant)` fills them into one of twelve templates
 (v0 terse ... v11 very detailed) that differ in layout (plain, markdown, XML tags, numbered, prose)
-and in how much guidance they give. Stages pick templates as SPECS 1 says: RL v0, CPT v1, SFT a
+and in how much guidance they give. Stages pick templates as the recipe does (docs/recipe.md): RL v0, CPT v1, SFT a
 seeded choice of v2-v11 per sample (`variant_for`). v1 asks for the bare observation (CPT data is
 non-thinking); every other variant asks for `<think>` then `<predicted_observation>`.
 

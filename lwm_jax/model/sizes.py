@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from lwm_jax.model import abstract_model
 from lwm_jax.model.config import ModelConfig
 
 
@@ -40,17 +41,15 @@ class ModelSizes:
     return 6.0 * self.active_params + attn + lin
 
 
-def abstract_model(cfg: ModelConfig):
-  from lwm_jax.model.transformer import Transformer  # pylint: disable=import-outside-toplevel
-  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+def _params(cfg: ModelConfig):
+  """(path, nnx.Param) of every parameter of the abstract model."""
+  _, state = abstract_model(cfg)
+  return [(path, var) for path, var in nnx.to_flat_state(state) if isinstance(var, nnx.Param)]
 
 
 def count(cfg: ModelConfig) -> ModelSizes:
-  model = abstract_model(cfg)
   total = expert = embed = 0
-  for path, var in nnx.iter_graph(model):
-    if not isinstance(var, nnx.Param):
-      continue
+  for path, var in _params(cfg):
     n = int(np.prod(var.get_value().shape))
     total += n
     name = "/".join(str(p) for p in path)
@@ -88,12 +87,9 @@ def per_device_bytes(cfg: ModelConfig, mesh_axes: dict[str, int], rules=None) ->
   rules = rules or sharding.DEFAULT_RULES
   sizes_ = [mesh_axes.get(a, 1) for a in sharding.MESH_AXES]
   mesh = AbstractMesh(tuple(sizes_), sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 4)
-  model = abstract_model(cfg)
   itemsize = np.dtype(cfg.param_dtype if cfg.param_dtype != "bfloat16" else np.float16).itemsize
   shard_elems = 0.0
-  for _, var in nnx.iter_graph(model):
-    if not isinstance(var, nnx.Param):
-      continue
+  for _, var in _params(cfg):
     shape = var.get_value().shape
     axes = var.get_metadata().get("axes") or (None,) * len(shape)
     spec = sharding.spec_for(axes, shape, mesh, rules)
