@@ -69,6 +69,8 @@ def load_trajectories():
 
 
 def get_tokenizer(trajs) -> tk.Tokenizer:
+  if not trajs:
+    raise ValueError("no trajectories left to work on (see the load and hygiene counts above)")
   if FLAGS.tokenizer:
     return tk.load_tokenizer(FLAGS.tokenizer)
   texts = []
