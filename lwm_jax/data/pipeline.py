@@ -13,7 +13,8 @@ Train batches (cpt, sft) are dicts of numpy arrays, all [batch, seq_len]:
                         pairs whose segment ids differ. The first token of every document is a
                         `<|im_start|>` header with weight 0.
 CPT: whole trajectories in template v1, weight 1 on the observation tokens (and their
-`<|im_end|>`) of turns that `masking.keep_turn` keeps. A trajectory longer than seq_len is cut
+`<|im_end|>`) of turns that `masking.keep_turn` keeps; the `**Environment Observation:**` header
+that opens every observation message has weight 0. A trajectory longer than seq_len is cut
 into several documents, each starting with the system prompt (no observation is lost); a single
 turn that does not fit is truncated. SFT: one target turn per trajectory (seeded), template
 `variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present; weight 1
@@ -40,10 +41,12 @@ import numpy as np
 
 from lwm_jax.data import hygiene as hygiene_lib
 from lwm_jax.data import importers, masking, prompts
+from lwm_jax.data.agentworldbench import format_observation
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.data.tokenizer import Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
+_OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
 _TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split")
 
 
@@ -130,7 +133,7 @@ def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
     keep = (not cfg.loss_masking) or masking.keep_turn(traj.id, k, t.action, t.observation,
                                                       cfg.mask_seed)
     u_ids, u_w = tok.encode_message(msgs[1 + 2 * k])
-    a_ids, a_w = tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0)
+    a_ids, a_w = tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0, _OBS_HEADER)
     pairs.append((u_ids + a_ids, u_w + a_w))
   docs, cur_ids, cur_w, cut = [], list(sys_ids), list(sys_w), 0
   for ids, w in pairs:
