@@ -142,7 +142,7 @@ def test_sft_overlong_drops_oldest_history(tok, trajs):
 
 def test_resume_reproduces_next_10_batches(tok, many):
   for stage in ("cpt", "sft"):
-    c = cfg(seq_len=512, num_epochs=-1)
+    c = cfg(seq_len=512, num_epochs=-1, overlong="truncate_history")
     it = pipeline.make_train_iterator(c, tok, stage, source=many)
     for _ in range(3):
       next(it)
@@ -159,7 +159,7 @@ def test_resume_reproduces_next_10_batches(tok, many):
 
 
 def test_resume_with_worker_process(tok, many):
-  c = cfg(seq_len=512, num_epochs=-1, worker_count=1)
+  c = cfg(seq_len=512, num_epochs=-1, worker_count=1, overlong="truncate_history")
   it = pipeline.make_train_iterator(c, tok, "sft", source=many)
   next(it)
   state = it.get_state()
@@ -170,7 +170,8 @@ def test_resume_with_worker_process(tok, many):
     b = next(it2)
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
-  plain = pipeline.make_train_iterator(cfg(seq_len=512, num_epochs=-1), tok, "sft", source=many)
+  plain = pipeline.make_train_iterator(cfg(seq_len=512, num_epochs=-1, overlong="truncate_history"),
+                                       tok, "sft", source=many)
   next(plain)
   np.testing.assert_array_equal(next(plain)["tokens"], ref[0]["tokens"])  # same data either way
 

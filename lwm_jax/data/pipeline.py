@@ -15,12 +15,13 @@ Train batches (cpt, sft) are dicts of numpy arrays, all [batch, seq_len]:
 CPT: whole trajectories in template v1, weight 1 on the observation tokens (and their
 `<|im_end|>`) of turns that `masking.keep_turn` keeps; the `**Environment Observation:**` header
 that opens every observation message has weight 0. A trajectory longer than seq_len is cut
-into several documents, each starting with the system prompt (no observation is lost); a single
-turn that does not fit is truncated. SFT: one target turn per trajectory (seeded), template
-`variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present; weight 1
-on the assistant target. Over-long: the oldest history turns are dropped; if system + target still
-do not fit, the system prompt's content is shortened from its end (then, as a last resort, the
-target's tail). Both are counted in `DataIterator.stats`.
+into several documents, each starting with the system prompt (no observation is lost); when the
+system prompt and a turn do not fit together, the document windows them (`lengths.cpt_windows`)
+so that it still carries observation tokens. SFT: one target turn per trajectory (seeded),
+template `variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present;
+weight 1 on the assistant target. Over-long SFT samples and RL prompts are dropped (config
+`overlong='drop'`, the recipe) or, with `overlong='truncate_history'`, lose their oldest history
+turns (then the system prompt's tail). Every drop and cut is counted in `DataIterator.stats`.
 
 rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation header, right-padded),
 `lengths` int32 [batch], and object arrays `ids`, `domains`, `ground_truths`, `turns`, `prompts`
@@ -40,14 +41,14 @@ import ml_collections
 import numpy as np
 
 from lwm_jax.data import hygiene as hygiene_lib
-from lwm_jax.data import importers, masking, prompts
+from lwm_jax.data import importers, lengths, masking, prompts
 from lwm_jax.data.agentworldbench import format_observation
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.data.tokenizer import Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
 _OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
-_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split")
+_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -67,6 +68,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   mask_seed:    seed of the CPT keep decisions (`masking.keep_turn`)
   loss_masking: CPT only: apply the information-theoretic mask (False: all observations count)
   thinking:     SFT only: thinking-mode targets (<think> + <predicted_observation>)
+  overlong:     SFT and rl-prompts: 'drop' a sample longer than seq_len (counted), or
+                'truncate_history' (drop its oldest turns, then the system prompt's tail)
   num_packing_bins: rows the packer fills at once (more bins, denser packing, more latency)
   worker_count: Grain worker processes (0: everything in this process)
   worker_buffer_size: batches each worker prepares ahead
@@ -74,7 +77,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       jsonl="", tfds_dir="", split="train", validation="strict", hygiene=True,
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
-      loss_masking=True, thinking=True, num_packing_bins=8, worker_count=0,
+      loss_masking=True, thinking=True, overlong="drop", num_packing_bins=8, worker_count=0,
       worker_buffer_size=2))
 
 
@@ -120,79 +123,31 @@ def _arr(ids: list[int], weights: list[float], dropped: int = 0, cut: int = 0, s
   n = len(ids)
   stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)
   return {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32),
-          "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split)}
+          "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split),
+          "n_overlong": stat(0)}
 
 
 def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
                 ) -> list[dict[str, np.ndarray]]:
   """One or more packed-ready documents for a whole trajectory (template v1)."""
   msgs = prompts.render_messages(traj, None, prompts.variant_for("cpt", traj.id, cfg.seed))
-  sys_ids, sys_w = tok.encode_message(msgs[0])
-  pairs = []
+  turns = []
   for k, t in enumerate(traj.turns):
     keep = (not cfg.loss_masking) or masking.keep_turn(traj.id, k, t.action, t.observation,
                                                       cfg.mask_seed)
-    u_ids, u_w = tok.encode_message(msgs[1 + 2 * k])
-    a_ids, a_w = tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0, _OBS_HEADER)
-    pairs.append((u_ids + a_ids, u_w + a_w))
-  docs, cur_ids, cur_w, cut = [], list(sys_ids), list(sys_w), 0
-  for ids, w in pairs:
-    if len(cur_ids) + len(ids) > cfg.seq_len and len(cur_ids) > len(sys_ids):
-      docs.append((cur_ids, cur_w))
-      cur_ids, cur_w = list(sys_ids), list(sys_w)
-    cur_ids += ids
-    cur_w += w
-    if len(cur_ids) > cfg.seq_len:
-      cur_ids, cur_w, cut = cur_ids[:cfg.seq_len], cur_w[:cfg.seq_len], cut + 1
-      docs.append((cur_ids, cur_w))
-      cur_ids, cur_w = list(sys_ids), list(sys_w)
-  if len(cur_ids) > len(sys_ids):
-    docs.append((cur_ids, cur_w))
+    turns.append((tok.encode_message(msgs[1 + 2 * k]),
+                  tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0, _OBS_HEADER)))
+  docs, cut = lengths.cpt_windows(tok, tok.encode_message(msgs[0]), turns, cfg.seq_len)
   return [_arr(ids, w, cut=cut if i == 0 else 0, split=int(i > 0))
           for i, (ids, w) in enumerate(docs)]
 
 
-def _fit_history(tok: Tokenizer, msgs: list[dict], budget: int, target_weight: float,
-                 add_generation_prompt: bool = False):
-  """Encodes system + history + target, dropping the oldest history pairs to fit `budget`."""
-  enc = [tok.encode_message(m) for m in msgs[:-1]]
-  last = (tok.encode_message(msgs[-1], target_weight) if not add_generation_prompt
-          else tok.encode_message(msgs[-1]))
-  tail_ids = last[0] + (tok.generation_prompt() if add_generation_prompt else [])
-  tail_w = last[1] + ([0.0] * (len(tail_ids) - len(last[1])))
-  n_hist = (len(enc) - 1) // 2
-  # history pairs are enc[1:1 + 2 * n_hist]; for sft the target user message is enc[-1]
-  hist = [enc[1 + 2 * j][0] + enc[2 + 2 * j][0] for j in range(n_hist)]
-  hist_w = [enc[1 + 2 * j][1] + enc[2 + 2 * j][1] for j in range(n_hist)]
-  rest = enc[1 + 2 * n_hist:]
-  fixed = len(enc[0][0]) + sum(len(r[0]) for r in rest) + len(tail_ids)
-  total = fixed + sum(len(h) for h in hist)
-  drop = 0
-  while total > budget and drop < n_hist:
-    total -= len(hist[drop])
-    drop += 1
-  sys_ids, sys_w = list(enc[0][0]), list(enc[0][1])
-  cut = 0
-  if total > budget:  # even without history: shorten the system prompt's content from its end
-    head = 1 + len(tok.encode(msgs[0]["role"] + "\n"))
-    tail = 1 + len(tok.encode("\n"))
-    room = max(0, len(sys_ids) - head - tail)
-    shrink = min(total - budget, room)
-    if shrink:
-      keep = len(sys_ids) - tail - shrink
-      sys_ids = sys_ids[:keep] + sys_ids[-tail:]
-      sys_w = sys_w[:keep] + sys_w[-tail:]
-    cut = 1
-  ids, w = sys_ids, sys_w
-  for h, hw in zip(hist[drop:], hist_w[drop:]):
-    ids += h
-    w += hw
-  for r in rest:
-    ids += r[0]
-    w += r[1]
-  ids += tail_ids
-  w += tail_w
-  return ids[:budget], w[:budget], drop, cut
+def _too_long(tok: Tokenizer, msgs: list[dict], budget: int, generation_prompt: bool) -> bool:
+  n = sum(len(tok.encode_message(m)[0]) for m in msgs)
+  return n + (len(tok.generation_prompt()) if generation_prompt else 0) > budget
+
+
+_fit_history = lengths.fit_history
 
 
 def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
@@ -201,6 +156,8 @@ def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
   variant = prompts.variant_for("sft", traj.id, cfg.seed)
   msgs = prompts.render_messages(traj, t, variant, thinking=cfg.thinking,
                                  think=think_text(traj, t))
+  if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, False):
+    return lengths.DROPPED
   ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0)
   return _arr(ids, w, dropped=drop, cut=cut)
 
@@ -209,11 +166,14 @@ def rl_prompt_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.Confi
                      ) -> dict[str, Any]:
   t = target_turn(traj, cfg.seed)
   msgs = prompts.prompt_messages(traj, t, prompts.variant_for("rl", traj.id, cfg.seed))
+  if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, True):
+    return lengths.DROPPED
   ids, _, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 0.0, add_generation_prompt=True)
   kept_msgs = [msgs[0]] + msgs[1 + 2 * drop:]
   return {"tokens": np.asarray(ids, np.int32), "id": traj.id, "domain": traj.domain,
           "turn": t, "ground_truth": traj.turns[t].observation,
-          "prompt": json.dumps(kept_msgs, ensure_ascii=False), "n_dropped": drop, "n_cut": cut}
+          "prompt": json.dumps(kept_msgs, ensure_ascii=False), "n_dropped": drop, "n_cut": cut,
+          "n_overlong": 0}
 
 
 class _CptFlatMap(grain.experimental.FlatMapTransform):
@@ -253,10 +213,12 @@ def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collect
   if stage not in STAGES:
     raise ValueError(f"unknown stage '{stage}' (expected one of {', '.join(STAGES)})")
   ds = trajectory_dataset(source, cfg, process_index, process_count)
+  shard = len(shard_source(source, process_index, process_count))
   if stage == "sft":
-    return ds.map(lambda t: sft_sample(t, tok, cfg)).to_iter_dataset()
+    return lengths.SkipMarked(ds.map(lambda t: sft_sample(t, tok, cfg)).to_iter_dataset(), shard)
   if stage == "rl-prompts":
-    return ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset()
+    return lengths.SkipMarked(ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset(),
+                              shard)
   return grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _CptFlatMap(tok, cfg))
 
 
@@ -268,7 +230,7 @@ def _rl_batch(tok: Tokenizer, seq_len: int):
     out = {"tokens": tokens, "lengths": np.array([len(it["tokens"]) for it in items], np.int32)}
     for key, name in (("id", "ids"), ("domain", "domains"), ("ground_truth", "ground_truths"),
                       ("turn", "turns"), ("prompt", "prompts"), ("n_dropped", "n_dropped"),
-                      ("n_cut", "n_cut")):
+                      ("n_cut", "n_cut"), ("n_overlong", "n_overlong")):
       out[name] = np.array([it[key] for it in items], dtype=object)
     return out
   return fn
@@ -280,7 +242,8 @@ def _finish_packed(tok: Tokenizer):
     tokens = np.where(seg > 0, x["tokens"], tok.pad_id).astype(np.int32)
     return {"tokens": tokens, "positions": x["tokens_positions"].astype(np.int32),
             "segment_ids": seg, "loss_weights": x["loss_weights"].astype(np.float32),
-            "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"]}
+            "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"],
+            "n_overlong": x["n_overlong"]}
   return fn
 
 
@@ -308,8 +271,9 @@ class DataIterator:
   """Batches of one stage; `get_state()` / `set_state()` resume exactly (JSON-friendly state).
 
   `stats` counts, since the start (restored with the state): batches, documents, tokens,
-  loss_tokens (weight > 0), dropped_turns (history turns removed to fit), cut (samples
-  truncated at seq_len), split_docs (extra CPT documents from long trajectories).
+  loss_tokens (weight > 0), overlong_dropped (SFT/RL samples over seq_len, dropped),
+  dropped_turns (history turns removed to fit), cut (samples truncated at seq_len),
+  split_docs (extra CPT documents from long trajectories).
   """
 
   def __init__(self, dataset: grain.IterDataset, stage: str):
@@ -326,6 +290,7 @@ class DataIterator:
     s["batches"] += 1
     s["dropped_turns"] += int(np.sum(b.pop("n_dropped")))
     s["cut"] += int(np.sum(b.pop("n_cut")))
+    s["overlong_dropped"] += int(np.sum(b.pop("n_overlong")))
     if self.stage == "rl-prompts":
       s["documents"] += len(b["lengths"])
       s["tokens"] += int(b["lengths"].sum())
@@ -370,6 +335,9 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
                     ("worker_count", 0)):
     if int(cfg[field]) < lo:
       raise ValueError(f"data config field '{field}' must be >= {lo}, got {cfg[field]}")
+  if cfg.get("overlong", "drop") not in lengths.OVERLONG_POLICIES:
+    raise ValueError(f"data config field 'overlong' must be one of "
+                     f"{', '.join(lengths.OVERLONG_POLICIES)}, got '{cfg.get('overlong')}'")
   if cfg.validation not in ("strict", "skip"):
     raise ValueError(f"data config field 'validation' must be strict or skip, "
                      f"got '{cfg.validation}'")
