@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from lwm_jax.data import hygiene as hygiene_lib
+from lwm_jax.data import demos as demos_lib
 from lwm_jax.data import importers, lengths, masking, prompts
 from lwm_jax.data.agentworldbench import format_observation
 from lwm_jax.data.schema import Trajectory
@@ -70,6 +71,12 @@ def default_data_config() -> ml_collections.ConfigDict:
   thinking:     SFT only: thinking-mode targets (<think> + <predicted_observation>)
   overlong:     SFT and rl-prompts: 'drop' a sample longer than seq_len (counted), or
                 'truncate_history' (drop its oldest turns, then the system prompt's tail)
+  long_prompts: SFT only: use the long form of the sample's prompt variant (simulation guidance
+                and worked examples from other training trajectories) with as many examples as
+                fit in seq_len beside the whole sample; without room, the plain variant
+  demo_jsonl:   where worked examples come from (comma-separated files); empty: the stage's
+                own source (for the training split, the training pool)
+  demo_pool_size: worked examples kept per domain;  demo_chars: longest example, in characters
   num_packing_bins: rows the packer fills at once (more bins, denser packing, more latency)
   worker_count: Grain worker processes (0: everything in this process)
   worker_buffer_size: batches each worker prepares ahead
@@ -77,7 +84,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       jsonl="", tfds_dir="", split="train", validation="strict", hygiene=True,
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
-      loss_masking=True, thinking=True, overlong="drop", num_packing_bins=8, worker_count=0,
+      loss_masking=True, thinking=True, overlong="drop", long_prompts=True, demo_jsonl="",
+      demo_pool_size=8, demo_chars=1500, num_packing_bins=8, worker_count=0,
       worker_buffer_size=2))
 
 
@@ -142,6 +150,38 @@ def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
           for i, (ids, w) in enumerate(docs)]
 
 
+def sft_messages(traj: Trajectory, turn: int, variant: int, tok: Tokenizer,
+                 cfg: ml_collections.ConfigDict, pool: demos_lib.DemoPool | None = None
+                 ) -> list[dict[str, str]]:
+  """The SFT chat of `traj` for target `turn`: the long form of `variant` with as many worked
+  examples from `pool` as fit in `cfg.seq_len` beside the whole sample (the plain variant when
+  `pool` is None or even the long form without examples does not fit)."""
+  render = lambda long, demos: prompts.render_messages(
+      traj, turn, variant, thinking=cfg.thinking, think=think_text(traj, turn), long=long,
+      demos=demos)
+  plain = render(False, ())
+  if pool is None:
+    return plain
+  rest = sum(len(tok.encode_message(m)[0]) for m in plain[1:])
+  examples = pool.pick(traj, prompts.max_demos(variant), cfg.seed)
+  for k in range(len(examples), -1, -1):
+    msgs = render(True, examples[:k])
+    if len(tok.encode_message(msgs[0])[0]) + rest <= cfg.seq_len:
+      return msgs
+  return plain
+
+
+def demo_pool(cfg: ml_collections.ConfigDict, source: Sequence[Trajectory]
+              ) -> demos_lib.DemoPool:
+  """The worked-example pool of an SFT run: from `cfg.demo_jsonl`, else from `source`."""
+  if cfg.get("demo_jsonl"):
+    c = ml_collections.ConfigDict(cfg.to_dict())
+    c.jsonl, c.tfds_dir = cfg.demo_jsonl, ""
+    source = load_source(c)
+  return demos_lib.DemoPool.from_source(source, cfg.get("demo_pool_size", 8),
+                                        max_chars=cfg.get("demo_chars", 1500), seed=cfg.seed)
+
+
 def _too_long(tok: Tokenizer, msgs: list[dict], budget: int, generation_prompt: bool) -> bool:
   n = sum(len(tok.encode_message(m)[0]) for m in msgs)
   return n + (len(tok.generation_prompt()) if generation_prompt else 0) > budget
@@ -150,12 +190,11 @@ def _too_long(tok: Tokenizer, msgs: list[dict], budget: int, generation_prompt: 
 _fit_history = lengths.fit_history
 
 
-def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
-               ) -> dict[str, np.ndarray]:
+def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict,
+               pool: demos_lib.DemoPool | None = None) -> dict[str, np.ndarray]:
   t = target_turn(traj, cfg.seed)
   variant = prompts.variant_for("sft", traj.id, cfg.seed)
-  msgs = prompts.render_messages(traj, t, variant, thinking=cfg.thinking,
-                                 think=think_text(traj, t))
+  msgs = sft_messages(traj, t, variant, tok, cfg, pool)
   if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, False):
     return lengths.DROPPED
   ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0)
@@ -207,15 +246,17 @@ def trajectory_dataset(source: Sequence[Trajectory], cfg: ml_collections.ConfigD
 
 
 def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.ConfigDict,
-                   stage: str, process_index: int = 0, process_count: int = 1
-                   ) -> grain.IterDataset:
-  """Tokenized, weighted samples before packing (rl-prompts: before batching)."""
+                   stage: str, process_index: int = 0, process_count: int = 1,
+                   pool: demos_lib.DemoPool | None = None) -> grain.IterDataset:
+  """Tokenized, weighted samples before packing (rl-prompts: before batching); `pool` gives SFT
+  prompts their worked examples (see `sft_messages`)."""
   if stage not in STAGES:
     raise ValueError(f"unknown stage '{stage}' (expected one of {', '.join(STAGES)})")
   ds = trajectory_dataset(source, cfg, process_index, process_count)
   shard = len(shard_source(source, process_index, process_count))
   if stage == "sft":
-    return lengths.SkipMarked(ds.map(lambda t: sft_sample(t, tok, cfg)).to_iter_dataset(), shard)
+    return lengths.SkipMarked(ds.map(lambda t: sft_sample(t, tok, cfg, pool)).to_iter_dataset(),
+                              shard)
   if stage == "rl-prompts":
     return lengths.SkipMarked(ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset(),
                               shard)
@@ -248,9 +289,9 @@ def _finish_packed(tok: Tokenizer):
 
 
 def batched_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.ConfigDict,
-                    stage: str, process_index: int = 0, process_count: int = 1
-                    ) -> grain.IterDataset:
-  ds = sample_dataset(source, tok, cfg, stage, process_index, process_count)
+                    stage: str, process_index: int = 0, process_count: int = 1,
+                    pool: demos_lib.DemoPool | None = None) -> grain.IterDataset:
+  ds = sample_dataset(source, tok, cfg, stage, process_index, process_count, pool)
   if stage == "rl-prompts":
     ds = ds.batch(cfg.batch_size, batch_fn=_rl_batch(tok, cfg.seq_len))
   else:
@@ -324,8 +365,9 @@ def make_train_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
   """
   validate_config(data_cfg, stage)
   src = source if source is not None else load_source(data_cfg)
+  pool = demo_pool(data_cfg, src) if stage == "sft" and data_cfg.get("long_prompts") else None
   return DataIterator(batched_dataset(src, tokenizer, data_cfg, stage, process_index,
-                                      process_count), stage)
+                                      process_count, pool), stage)
 
 
 def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
