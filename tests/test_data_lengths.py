@@ -84,12 +84,12 @@ def test_rl_prompts_overlong_dropped_and_counted(tok, trajs):
 def test_overlong_drop_resumes_exactly(tok, trajs):
   trajs = trajs[:12]
   budget = int(np.median([_sft_len(tok, t) for t in trajs]))  # about half are over
-  c = cfg(seq_len=budget, num_epochs=-1, shuffle=True)
+  c = cfg(seq_len=budget, num_epochs=-1, shuffle=True, batch_size=1, num_packing_bins=1)
   it = pipeline.make_train_iterator(c, tok, "sft", source=trajs)
   for _ in range(2):
     next(it)
   state = json.loads(json.dumps(it.get_state()))
-  ref = [next(it) for _ in range(3)]
+  ref = [next(it) for _ in range(4)]
   it2 = pipeline.make_train_iterator(c, tok, "sft", source=trajs)
   it2.set_state(state)
   for a in ref:
