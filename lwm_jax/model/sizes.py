@@ -13,7 +13,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from lwm_jax.model import abstract_model
 from lwm_jax.model.config import ModelConfig
 
 
@@ -41,15 +40,17 @@ class ModelSizes:
     return 6.0 * self.active_params + attn + lin
 
 
-def _params(cfg: ModelConfig):
-  """(path, nnx.Param) of every parameter of the abstract model."""
-  _, state = abstract_model(cfg)
-  return [(path, var) for path, var in nnx.to_flat_state(state) if isinstance(var, nnx.Param)]
+def abstract_model(cfg: ModelConfig):
+  from lwm_jax.model.transformer import Transformer  # pylint: disable=import-outside-toplevel
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
 def count(cfg: ModelConfig) -> ModelSizes:
+  model = abstract_model(cfg)
   total = expert = embed = 0
-  for path, var in _params(cfg):
+  for path, var in nnx.iter_graph(model):
+    if not isinstance(var, nnx.Param):
+      continue
     n = int(np.prod(var.get_value().shape))
     total += n
     name = "/".join(str(p) for p in path)
@@ -87,9 +88,12 @@ def per_device_bytes(cfg: ModelConfig, mesh_axes: dict[str, int], rules=None) ->
   rules = rules or sharding.DEFAULT_RULES
   sizes_ = [mesh_axes.get(a, 1) for a in sharding.MESH_AXES]
   mesh = AbstractMesh(tuple(sizes_), sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 4)
+  model = abstract_model(cfg)
   itemsize = np.dtype(cfg.param_dtype if cfg.param_dtype != "bfloat16" else np.float16).itemsize
   shard_elems = 0.0
-  for _, var in _params(cfg):
+  for _, var in nnx.iter_graph(model):
+    if not isinstance(var, nnx.Param):
+      continue
     shape = var.get_value().shape
     axes = var.get_metadata().get("axes") or (None,) * len(shape)
     spec = sharding.spec_for(axes, shape, mesh, rules)

@@ -15,7 +15,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lwm_jax import sharding as shd
-from lwm_jax.model import abstract_model
 from lwm_jax.model.config import ModelConfig
 from lwm_jax.model.transformer import Transformer
 
@@ -30,6 +29,12 @@ class TrainState:
 
 jax.tree_util.register_dataclass(TrainState, data_fields=["params", "opt_state", "step", "rng"],
                                  meta_fields=[])
+
+
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """Graph definition and shape-only parameter state, without allocating."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(model)
 
 
 def _path_key(path) -> tuple:
