@@ -1,1 +1,13 @@
-"""lwm_jax.data."""
+"""lwm_jax.data: trajectories in, token batches out. Imports nothing else of lwm_jax.
+
+  schema       the Trajectory record; strict/skip loading with counted, quarantined bad lines
+  jsonl        the one JSON-lines reader (plain or gzip) behind every loader
+  importers    AgentWorldBench and OpenAI-chat files as trajectories
+  hygiene      the recipe's filters (declared tools, broken GUI, retry cycles, missing state)
+  masking      the CPT turn classes and their deterministic keep decisions
+  prompts      the twelve system-prompt variants and chat rendering (guidance, demos: long forms)
+  tokenizer    SentencePiece and Hugging Face tokenizers with ChatML and per-token loss weights
+  lengths      fitting samples into seq_len (CPT windows, over-long SFT/RL policy)
+  pipeline     Grain pipelines for cpt, sft and rl-prompts with exact resume
+  tfds_trajectories  the ArrayRecord dataset built by `launch/data.py build`
+"""
