@@ -188,9 +188,14 @@ def cmd_inspect() -> None:
       keep = masking.keep_turn(t.id, k, x.action, x.observation, FLAGS.seed)
       print(f"turn {k + 1}: class={c} keep={keep}")
   elif FLAGS.stage == "sft":
-    samples = [pipeline.sft_sample(t, tok, cfg)]
+    samples = [pipeline.sft_sample(t, tok, cfg, pipeline.demo_pool(cfg, trajs))]
   else:
-    s = pipeline.rl_prompt_sample(t, tok, cfg)
+    samples = [pipeline.rl_prompt_sample(t, tok, cfg)]
+  if "overlong" in samples[0]:
+    raise ValueError(f"trajectory {t.id}: the {FLAGS.stage} sample is longer than --seq_len="
+                     f"{FLAGS.seq_len} tokens, so training drops it (raise --seq_len to see it)")
+  if FLAGS.stage == "rl-prompts":
+    s = samples[0]
     samples = [{"tokens": s["tokens"], "loss_weights": np.zeros(len(s["tokens"]), np.float32)}]
     print(f"ground truth for turn {s['turn'] + 1}:\n{s['ground_truth']}\n")
   dim, bold, reset = ("\033[2m", "\033[1;32m", "\033[0m") if FLAGS.color else ("", "", "")
