@@ -69,6 +69,8 @@ def load_trajectories():
 
 
 def get_tokenizer(trajs) -> tk.Tokenizer:
+  if not trajs:
+    raise ValueError("no trajectories left to work on (see the load and hygiene counts above)")
   if FLAGS.tokenizer:
     return tk.load_tokenizer(FLAGS.tokenizer)
   texts = []
@@ -114,6 +116,7 @@ def cmd_stats() -> None:
   by_domain = collections.defaultdict(lambda: collections.Counter())
   classes = collections.defaultdict(collections.Counter)
   lengths = collections.defaultdict(list)
+  jaccard = collections.defaultdict(list)
   obs_tok = kept_tok = 0
   for t in trajs:
     d = by_domain[t.domain]
@@ -121,6 +124,7 @@ def cmd_stats() -> None:
     d["turns"] += len(t.turns)
     for k, x in enumerate(t.turns):
       classes[t.domain][masking.classify_turn(x.action, x.observation).value] += 1
+      jaccard[t.domain].append(masking.turn_stats(x.action, x.observation).jac)
     for s in pipeline.cpt_samples(t, tok, cfg):
       n = len(s["tokens"])
       lengths[t.domain].append(n)
@@ -141,6 +145,10 @@ def cmd_stats() -> None:
     n = sum(classes[dom].values())
     print(f"  {dom:9} " + " ".join(f"{c.value[:5]}={100 * classes[dom][c.value] / n:.0f}%"
                                    for c in masking.TurnClass))
+  all_jac = [j for v in jaccard.values() for j in v]
+  print(f"\nJaccard of action and observation word sets (logged only, no rule uses it): "
+        f"mean {np.mean(all_jac):.3f} over {len(all_jac)} turns; " + ", ".join(
+            f"{dom} {np.mean(jaccard[dom]):.3f}" for dom in sorted(jaccard)))
   all_tok = sum(d["tokens"] for d in by_domain.values()) or 1
   print(f"\nCPT loss tokens: {kept_tok} = {100 * kept_tok / all_tok:.1f}% of all tokens, "
         f"{100 * kept_tok / max(obs_tok, 1):.1f}% of observation tokens")
@@ -180,9 +188,14 @@ def cmd_inspect() -> None:
       keep = masking.keep_turn(t.id, k, x.action, x.observation, FLAGS.seed)
       print(f"turn {k + 1}: class={c} keep={keep}")
   elif FLAGS.stage == "sft":
-    samples = [pipeline.sft_sample(t, tok, cfg)]
+    samples = [pipeline.sft_sample(t, tok, cfg, pipeline.demo_pool(cfg, trajs))]
   else:
-    s = pipeline.rl_prompt_sample(t, tok, cfg)
+    samples = [pipeline.rl_prompt_sample(t, tok, cfg)]
+  if "overlong" in samples[0]:
+    raise ValueError(f"trajectory {t.id}: the {FLAGS.stage} sample is longer than --seq_len="
+                     f"{FLAGS.seq_len} tokens, so training drops it (raise --seq_len to see it)")
+  if FLAGS.stage == "rl-prompts":
+    s = samples[0]
     samples = [{"tokens": s["tokens"], "loss_weights": np.zeros(len(s["tokens"]), np.float32)}]
     print(f"ground truth for turn {s['turn'] + 1}:\n{s['ground_truth']}\n")
   dim, bold, reset = ("\033[2m", "\033[1;32m", "\033[0m") if FLAGS.color else ("", "", "")

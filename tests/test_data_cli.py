@@ -1,5 +1,6 @@
 """launch/data.py as a user runs it: stats and inspect on a small trajectory file."""
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -47,3 +48,22 @@ def test_too_small_vocab_is_one_clear_line():
   proc = _run("stats", f"--inputs={FIX}", "--sp_vocab=50")
   assert proc.returncode == 2
   assert "vocab_size 50 is too small" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_stats_prints_the_jaccard_statistic(tmp_path):
+  turns = {  # hand-computed Jaccard of the word sets: |A & O| / |A | O|
+      "t1": [("get x", "x is big and old"),          # {x} / {get,x,is,big,and,old} = 1/6
+             ("ls foo bar", "ls foo bar")],          # 3/3 = 1
+      "t2": [("search cats", "felines are small"),   # 0/5 = 0
+             ("open a b", "a b c d")]}               # {a,b} / {open,a,b,c,d} = 2/5
+  path = tmp_path / "j.jsonl"
+  with open(path, "w") as f:
+    for tid, pairs in turns.items():
+      f.write(json.dumps(schema.Trajectory(
+          id=tid, domain="terminal" if tid == "t1" else "search", task="t", action_space="a",
+          initial_state="s", turns=[schema.Turn(a, o) for a, o in pairs]).to_dict()) + "\n")
+  proc = _run("stats", f"--inputs={path}", "--sp_vocab=600")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  mean = (1 / 6 + 1 + 0 + 2 / 5) / 4
+  assert (f"Jaccard of action and observation word sets (logged only, no rule uses it): "
+          f"mean {mean:.3f} over 4 turns; search {0.2:.3f}, terminal {7 / 12:.3f}") in proc.stdout

@@ -115,3 +115,12 @@ def test_keep_turn_same_in_another_process():
                        check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip()
   here = "".join("1" if keep_turn(f"id{i}", i % 5, "a b", "a b c", 3) else "0" for i in range(300))
   assert out == here and 0 < here.count("1") < 100
+
+
+@pytest.mark.parametrize("obs", ["\n", "   ", "\n\n\t \n", "\r\n"])
+def test_whitespace_only_observation_is_action(obs):
+  # No word at all, only whitespace: the same as an empty observation, kept at 100%.
+  assert classify_turn("cat notes.txt", obs) == C.ACTION
+  assert classify_turn("", obs) == C.ACTION
+  assert KEEP_RATIO[classify_turn("ls -la /tmp", obs)] == 1.0
+  assert all(keep_turn("t", k, "ls -la /tmp", obs) for k in range(50))

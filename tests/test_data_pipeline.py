@@ -83,9 +83,11 @@ def test_cpt_packing_and_masked_observations(tok, trajs):
     by_text[tok.decode(ids)] = [tok.decode(r) for r in _runs(ids, w)]
   for t in trajs:
     text = tok.chat_text(prompts.render_messages(t, None, 1))
-    want = [format_observation(x.observation) + "<|im_end|>" for k, x in enumerate(t.turns)
+    want = [x.observation + "<|im_end|>" for k, x in enumerate(t.turns)
             if masking.keep_turn(t.id, k, x.action, x.observation, 0)]
-    assert by_text[text] == want  # loss only on the kept observations, masked turns in context
+    # Loss only on the kept observations (not their header), masked turns in context; a token
+    # holding the header's last newline and the observation's start counts as observation.
+    assert [r[1:] if r[:1] == "\n" else r for r in by_text[text]] == want
   assert it.stats["loss_tokens"] == sum(int((b["loss_weights"] > 0).sum()) for b in batches)
 
 
@@ -102,7 +104,8 @@ def test_cpt_long_trajectory_split_into_documents(tok, trajs):
   for s in samples:
     assert list(s["tokens"][:len(sys_ids)]) == sys_ids
     got += [tok.decode(r) for r in _runs(s["tokens"], s["loss_weights"])]
-  assert got == [format_observation(x.observation) + "<|im_end|>" for x in t.turns]
+  # The observation header is boilerplate: only the observation itself is in the loss.
+  assert got == [x.observation + "<|im_end|>" for x in t.turns]
 
 
 def test_sft_target_and_thinking(tok, many):
@@ -139,7 +142,7 @@ def test_sft_overlong_drops_oldest_history(tok, trajs):
 
 def test_resume_reproduces_next_10_batches(tok, many):
   for stage in ("cpt", "sft"):
-    c = cfg(seq_len=512, num_epochs=-1)
+    c = cfg(seq_len=512, num_epochs=-1, overlong="truncate_history")
     it = pipeline.make_train_iterator(c, tok, stage, source=many)
     for _ in range(3):
       next(it)
@@ -156,7 +159,7 @@ def test_resume_reproduces_next_10_batches(tok, many):
 
 
 def test_resume_with_worker_process(tok, many):
-  c = cfg(seq_len=512, num_epochs=-1, worker_count=1)
+  c = cfg(seq_len=512, num_epochs=-1, worker_count=1, overlong="truncate_history")
   it = pipeline.make_train_iterator(c, tok, "sft", source=many)
   next(it)
   state = it.get_state()
@@ -167,7 +170,8 @@ def test_resume_with_worker_process(tok, many):
     b = next(it2)
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
-  plain = pipeline.make_train_iterator(cfg(seq_len=512, num_epochs=-1), tok, "sft", source=many)
+  plain = pipeline.make_train_iterator(cfg(seq_len=512, num_epochs=-1, overlong="truncate_history"),
+                                       tok, "sft", source=many)
   next(plain)
   np.testing.assert_array_equal(next(plain)["tokens"], ref[0]["tokens"])  # same data either way
 

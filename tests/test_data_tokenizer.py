@@ -120,3 +120,33 @@ def test_load_tokenizer_dispatch(tmp_path, sp_tok, hf_tok):
   assert isinstance(tk.load_tokenizer(hf_tok.path), tk.HFTokenizer)
   with pytest.raises(ValueError, match="cannot tell"):
     tk.load_tokenizer(tmp_path)
+
+
+def test_cpt_observation_header_carries_no_loss(tok, trajs):
+  """Every weighted CPT run is one observation's own text and its <|im_end|>, never the header."""
+  from lwm_jax.data import pipeline
+  cfg = pipeline.default_data_config()
+  cfg.update(dict(seq_len=100_000, loss_masking=False))
+  header = format_observation("")
+  for t in trajs:
+    (s,) = pipeline.cpt_samples(t, tok, cfg)
+    ids, w = list(s["tokens"]), list(s["loss_weights"])
+    assert ids == tok.encode_chat(prompts.render_messages(t, None, 1))  # same ids as inference
+    runs = [tok.decode(r) for r in _runs(ids, w)]
+    assert len(runs) == len(t.turns)
+    for run, x in zip(runs, t.turns):
+      # Exactly the observation, or with the header's final newline when one token holds that
+      # newline and the observation's first characters (SentencePiece merges "\n<").
+      assert run in (x.observation + "<|im_end|>", "\n" + x.observation + "<|im_end|>"), t.id
+    assert not any("Environment Observation" in r for r in runs)
+    # The header tokens sit right before each run, with weight 0.
+    assert tok.decode(ids).count("<|im_start|>assistant\n" + header) == len(t.turns)
+
+
+def test_prefix_tokens_straddling_token_is_weighted(hf_tok):
+  # Qwen's BPE glues ":**" and a following blank line into one token: that token is not all
+  # header, so it stays weighted (the observation starts inside it).
+  body = hf_tok.encode_content("assistant", format_observation("\nfoo"))
+  k = hf_tok.prefix_tokens(body, format_observation(""))
+  assert len(hf_tok.decode(body[:k])) < len(format_observation(""))
+  assert hf_tok.decode(body[k:]).endswith("\nfoo")

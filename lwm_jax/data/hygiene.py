@@ -1,9 +1,17 @@
-"""Data-hygiene filters (SPECS 2): every drop is counted under its reason.
+"""Data-hygiene filters (docs/recipe.md, "Data hygiene"): every drop is counted under its reason.
 
-- a trajectory with fewer than 2 turns (after the turn filter below) is dropped;
-- an MCP/SWE trajectory that calls a tool its action space does not declare is dropped;
+- a trajectory without a starting state is dropped: its `initial_state` (the state part of the
+  system prompt: the sandbox's file listing, the first screen, the database summary) is blank and
+  no imported system prompt (`meta["system_str"]`) carries one;
+- an MCP/SWE trajectory that calls a tool it does not declare is dropped. Declared tools are
+  `meta["declared_tools"]` (what the environment recorder writes), else `meta["tools"]`, else a
+  JSON tool list or call signatures (`name(`) in the action space; a name merely mentioned in
+  prose is not a declaration;
 - a GUI trajectory broken by the environment (captcha, HTTP error page, `meta.broken`) is dropped;
-- in GUI domains, a turn whose observation equals the state before it (unchanged screen) is dropped.
+- a retry cycle (a failing action repeated with the same observation as before) keeps only its
+  first turn;
+- in GUI domains, a turn whose observation equals the state before it (unchanged screen) is dropped;
+- a trajectory with fewer than 2 turns (after the turn filters) is dropped.
 """
 from __future__ import annotations
 
@@ -17,6 +25,15 @@ from lwm_jax.data.schema import GUI_DOMAINS, Trajectory
 
 TOOL_DOMAINS = ("mcp", "swe")
 _CALL_RE = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*\(")
+_SIGNATURE_RE = re.compile(r"(?<![\w.\-])([A-Za-z_][\w.\-]*)\(")
+# An observation reads as a failure when its first line opens with an error marker (after at most
+# two "prog:" prefixes, as in `ls: cannot access`), when it is a JSON error reply, or when it is a
+# test run with failures.
+_FAILURE_RE = re.compile(
+    r"\A\s*(?:(?:[\w.\-/]+:\s*){0,2}(?:error|errno|exception|traceback|fatal|fail(?:ed|ure)?|"
+    r"usage|invalid|unknown|cannot|can't|no such|permission denied|not found|command not found|"
+    r"timed? ?out|refused)\b|\{\s*\"error\")"
+    r"|\"isError\":\s*true|^=+ FAILURES =+$|^=+ .*\b\d+ failed\b.* =+$", re.I | re.M)
 _BROKEN_RE = re.compile(
     r"captcha|verify you are (a )?human|\bHTTP(?:/\d(?:\.\d)?)?\s+(?:error\s+)?[45]\d\d\b"
     r"|\b(?:403 Forbidden|404 Not Found|500 Internal Server Error|502 Bad Gateway|"
@@ -55,20 +72,23 @@ def tool_name(action: str) -> str | None:
   return m.group(1) if m else None
 
 
-def declared_tools(traj: Trajectory) -> set[str] | None:
-  """Tool names a trajectory declares: `meta.tools`, or a JSON tool list in its action space."""
-  tools = traj.meta.get("tools")
-  if isinstance(tools, list):
-    return {_name_of(t) for t in tools} - {None}
+def declared_tools(traj: Trajectory) -> set[str]:
+  """Tool names a trajectory declares (see the module docstring for where they are read)."""
+  for key in ("declared_tools", "tools"):
+    tools = traj.meta.get(key)
+    if isinstance(tools, list):
+      return {_name_of(t) for t in tools} - {None}
+  text = traj.action_space.strip() or str(traj.meta.get("system_str") or "")
   try:
-    spec: Any = json.loads(traj.action_space)
+    spec: Any = json.loads(text)
   except json.JSONDecodeError:
-    return None
+    spec = None
   if isinstance(spec, dict):
     spec = spec.get("tools")
   if isinstance(spec, list):
     return {_name_of(t) for t in spec} - {None}
-  return None
+  # Prose with call signatures, e.g. "Tools: read_file(path), run_tests()".
+  return set(_SIGNATURE_RE.findall(text))
 
 
 def _name_of(tool: Any) -> str | None:
@@ -87,16 +107,33 @@ def calls_undeclared_tool(traj: Trajectory) -> bool:
   if traj.domain not in TOOL_DOMAINS:
     return False
   declared = declared_tools(traj)
+  return any(name is not None and name not in declared
+             for name in (tool_name(t.action) for t in traj.turns))
+
+
+def missing_initial_state(traj: Trajectory) -> bool:
+  """No starting state anywhere: a blank `initial_state` and no imported system prompt."""
+  return not traj.initial_state.strip() and not str(traj.meta.get("system_str") or "").strip()
+
+
+def is_failure(observation: str) -> bool:
+  """Whether an observation reads as an error or a failed action."""
+  return bool(_FAILURE_RE.search(observation))
+
+
+def drop_retry_cycles(traj: Trajectory) -> tuple[Trajectory, int]:
+  """Keeps the first of each repeated (action, failing observation) pair; returns the count dropped."""
+  seen, kept = set(), []
   for t in traj.turns:
-    name = tool_name(t.action)
-    if name is None:
+    key = (t.action.strip(), t.observation.strip())
+    if key in seen and is_failure(t.observation):
       continue
-    if declared is not None:
-      if name not in declared:
-        return True
-    elif not re.search(r"(?<![\w.\-])" + re.escape(name) + r"(?![\w\-])", traj.action_space):
-      return True
-  return False
+    seen.add(key)
+    kept.append(t)
+  dropped = len(traj.turns) - len(kept)
+  if dropped:
+    traj = dataclasses.replace(traj, turns=kept, meta={**traj.meta, "retry_turns_dropped": dropped})
+  return traj, dropped
 
 
 def is_broken_gui(traj: Trajectory) -> bool:
@@ -130,12 +167,18 @@ def filter_trajectories(trajs: Iterable[Trajectory],
   report = report if report is not None else HygieneReport()
   out = []
   for traj in trajs:
+    if missing_initial_state(traj):
+      report.dropped["missing_initial_state"] += 1
+      continue
     if calls_undeclared_tool(traj):
       report.dropped["undeclared_tool"] += 1
       continue
     if is_broken_gui(traj):
       report.dropped["broken_environment"] += 1
       continue
+    traj, n = drop_retry_cycles(traj)
+    if n:
+      report.turns_dropped["retry_cycle"] += n
     traj, n = drop_unchanged_gui_turns(traj)
     if n:
       report.turns_dropped["unchanged_gui_state"] += n

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from lwm_jax.data import bench_records as awb
-from lwm_jax.data import schema
+from lwm_jax.data import jsonl, schema
 from lwm_jax.data.schema import DOMAINS, LoadReport, RecordError, Trajectory, Turn
 
 _TURN_SUFFIX_RE = re.compile(r"#t\d+$")
@@ -169,19 +169,16 @@ def load_any(path: str | os.PathLike, fmt: str = "auto", mode: str = "strict",
 
 
 def sniff_format(path: str | os.PathLike) -> str:
-  import json
-  with schema._open_text(path, "r") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(obj, dict):
-        if "messages" in obj:
-          return "chat"
-        if "current_prompt" in obj or "system_str" in obj:
-          return "awb"
-      return "trajectory"
+  """The format of the first readable record (trajectory when none can be read)."""
+  for _, obj in jsonl.iter_jsonl(path, strict=False):
+    if isinstance(obj, jsonl.BadLine):
+      if obj.reason == "truncated_file":
+        break
+      continue
+    if isinstance(obj, dict):
+      if "messages" in obj:
+        return "chat"
+      if "current_prompt" in obj or "system_str" in obj:
+        return "awb"
+    return "trajectory"
   return "trajectory"

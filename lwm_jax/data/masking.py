@@ -1,4 +1,4 @@
-"""Information-theoretic loss masking for CPT (SPECS 2.1).
+"""Information-theoretic loss masking for CPT (docs/recipe.md, "CPT loss masking").
 
 Each turn is classified from word-set statistics of its action and observation. Turns whose
 observation mostly repeats the action (echo, boilerplate) are rarely kept for the loss; turns that
@@ -66,7 +66,7 @@ def turn_stats(action: str, observation: str) -> TurnStats:
 
 
 def classify_stats(s: TurnStats, obs_len: int) -> TurnClass:
-  """The SPECS 2.1 table, tried in order; first match wins."""
+  """The turn-class table of docs/recipe.md, tried in order; first match wins."""
   if s.ol >= 0.7 and s.nov < 0.3:
     return TurnClass.ECHO
   if s.ol >= 0.5 and s.nov < 0.5:
@@ -83,8 +83,8 @@ def classify_stats(s: TurnStats, obs_len: int) -> TurnClass:
 
 
 def classify_turn(action: str, observation: str) -> TurnClass:
-  """Class of one turn; an empty observation is `action` (OUR DESIGN)."""
-  if not observation:
+  """Class of one turn; an observation without a single word (empty, whitespace only) is `action`."""
+  if not observation.strip():
     return TurnClass.ACTION
   return classify_stats(turn_stats(action, observation), len(observation))
 

@@ -13,13 +13,15 @@ Train batches (cpt, sft) are dicts of numpy arrays, all [batch, seq_len]:
                         pairs whose segment ids differ. The first token of every document is a
                         `<|im_start|>` header with weight 0.
 CPT: whole trajectories in template v1, weight 1 on the observation tokens (and their
-`<|im_end|>`) of turns that `masking.keep_turn` keeps. A trajectory longer than seq_len is cut
-into several documents, each starting with the system prompt (no observation is lost); a single
-turn that does not fit is truncated. SFT: one target turn per trajectory (seeded), template
-`variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present; weight 1
-on the assistant target. Over-long: the oldest history turns are dropped; if system + target still
-do not fit, the system prompt's content is shortened from its end (then, as a last resort, the
-target's tail). Both are counted in `DataIterator.stats`.
+`<|im_end|>`) of turns that `masking.keep_turn` keeps; the `**Environment Observation:**` header
+that opens every observation message has weight 0. A trajectory longer than seq_len is cut
+into several documents, each starting with the system prompt (no observation is lost); when the
+system prompt and a turn do not fit together, the document windows them (`lengths.cpt_windows`)
+so that it still carries observation tokens. SFT: one target turn per trajectory (seeded),
+template `variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present;
+weight 1 on the assistant target. Over-long SFT samples and RL prompts are dropped (config
+`overlong='drop'`, the recipe) or, with `overlong='truncate_history'`, lose their oldest history
+turns (then the system prompt's tail). Every drop and cut is counted in `DataIterator.stats`.
 
 rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation header, right-padded),
 `lengths` int32 [batch], and object arrays `ids`, `domains`, `ground_truths`, `turns`, `prompts`
@@ -39,12 +41,15 @@ import ml_collections
 import numpy as np
 
 from lwm_jax.data import hygiene as hygiene_lib
-from lwm_jax.data import importers, masking, prompts
+from lwm_jax.data import demos as demos_lib
+from lwm_jax.data import importers, lengths, masking, prompts
+from lwm_jax.data.bench_records import format_observation
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.data.tokenizer import Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
-_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split")
+_OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
+_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -55,7 +60,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   tfds_dir:     a dataset built by `launch/data.py build` (random access ArrayRecord)
   split:        TFDS split name ('train', 'validation', 'test', or slices like 'train[:10]')
   validation:   'strict' (first bad JSONL line raises path:line) or 'skip' (count and go on)
-  hygiene:      apply the SPECS 2 hygiene filters to JSONL input (TFDS builds already did)
+  hygiene:      apply the hygiene filters (docs/recipe.md) to JSONL input (TFDS builds already did)
   seq_len:      tokens per packed row (and the prompt budget for rl-prompts)
   batch_size:   rows per batch, per process
   seed:         shuffle seed; also picks SFT/RL target turns and SFT prompt variants
@@ -64,6 +69,14 @@ def default_data_config() -> ml_collections.ConfigDict:
   mask_seed:    seed of the CPT keep decisions (`masking.keep_turn`)
   loss_masking: CPT only: apply the information-theoretic mask (False: all observations count)
   thinking:     SFT only: thinking-mode targets (<think> + <predicted_observation>)
+  overlong:     SFT and rl-prompts: 'drop' a sample longer than seq_len (counted), or
+                'truncate_history' (drop its oldest turns, then the system prompt's tail)
+  long_prompts: SFT only: use the long form of the sample's prompt variant (simulation guidance
+                and worked examples from other training trajectories) with as many examples as
+                fit in seq_len beside the whole sample; without room, the plain variant
+  demo_jsonl:   where worked examples come from (comma-separated files); empty: the stage's
+                own source (for the training split, the training pool)
+  demo_pool_size: worked examples kept per domain;  demo_chars: longest example, in characters
   num_packing_bins: rows the packer fills at once (more bins, denser packing, more latency)
   worker_count: Grain worker processes (0: everything in this process)
   worker_buffer_size: batches each worker prepares ahead
@@ -71,7 +84,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       jsonl="", tfds_dir="", split="train", validation="strict", hygiene=True,
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
-      loss_masking=True, thinking=True, num_packing_bins=8, worker_count=0,
+      loss_masking=True, thinking=True, overlong="drop", long_prompts=True, demo_jsonl="",
+      demo_pool_size=8, demo_chars=1500, num_packing_bins=8, worker_count=0,
       worker_buffer_size=2))
 
 
@@ -99,7 +113,7 @@ def _hash_int(*parts: Any) -> int:
 
 
 def target_turn(traj: Trajectory, seed: int) -> int:
-  """The seeded prediction target of a trajectory (one per trajectory, SPECS 2)."""
+  """The seeded prediction target of a trajectory (one per trajectory)."""
   return _hash_int(seed, "target", traj.id) % len(traj.turns)
 
 
@@ -117,87 +131,72 @@ def _arr(ids: list[int], weights: list[float], dropped: int = 0, cut: int = 0, s
   n = len(ids)
   stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)
   return {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32),
-          "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split)}
+          "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split),
+          "n_overlong": stat(0)}
 
 
 def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
                 ) -> list[dict[str, np.ndarray]]:
   """One or more packed-ready documents for a whole trajectory (template v1)."""
   msgs = prompts.render_messages(traj, None, prompts.variant_for("cpt", traj.id, cfg.seed))
-  sys_ids, sys_w = tok.encode_message(msgs[0])
-  pairs = []
+  turns = []
   for k, t in enumerate(traj.turns):
     keep = (not cfg.loss_masking) or masking.keep_turn(traj.id, k, t.action, t.observation,
                                                       cfg.mask_seed)
-    u_ids, u_w = tok.encode_message(msgs[1 + 2 * k])
-    a_ids, a_w = tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0)
-    pairs.append((u_ids + a_ids, u_w + a_w))
-  docs, cur_ids, cur_w, cut = [], list(sys_ids), list(sys_w), 0
-  for ids, w in pairs:
-    if len(cur_ids) + len(ids) > cfg.seq_len and len(cur_ids) > len(sys_ids):
-      docs.append((cur_ids, cur_w))
-      cur_ids, cur_w = list(sys_ids), list(sys_w)
-    cur_ids += ids
-    cur_w += w
-    if len(cur_ids) > cfg.seq_len:
-      cur_ids, cur_w, cut = cur_ids[:cfg.seq_len], cur_w[:cfg.seq_len], cut + 1
-      docs.append((cur_ids, cur_w))
-      cur_ids, cur_w = list(sys_ids), list(sys_w)
-  if len(cur_ids) > len(sys_ids):
-    docs.append((cur_ids, cur_w))
+    turns.append((tok.encode_message(msgs[1 + 2 * k]),
+                  tok.encode_message(msgs[2 + 2 * k], 1.0 if keep else 0.0, _OBS_HEADER)))
+  docs, cut = lengths.cpt_windows(tok, tok.encode_message(msgs[0]), turns, cfg.seq_len)
   return [_arr(ids, w, cut=cut if i == 0 else 0, split=int(i > 0))
           for i, (ids, w) in enumerate(docs)]
 
 
-def _fit_history(tok: Tokenizer, msgs: list[dict], budget: int, target_weight: float,
-                 add_generation_prompt: bool = False):
-  """Encodes system + history + target, dropping the oldest history pairs to fit `budget`."""
-  enc = [tok.encode_message(m) for m in msgs[:-1]]
-  last = (tok.encode_message(msgs[-1], target_weight) if not add_generation_prompt
-          else tok.encode_message(msgs[-1]))
-  tail_ids = last[0] + (tok.generation_prompt() if add_generation_prompt else [])
-  tail_w = last[1] + ([0.0] * (len(tail_ids) - len(last[1])))
-  n_hist = (len(enc) - 1) // 2
-  # history pairs are enc[1:1 + 2 * n_hist]; for sft the target user message is enc[-1]
-  hist = [enc[1 + 2 * j][0] + enc[2 + 2 * j][0] for j in range(n_hist)]
-  hist_w = [enc[1 + 2 * j][1] + enc[2 + 2 * j][1] for j in range(n_hist)]
-  rest = enc[1 + 2 * n_hist:]
-  fixed = len(enc[0][0]) + sum(len(r[0]) for r in rest) + len(tail_ids)
-  total = fixed + sum(len(h) for h in hist)
-  drop = 0
-  while total > budget and drop < n_hist:
-    total -= len(hist[drop])
-    drop += 1
-  sys_ids, sys_w = list(enc[0][0]), list(enc[0][1])
-  cut = 0
-  if total > budget:  # even without history: shorten the system prompt's content from its end
-    head = 1 + len(tok.encode(msgs[0]["role"] + "\n"))
-    tail = 1 + len(tok.encode("\n"))
-    room = max(0, len(sys_ids) - head - tail)
-    shrink = min(total - budget, room)
-    if shrink:
-      keep = len(sys_ids) - tail - shrink
-      sys_ids = sys_ids[:keep] + sys_ids[-tail:]
-      sys_w = sys_w[:keep] + sys_w[-tail:]
-    cut = 1
-  ids, w = sys_ids, sys_w
-  for h, hw in zip(hist[drop:], hist_w[drop:]):
-    ids += h
-    w += hw
-  for r in rest:
-    ids += r[0]
-    w += r[1]
-  ids += tail_ids
-  w += tail_w
-  return ids[:budget], w[:budget], drop, cut
+def sft_messages(traj: Trajectory, turn: int, variant: int, tok: Tokenizer,
+                 cfg: ml_collections.ConfigDict, pool: demos_lib.DemoPool | None = None
+                 ) -> list[dict[str, str]]:
+  """The SFT chat of `traj` for target `turn`: the long form of `variant` with as many worked
+  examples from `pool` as fit in `cfg.seq_len` beside the whole sample (the plain variant when
+  `pool` is None or even the long form without examples does not fit)."""
+  render = lambda long, demos: prompts.render_messages(
+      traj, turn, variant, thinking=cfg.thinking, think=think_text(traj, turn), long=long,
+      demos=demos)
+  plain = render(False, ())
+  if pool is None:
+    return plain
+  rest = sum(len(tok.encode_message(m)[0]) for m in plain[1:])
+  examples = pool.pick(traj, prompts.max_demos(variant), cfg.seed)
+  for k in range(len(examples), -1, -1):
+    msgs = render(True, examples[:k])
+    if len(tok.encode_message(msgs[0])[0]) + rest <= cfg.seq_len:
+      return msgs
+  return plain
 
 
-def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
-               ) -> dict[str, np.ndarray]:
+def demo_pool(cfg: ml_collections.ConfigDict, source: Sequence[Trajectory]
+              ) -> demos_lib.DemoPool:
+  """The worked-example pool of an SFT run: from `cfg.demo_jsonl`, else from `source`."""
+  if cfg.get("demo_jsonl"):
+    c = ml_collections.ConfigDict(cfg.to_dict())
+    c.jsonl, c.tfds_dir = cfg.demo_jsonl, ""
+    source = load_source(c)
+  return demos_lib.DemoPool.from_source(source, cfg.get("demo_pool_size", 8),
+                                        max_chars=cfg.get("demo_chars", 1500), seed=cfg.seed)
+
+
+def _too_long(tok: Tokenizer, msgs: list[dict], budget: int, generation_prompt: bool) -> bool:
+  n = sum(len(tok.encode_message(m)[0]) for m in msgs)
+  return n + (len(tok.generation_prompt()) if generation_prompt else 0) > budget
+
+
+_fit_history = lengths.fit_history
+
+
+def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict,
+               pool: demos_lib.DemoPool | None = None) -> dict[str, np.ndarray]:
   t = target_turn(traj, cfg.seed)
   variant = prompts.variant_for("sft", traj.id, cfg.seed)
-  msgs = prompts.render_messages(traj, t, variant, thinking=cfg.thinking,
-                                 think=think_text(traj, t))
+  msgs = sft_messages(traj, t, variant, tok, cfg, pool)
+  if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, False):
+    return lengths.DROPPED
   ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0)
   return _arr(ids, w, dropped=drop, cut=cut)
 
@@ -206,11 +205,14 @@ def rl_prompt_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.Confi
                      ) -> dict[str, Any]:
   t = target_turn(traj, cfg.seed)
   msgs = prompts.prompt_messages(traj, t, prompts.variant_for("rl", traj.id, cfg.seed))
+  if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, True):
+    return lengths.DROPPED
   ids, _, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 0.0, add_generation_prompt=True)
   kept_msgs = [msgs[0]] + msgs[1 + 2 * drop:]
   return {"tokens": np.asarray(ids, np.int32), "id": traj.id, "domain": traj.domain,
           "turn": t, "ground_truth": traj.turns[t].observation,
-          "prompt": json.dumps(kept_msgs, ensure_ascii=False), "n_dropped": drop, "n_cut": cut}
+          "prompt": json.dumps(kept_msgs, ensure_ascii=False), "n_dropped": drop, "n_cut": cut,
+          "n_overlong": 0}
 
 
 class _CptFlatMap(grain.experimental.FlatMapTransform):
@@ -244,16 +246,20 @@ def trajectory_dataset(source: Sequence[Trajectory], cfg: ml_collections.ConfigD
 
 
 def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.ConfigDict,
-                   stage: str, process_index: int = 0, process_count: int = 1
-                   ) -> grain.IterDataset:
-  """Tokenized, weighted samples before packing (rl-prompts: before batching)."""
+                   stage: str, process_index: int = 0, process_count: int = 1,
+                   pool: demos_lib.DemoPool | None = None) -> grain.IterDataset:
+  """Tokenized, weighted samples before packing (rl-prompts: before batching); `pool` gives SFT
+  prompts their worked examples (see `sft_messages`)."""
   if stage not in STAGES:
     raise ValueError(f"unknown stage '{stage}' (expected one of {', '.join(STAGES)})")
   ds = trajectory_dataset(source, cfg, process_index, process_count)
+  shard = len(shard_source(source, process_index, process_count))
   if stage == "sft":
-    return ds.map(lambda t: sft_sample(t, tok, cfg)).to_iter_dataset()
+    return lengths.SkipMarked(ds.map(lambda t: sft_sample(t, tok, cfg, pool)).to_iter_dataset(),
+                              shard)
   if stage == "rl-prompts":
-    return ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset()
+    return lengths.SkipMarked(ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset(),
+                              shard)
   return grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _CptFlatMap(tok, cfg))
 
 
@@ -265,7 +271,7 @@ def _rl_batch(tok: Tokenizer, seq_len: int):
     out = {"tokens": tokens, "lengths": np.array([len(it["tokens"]) for it in items], np.int32)}
     for key, name in (("id", "ids"), ("domain", "domains"), ("ground_truth", "ground_truths"),
                       ("turn", "turns"), ("prompt", "prompts"), ("n_dropped", "n_dropped"),
-                      ("n_cut", "n_cut")):
+                      ("n_cut", "n_cut"), ("n_overlong", "n_overlong")):
       out[name] = np.array([it[key] for it in items], dtype=object)
     return out
   return fn
@@ -277,14 +283,15 @@ def _finish_packed(tok: Tokenizer):
     tokens = np.where(seg > 0, x["tokens"], tok.pad_id).astype(np.int32)
     return {"tokens": tokens, "positions": x["tokens_positions"].astype(np.int32),
             "segment_ids": seg, "loss_weights": x["loss_weights"].astype(np.float32),
-            "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"]}
+            "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"],
+            "n_overlong": x["n_overlong"]}
   return fn
 
 
 def batched_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.ConfigDict,
-                    stage: str, process_index: int = 0, process_count: int = 1
-                    ) -> grain.IterDataset:
-  ds = sample_dataset(source, tok, cfg, stage, process_index, process_count)
+                    stage: str, process_index: int = 0, process_count: int = 1,
+                    pool: demos_lib.DemoPool | None = None) -> grain.IterDataset:
+  ds = sample_dataset(source, tok, cfg, stage, process_index, process_count, pool)
   if stage == "rl-prompts":
     ds = ds.batch(cfg.batch_size, batch_fn=_rl_batch(tok, cfg.seq_len))
   else:
@@ -305,8 +312,9 @@ class DataIterator:
   """Batches of one stage; `get_state()` / `set_state()` resume exactly (JSON-friendly state).
 
   `stats` counts, since the start (restored with the state): batches, documents, tokens,
-  loss_tokens (weight > 0), dropped_turns (history turns removed to fit), cut (samples
-  truncated at seq_len), split_docs (extra CPT documents from long trajectories).
+  loss_tokens (weight > 0), overlong_dropped (SFT/RL samples over seq_len, dropped),
+  dropped_turns (history turns removed to fit), cut (samples truncated at seq_len),
+  split_docs (extra CPT documents from long trajectories).
   """
 
   def __init__(self, dataset: grain.IterDataset, stage: str):
@@ -323,6 +331,7 @@ class DataIterator:
     s["batches"] += 1
     s["dropped_turns"] += int(np.sum(b.pop("n_dropped")))
     s["cut"] += int(np.sum(b.pop("n_cut")))
+    s["overlong_dropped"] += int(np.sum(b.pop("n_overlong")))
     if self.stage == "rl-prompts":
       s["documents"] += len(b["lengths"])
       s["tokens"] += int(b["lengths"].sum())
@@ -356,8 +365,9 @@ def make_train_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
   """
   validate_config(data_cfg, stage)
   src = source if source is not None else load_source(data_cfg)
+  pool = demo_pool(data_cfg, src) if stage == "sft" and data_cfg.get("long_prompts") else None
   return DataIterator(batched_dataset(src, tokenizer, data_cfg, stage, process_index,
-                                      process_count), stage)
+                                      process_count, pool), stage)
 
 
 def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
@@ -367,6 +377,9 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
                     ("worker_count", 0)):
     if int(cfg[field]) < lo:
       raise ValueError(f"data config field '{field}' must be >= {lo}, got {cfg[field]}")
+  if cfg.get("overlong", "drop") not in lengths.OVERLONG_POLICIES:
+    raise ValueError(f"data config field 'overlong' must be one of "
+                     f"{', '.join(lengths.OVERLONG_POLICIES)}, got '{cfg.get('overlong')}'")
   if cfg.validation not in ("strict", "skip"):
     raise ValueError(f"data config field 'validation' must be strict or skip, "
                      f"got '{cfg.validation}'")

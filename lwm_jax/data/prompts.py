@@ -3,10 +3,15 @@
 A system prompt has five parts: task description, action space, initial state, demonstrations and
 simulation instruction. `system_prompt(traj, variant)` fills them into one of twelve templates
 (v0 terse ... v11 very detailed) that differ in layout (plain, markdown, XML tags, numbered, prose)
-and in how much guidance they give. Stages pick templates as SPECS 1 says: RL v0, CPT v1, SFT a
+and in how much guidance they give. Stages pick templates as the recipe does (docs/recipe.md): RL v0, CPT v1, SFT a
 seeded choice of v2-v11 per sample (`variant_for`). v1 asks for the bare observation (CPT data is
 non-thinking); every other variant asks for `<think>` then `<predicted_observation>` (the reply
 format and its thinking target live in `lwm_jax.data.reply`).
+
+The long forms of v2-v11 (`system_prompt(..., long=True, demos=[...])`, used by SFT when they fit
+the token budget) add detailed simulation guidance (`guidance.py`; more groups in higher variants)
+and worked examples from other training trajectories of the same domain (`demos.py`; up to
+`max_demos(variant)`). v0 and v1 have no long form.
 
 A trajectory imported with its own system prompt (`meta["system_str"]`) keeps it verbatim.
 Chat rendering uses AgentWorldBench's formatting: user = `format_action`, assistant =
@@ -15,8 +20,9 @@ Chat rendering uses AgentWorldBench's formatting: user = `format_action`, assist
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+from typing import Callable, Sequence
 
+from lwm_jax.data import guidance
 from lwm_jax.data.bench_records import format_action, format_observation
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN, thinking_target
 from lwm_jax.data.schema import Trajectory
@@ -173,6 +179,12 @@ _SPEC = {
     11: ("xml", 8, 10, True, True, True),
 }
 
+# Long forms per variant: (domain guidance groups, general guidance, most worked examples)
+_LONG = {
+    2: (1, False, 1), 3: (1, False, 1), 4: (2, False, 1), 5: (2, False, 2), 6: (3, False, 2),
+    7: (3, True, 2), 8: (4, True, 3), 9: (4, True, 3), 10: (4, True, 4), 11: (4, True, 4),
+}
+
 _EXTRA = (
     "How to handle hard cases:\n"
     "- If the action is ambiguous, simulate what the real environment would do with it literally.\n"
@@ -201,7 +213,8 @@ def _output_format(think: bool) -> str:
   return "Reply with the observation text only, exactly as the environment would show it."
 
 
-def _sections(traj: Trajectory, variant: int) -> list[tuple[str, str]]:
+def _sections(traj: Trajectory, variant: int, long: bool = False,
+              demos: Sequence[str] = ()) -> list[tuple[str, str]]:
   _, n_dom, n_gen, checklist, think, extra = _SPEC[variant]
   info, p = DOMAIN_INFO[traj.domain], _parts(traj)
   instruction = p["instruction"] or (
@@ -218,6 +231,13 @@ def _sections(traj: Trajectory, variant: int) -> list[tuple[str, str]]:
     secs.append(("Before answering", "\n".join(f"- {c}" for c in CHECKLIST)))
   if extra:
     secs.append(("Hard cases", _EXTRA))
+  if long and variant in _LONG:
+    n_dom, general, _ = _LONG[variant]
+    secs.append(("Simulation guidance", guidance.render(guidance.groups(traj.domain, n_dom,
+                                                                        general))))
+  if demos:
+    secs.append(("Examples from other episodes", "\n\n".join(
+        f"Example {i}:\n{d}" for i, d in enumerate(demos, 1))))
   secs.append(("Output format", _output_format(think)))
   return secs
 
@@ -245,7 +265,10 @@ def _prose(secs: list[tuple[str, str]]) -> str:
           "Demonstrations": "Here is how actions and observations look:",
           "Simulation instruction": "Special instruction for this simulation:",
           "Rules": "Keep to these rules:", "Before answering": "Before each answer, ask yourself:",
-          "Hard cases": "", "Output format": "Format:"}
+          "Hard cases": "", "Simulation guidance": "How this environment behaves, in detail:",
+          "Examples from other episodes":
+              "Worked examples from other episodes of this environment (formats, not facts):",
+          "Output format": "Format:"}
   out = []
   for t, b in secs:
     head = lead.get(t, "")
@@ -257,14 +280,24 @@ _LAYOUTS: dict[str, Callable[[list[tuple[str, str]]], str]] = {
     "plain": _plain, "markdown": _markdown, "xml": _xml, "numbered": _numbered, "prose": _prose}
 
 
-def system_prompt(traj: Trajectory, variant: int) -> str:
-  """The five-part system prompt of `traj` in template `variant` (0-11)."""
+def system_prompt(traj: Trajectory, variant: int, long: bool = False,
+                  demos: Sequence[str] = ()) -> str:
+  """The five-part system prompt of `traj` in template `variant` (0-11); `long` adds the
+  variant's simulation guidance and `demos` its worked examples (at most `max_demos(variant)`)."""
   if not 0 <= variant < NUM_VARIANTS:
     raise ValueError(f"prompt variant must be in 0..{NUM_VARIANTS - 1}, got {variant}")
+  if len(demos) > max_demos(variant):
+    raise ValueError(f"prompt variant {variant} takes at most {max_demos(variant)} worked "
+                     f"examples, got {len(demos)}")
   override = traj.meta.get("system_str")
   if isinstance(override, str) and override:
     return override
-  return _LAYOUTS[_SPEC[variant][0]](_sections(traj, variant))
+  return _LAYOUTS[_SPEC[variant][0]](_sections(traj, variant, long, demos))
+
+
+def max_demos(variant: int) -> int:
+  """How many worked examples the long form of `variant` carries (0 for v0 and v1)."""
+  return _LONG[variant][2] if variant in _LONG else 0
 
 
 def variant_for(stage: str, key: str, seed: int) -> int:
@@ -280,7 +313,8 @@ def variant_for(stage: str, key: str, seed: int) -> int:
 
 
 def render_messages(traj: Trajectory, target_turn: int | None, variant: int,
-                    thinking: bool = False, think: str = "") -> list[dict[str, str]]:
+                    thinking: bool = False, think: str = "", long: bool = False,
+                    demos: Sequence[str] = ()) -> list[dict[str, str]]:
   """Chat messages: system, then user (action) / assistant (observation) pairs.
 
   With `target_turn` (0-based) the history stops at that turn's action and the last assistant
@@ -290,7 +324,7 @@ def render_messages(traj: Trajectory, target_turn: int | None, variant: int,
   n = len(traj.turns)
   if target_turn is not None and not 0 <= target_turn < n:
     raise ValueError(f"trajectory {traj.id}: target turn {target_turn} out of range 0..{n - 1}")
-  msgs = [{"role": "system", "content": system_prompt(traj, variant)}]
+  msgs = [{"role": "system", "content": system_prompt(traj, variant, long, demos)}]
   last = n - 1 if target_turn is None else target_turn
   for i, t in enumerate(traj.turns[:last + 1]):
     msgs.append({"role": "user", "content": format_action(i + 1, t.action)})

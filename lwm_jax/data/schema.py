@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gzip
-import io
+import hashlib
 import json
 import os
 from typing import Any, Callable, Iterable, Iterator
+
+from lwm_jax.data import jsonl
 
 DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
 TEXT_DOMAINS = ("mcp", "search", "terminal", "swe")
@@ -103,19 +104,25 @@ class Trajectory:
         simulation_instruction=d.get("simulation_instruction", ""), meta=meta)
 
 
-def _open_text(path: str | os.PathLike, mode: str) -> io.TextIOBase:
-  path = os.fspath(path)
-  if path.endswith(".gz"):
-    if mode == "w":  # mtime 0: the same records give the same bytes
-      return io.TextIOWrapper(gzip.GzipFile(path, "wb", mtime=0), encoding="utf-8")
-    return gzip.open(path, mode + "t", encoding="utf-8")
-  return open(path, mode, encoding="utf-8")
+_open_text = jsonl.open_text
+
+
+def quarantine_path(quarantine_dir: str | os.PathLike, input_path: str | os.PathLike) -> str:
+  """Where bad records of `input_path` go: its basename plus a digest of its absolute path, so
+  inputs of the same name in different folders never share (or overwrite) one file."""
+  full = os.path.abspath(os.fspath(input_path))
+  digest = hashlib.blake2b(full.encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
+  return os.path.join(os.fspath(quarantine_dir),
+                      f"{os.path.basename(full)}.{digest}.quarantine.jsonl")
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[Trajectory]:
   """Reads trajectories strictly: the first bad line raises `ValueError('path:line: why')`."""
   for _, traj in iter_records(path, Trajectory.from_dict, mode="strict"):
     yield traj
+
+
+MAX_EXAMPLES = 5  # bad lines a LoadReport names one by one
 
 
 @dataclasses.dataclass
@@ -125,6 +132,7 @@ class LoadReport:
   loaded: int = 0
   bad: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   quarantine: str | None = None
+  examples: list[str] = dataclasses.field(default_factory=list)  # first bad lines, "path:line: why"
 
   @property
   def num_bad(self) -> int:
@@ -133,7 +141,11 @@ class LoadReport:
   def summary(self) -> str:
     parts = ", ".join(f"{k}={v}" for k, v in sorted(self.bad.items())) or "none"
     q = f" (quarantined to {self.quarantine})" if self.quarantine and self.num_bad else ""
-    return f"{self.path}: loaded {self.loaded}, bad {self.num_bad} [{parts}]{q}"
+    lines = [f"{self.path}: loaded {self.loaded}, bad {self.num_bad} [{parts}]{q}"]
+    lines += [f"  skipped {e}" for e in self.examples]
+    if self.num_bad > len(self.examples):
+      lines.append(f"  ... and {self.num_bad - len(self.examples)} more bad lines")
+    return "\n".join(lines)
 
 
 def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str = "strict",
@@ -143,42 +155,45 @@ def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str
 
   mode='strict' raises `ValueError('path:line: why')` at the first bad line. mode='skip' counts
   each bad line under its reason in `report.bad` and, when `quarantine` is given, appends a JSON
-  line {path, line, reason, error, text} there. `parse` raises ValueError (RecordError to name a
-  reason) for a record it rejects.
+  line {path, line, reason, error, text} there (the file is opened for appending: it never loses
+  what an earlier load put there). `parse` raises ValueError (RecordError to name a reason) for a
+  record it rejects. Unreadable bytes, bad JSON and broken gzip are `jsonl.iter_jsonl`'s cases:
+  in skip mode a broken gzip keeps every record before the break and counts `truncated_file`.
   """
   if mode not in ("strict", "skip"):
     raise ValueError(f"mode must be 'strict' or 'skip', got '{mode}'")
   name = os.fspath(path)
   qf = None
   try:
-    with _open_text(path, "r") as f:
-      for lineno, line in enumerate(f, 1):
-        if not line.strip():
-          continue
+    for lineno, value in jsonl.iter_jsonl(path, strict=False):
+      text = ""
+      if isinstance(value, jsonl.BadLine):
+        err: ValueError = value
+        text = value.text
+      else:
         try:
-          obj = json.loads(line)
-        except json.JSONDecodeError as e:
-          err: ValueError = RecordError(f"bad JSON: {e}", "bad_json")
+          item = parse(value)
+        except ValueError as e:
+          err = e
+          text = json.dumps(value, ensure_ascii=False)
         else:
-          try:
-            item = parse(obj)
-          except ValueError as e:
-            err = e
-          else:
-            if report is not None:
-              report.loaded += 1
-            yield lineno, item
-            continue
-        if mode == "strict":
-          raise ValueError(f"{name}:{lineno}: {err}") from None
-        reason = getattr(err, "reason", "invalid")
-        if report is not None:
-          report.bad[reason] += 1
-        if quarantine is not None:
-          if qf is None:
-            qf = _open_text(quarantine, "w")
-          qf.write(json.dumps({"path": name, "line": lineno, "reason": reason, "error": str(err),
-                               "text": line.rstrip("\n")}, ensure_ascii=False) + "\n")
+          if report is not None:
+            report.loaded += 1
+          yield lineno, item
+          continue
+      if mode == "strict":
+        raise ValueError(f"{name}:{lineno}: {err}") from None
+      reason = getattr(err, "reason", "invalid")
+      if report is not None:
+        report.bad[reason] += 1
+        if len(report.examples) < MAX_EXAMPLES:
+          report.examples.append(f"{name}:{lineno}: {err}")
+      if quarantine is not None:
+        if qf is None:
+          os.makedirs(os.path.dirname(os.path.abspath(os.fspath(quarantine))), exist_ok=True)
+          qf = _open_text(quarantine, "a")
+        qf.write(json.dumps({"path": name, "line": lineno, "reason": reason, "error": str(err),
+                             "text": text}, ensure_ascii=True) + "\n")
   finally:
     if qf is not None:
       qf.close()

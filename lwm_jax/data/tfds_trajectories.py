@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from lwm_jax.data import hygiene as hygiene_lib
-from lwm_jax.data import importers
+from lwm_jax.data import importers, schema
 from lwm_jax.data.schema import LoadReport, Trajectory
 
 NAME = "lwm_trajectories"
@@ -89,7 +89,7 @@ class LwmTrajectories(tfds.core.GeneratorBasedBuilder):
       q = None
       if self._quarantine_dir and self._mode == "skip":
         os.makedirs(self._quarantine_dir, exist_ok=True)
-        q = os.path.join(self._quarantine_dir, os.path.basename(path) + ".quarantine.jsonl")
+        q = schema.quarantine_path(self._quarantine_dir, path)
       trajs, report = importers.load_any(path, self._fmt, self._mode, q)
       self.load_reports.append(report)
       if self._apply_hygiene:
@@ -99,6 +99,12 @@ class LwmTrajectories(tfds.core.GeneratorBasedBuilder):
           raise ValueError(f"{path}: trajectory id '{t.id}' also appears in {seen[t.id]}")
         seen[t.id] = path
         by_split[split_of(t.id, self._fractions, self._split_seed)].append(t)
+    if not seen:
+      loaded = sum(r.loaded for r in self.load_reports)
+      bad = sum(r.num_bad for r in self.load_reports)
+      raise ValueError(
+          f"nothing to build from {', '.join(self._jsonl_paths)}: {loaded} records loaded, {bad} "
+          f"bad, hygiene: {self.hygiene_report.summary()}")
     return by_split
 
   def _split_generators(self, dl_manager: Any) -> dict[str, Any]:

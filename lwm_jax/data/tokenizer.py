@@ -80,14 +80,33 @@ class Tokenizer:
                             if tags else None)
     return self._tag_re_cache
 
-  def encode_message(self, message: Message, weight: float = 0.0) -> tuple[list[int], list[float]]:
-    """One message's ids and weights: `weight` on its content and its `<|im_end|>`, 0 elsewhere."""
+  def encode_message(self, message: Message, weight: float = 0.0, unweighted_prefix: str = ""
+                     ) -> tuple[list[int], list[float]]:
+    """One message's ids and weights: `weight` on its content and its `<|im_end|>`, 0 elsewhere.
+
+    When the content starts with `unweighted_prefix` (a fixed header such as the observation
+    marker), the tokens spelling that header get weight 0 too. The ids are those of the whole
+    content either way; a token that holds the header's end and the content's start is weighted.
+    """
     head = [self.im_start_id] + self.encode(message["role"] + "\n")
     body = self.encode_content(message["role"], message["content"])
     tail = self.encode("\n")
     ids = head + body + [self.im_end_id] + tail
-    weights = [0.0] * len(head) + [weight] * (len(body) + 1) + [0.0] * len(tail)
+    skip = 0
+    if weight and unweighted_prefix and message["content"].startswith(unweighted_prefix):
+      skip = self.prefix_tokens(body, unweighted_prefix)
+    weights = ([0.0] * (len(head) + skip) + [weight] * (len(body) - skip + 1)
+               + [0.0] * len(tail))
     return ids, weights
+
+  def prefix_tokens(self, ids: Sequence[int], prefix: str) -> int:
+    """How many leading tokens of `ids` spell only characters of `prefix` (its text is a prefix
+    of what `ids` decode to)."""
+    for k in range(1, len(ids) + 1):
+      text = self.decode(ids[:k])
+      if len(text) >= len(prefix):
+        return k if text == prefix else k - 1
+    return len(ids)
 
   def generation_prompt(self) -> list[int]:
     return [self.im_start_id] + self.encode("assistant\n")

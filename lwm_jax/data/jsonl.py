@@ -1,0 +1,130 @@
+"""One reader for every JSON-lines file of the project (plain or gzip).
+
+`iter_jsonl(path)` yields `(line number, value)` for each non-blank line. A line that cannot be
+used is never a crash and never silently lost:
+
+- not UTF-8, bad JSON, nesting too deep for the parser, or a string holding a lone UTF-16
+  surrogate (`"\\ud800"`, which no UTF-8 file or tokenizer can carry) -> a `BadLine` with a
+  short `reason`;
+- a gzip file that is truncated, or a `.gz` that is not gzip at all -> one `BadLine` with reason
+  `truncated_file` after the last readable line; reading stops there and every record before the
+  break has already been yielded.
+
+With `strict=True` (the default) the first bad line raises `ValueError("path:line: why")`
+instead of being yielded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import os
+import re
+import zlib
+from typing import Any, Iterator
+
+# A \uD800-\uDFFF escape in the raw text; only then can a parsed string hold a lone surrogate.
+_SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+@dataclasses.dataclass
+class BadLine(ValueError):
+  """A line that holds no usable value; `reason` is a short key used for counting."""
+  lineno: int
+  reason: str
+  message: str
+  text: str
+
+  def __str__(self) -> str:
+    return self.message
+
+
+def open_text(path: str | os.PathLike, mode: str) -> io.TextIOBase:
+  """UTF-8 text; gzip when the name ends in .gz (written with mtime 0: same records, same bytes)."""
+  path = os.fspath(path)
+  if path.endswith(".gz"):
+    if mode in ("w", "a"):
+      return io.TextIOWrapper(gzip.GzipFile(path, mode + "b", mtime=0), encoding="utf-8")
+    return gzip.open(path, mode + "t", encoding="utf-8")
+  return open(path, mode, encoding="utf-8")
+
+
+def _open_bytes(path: str) -> io.BufferedIOBase:
+  return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _find_surrogate(value: Any) -> str | None:
+  """The first string (key or value) inside `value` that holds a lone surrogate, or None."""
+  stack = [value]
+  while stack:
+    v = stack.pop()
+    if isinstance(v, str):
+      if any("\ud800" <= c <= "\udfff" for c in v):
+        return v
+    elif isinstance(v, dict):
+      stack.extend(v.keys())
+      stack.extend(v.values())
+    elif isinstance(v, list):
+      stack.extend(v)
+  return None
+
+
+def parse_line(raw: bytes, lineno: int) -> Any:
+  """The JSON value of one line; raises `BadLine` for the cases listed in the module docstring."""
+  text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+  try:
+    line = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise BadLine(lineno, "bad_utf8", f"not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                  f"{e.start + 1})", text) from None
+  try:
+    value = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise BadLine(lineno, "bad_json", f"bad JSON: {e}", text) from None
+  except RecursionError:
+    raise BadLine(lineno, "too_deep", "bad JSON: nested too deeply to parse", text) from None
+  if _SURROGATE_ESCAPE_RE.search(raw):
+    try:
+      bad = _find_surrogate(value)
+    except RecursionError:
+      raise BadLine(lineno, "too_deep", "bad JSON: nested too deeply to read", text) from None
+    if bad is not None:
+      raise BadLine(lineno, "lone_surrogate", f"string {bad[:40]!r} holds a lone UTF-16 "
+                    "surrogate (not representable in UTF-8)", text)
+  return value
+
+
+def iter_jsonl(path: str | os.PathLike, strict: bool = True) -> Iterator[tuple[int, Any]]:
+  """Yields (line number, value) per non-blank line; see the module docstring for bad lines."""
+  name = os.fspath(path)
+  lineno = 0
+  with _open_bytes(name) as f:
+    lines = iter(f)
+    while True:
+      try:
+        raw = next(lines)
+      except StopIteration:
+        return
+      except (EOFError, OSError, zlib.error) as e:
+        if isinstance(e, gzip.BadGzipFile) and lineno == 0:
+          why = "not a gzip file, although its name ends in .gz"
+        else:
+          why = (f"the compressed data breaks off after line {lineno} ({e}); "
+                 f"the {lineno} lines before the break were read")
+        bad = BadLine(lineno + 1, "truncated_file", why, "")
+        if strict:
+          raise ValueError(f"{name}:{bad.lineno}: {bad}") from None
+        yield bad.lineno, bad
+        return
+      lineno += 1
+      if not raw.strip():
+        continue
+      try:
+        value = parse_line(raw, lineno)
+      except BadLine as bad:
+        if strict:
+          raise ValueError(f"{name}:{lineno}: {bad}") from None
+        yield lineno, bad
+        continue
+      yield lineno, value
