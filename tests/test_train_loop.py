@@ -1,20 +1,15 @@
 """Trainer: exact resume, NaN stop keeping the last good checkpoint, config and workdir failures,
 restore_params, and one RL (GSPO) step run."""
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-
-import cpt as cpt_config  # noqa: E402
-import rl as rl_config  # noqa: E402
-from lwm_jax.train import checkpoint, trainer  # noqa: E402
-from lwm_jax.train.synthetic import SyntheticIterator  # noqa: E402
+from configs import cpt as cpt_config
+from configs import rl as rl_config
+from lwm_jax.train import checkpoint, trainer
+from lwm_jax.train.synthetic import SyntheticIterator
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -196,8 +196,8 @@ def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
                ) -> dict[str, np.ndarray]:
   t = target_turn(traj, cfg.seed)
   variant = prompts.variant_for("sft", traj.id, cfg.seed)
-  msgs = prompts.render_messages(traj, t, variant, thinking=cfg.thinking,
-                                 think=think_text(traj, t))
+  think = think_text(traj, t) if cfg.get("thinking_target", "recorded") == "recorded" else ""
+  msgs = prompts.render_messages(traj, t, variant, thinking=cfg.thinking, think=think)
   ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0)
   return _arr(ids, w, dropped=drop, cut=cut)
 
