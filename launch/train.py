@@ -22,7 +22,6 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import configs  # noqa: E402  pylint: disable=wrong-import-position
-from lwm_jax.train import trainer  # noqa: E402  pylint: disable=wrong-import-position
 
 config_flags.DEFINE_config_file("config", None, "configs/<stage>.py:<preset>", lock_config=True)
 flags.DEFINE_string("workdir", None, "output folder (checkpoints, metrics, config.json)")
@@ -46,6 +45,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv):
   del argv
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
   try:
