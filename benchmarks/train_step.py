@@ -1,4 +1,5 @@
-"""Training throughput and MFU of the `small` preset (SPECS 6 shape) on this machine.
+"""Training throughput and MFU of the `small` preset on this machine (the CPU benchmark shape,
+docs/benchmark.md).
 
   python benchmarks/train_step.py [--steps 6] [--batch 8] [--seq 256] [--layers 8]
 
@@ -41,7 +42,7 @@ def main():
   mesh = shd.make_mesh(data=-1)
   g, s, sh = state.create_train_state(cfg, tx, mesh, 0)
   batch = synthetic.synthetic_batch(0, 0, args.batch, args.seq, cfg.vocab_size)
-  batch["segment_ids"][:] = 1  # full rows, as the SPECS figures
+  batch["segment_ids"][:] = 1  # full rows, as the recorded figures assume
   batch["loss_weights"][:] = 1
   f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(), mesh, sh,
                               {k: v.shape for k, v in batch.items()})
