@@ -80,8 +80,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   mesh = shd.make_mesh(**c.mesh.to_dict())
   _warn_if_replicated(c, mesh)
   model_cfg, hf_params = _model_and_init(c, opt_lib.apply_precision(model_cfg, t.precision))
-  source, eval_source, tok_path = _sources(c, model_cfg, source or train_iter,
-                                           eval_source or eval_iter_factory)
+  source, eval_source, tok_path = _sources(
+      c, model_cfg, source if source is not None else train_iter,
+      eval_source if eval_source is not None else eval_iter_factory)
   tx, schedule = opt_lib.make_optimizer(c.optim, t.num_steps)
   graphdef, state, shardings = state_lib.create_train_state(
       model_cfg, tx, mesh, c.seed, params=hf_params, rules=sharding_rules(c))
