@@ -71,10 +71,6 @@ class IteratorSource:
   def describe(self) -> str:
     return self.name
 
-  @property
-  def stats(self) -> dict[str, int]:
-    return dict(getattr(self.it, "stats", {}))
-
 
 def as_source(obj: Any, name: str = "") -> BatchSource:
   """`obj` itself when it is a source (has next_batch), else the iterator wrapped as one."""
