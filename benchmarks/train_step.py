@@ -1,9 +1,11 @@
-"""Training throughput and MFU of the `small` preset (SPECS 6 shape) on this machine.
+"""Training throughput and MFU of the `small` preset on this machine (the CPU benchmark shape,
+docs/benchmark.md).
 
   python benchmarks/train_step.py [--steps 6] [--batch 8] [--seq 256] [--layers 8]
 
-FLOPs per token = 6 x active params + 12 x L x (heads x head_dim) x S; the peak is a measured fp32
-matmul on CPU (a vendor table on GPU/TPU). Prints a table; writes benchmarks/results/train_step.json.
+FLOPs per token come from lwm_jax/model/sizes.py (the trainer's MFU uses the same formula); the
+peak is a measured fp32 matmul on CPU (a vendor table on GPU/TPU). Prints a table; writes
+benchmarks/results/train_step.json.
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from lwm_jax import sharding as shd  # noqa: E402
+from lwm_jax.model import sizes  # noqa: E402
 from lwm_jax.model.config import get_preset  # noqa: E402
 from lwm_jax.train import metrics, optimizer, state, steps, synthetic  # noqa: E402
 
@@ -39,7 +42,7 @@ def main():
   mesh = shd.make_mesh(data=-1)
   g, s, sh = state.create_train_state(cfg, tx, mesh, 0)
   batch = synthetic.synthetic_batch(0, 0, args.batch, args.seq, cfg.vocab_size)
-  batch["segment_ids"][:] = 1  # full rows, as the SPECS figures
+  batch["segment_ids"][:] = 1  # full rows, as the recorded figures assume
   batch["loss_weights"][:] = 1
   f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(), mesh, sh,
                               {k: v.shape for k, v in batch.items()})
@@ -57,10 +60,11 @@ def main():
   peak *= jax.device_count()
   med = statistics.median(times)
   tps = args.batch * args.seq / med
-  fpt = metrics.flops_per_token(cfg, args.seq)
+  counts = sizes.count(cfg)
+  fpt = counts.train_flops_per_token(cfg, args.seq)
   res = dict(preset=args.preset, layers=args.layers, batch=args.batch, seq=args.seq,
              dtype=cfg.dtype, moe_backend=cfg.moe_backend, backend=jax.default_backend(),
-             devices=jax.device_count(), active_params=metrics.active_params(cfg),
+             devices=jax.device_count(), active_params=counts.active_params,
              flops_per_token=fpt, compile_s=compile_s, step_s_median=med, tokens_per_s=tps,
              peak_flops=peak, peak_source=src, mfu=tps * fpt / peak,
              malloc_env={k: os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")})

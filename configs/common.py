@@ -1,13 +1,17 @@
-"""Shared training config and presets (`tiny`, `small`, pod sizes) for configs/{cpt,sft,rl}.py.
+"""Shared training config and presets (`tiny`, `small`, `demo`, pod sizes) for
+configs/{cpt,sft,rl}.py.
 
-Sections: model (ModelConfig fields), mesh, optim, train, checkpoint, data (the Grain pipeline's
-fields plus `source` and `tokenizer`), rl, dist. Every field can be overridden on the command line,
-e.g. `--config.train.num_steps=100 --config.model.num_hidden_layers=4`.
+Sections: model (ModelConfig fields), mesh, sharding (logical-axis rules), optim, train,
+checkpoint, data (the Grain pipeline's fields plus `source`, `tokenizer` and `thinking_target`),
+rl, dist. Every field can be overridden on the command line, e.g.
+`--config.train.num_steps=100 --config.model.num_hidden_layers=4`.
 """
 from __future__ import annotations
 
 import ml_collections
 
+from configs import ConfigError, close_matches
+from lwm_jax import sharding
 from lwm_jax.model.config import get_preset
 
 
@@ -32,7 +36,18 @@ PRESETS = {
                                      eval_every=20, eval_batches=2),
                           optim=dict(lr=3e-3, warmup_steps=5),
                           checkpoint=dict(every=20, keep=2))),
-    # the SPECS 6 CPU benchmark shape: minutes on CPU
+    # the model and schedule of `make demo` (launch/demo.py): a 4-layer, 8-expert MoE trained
+    # on the bundled corpus for minutes on CPU; the demo sets the data, steps and vocabulary
+    "demo": ("tiny", dict(model=dict(hidden_size=128, intermediate_size=256,
+                                     moe_intermediate_size=128, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                     num_experts=8, num_experts_per_tok=2,
+                                     max_position_embeddings=4096, rope_theta=1e4),
+                          train=dict(num_steps=80, batch_size=8, seq_len=1024, log_every=10,
+                                     eval_every=80, eval_batches=2),
+                          optim=dict(lr=3e-3, warmup_steps=10),
+                          checkpoint=dict(every=80, keep=1))),
+    # the CPU benchmark shape (benchmarks/train_step.py): minutes on CPU
     "small": ("small", dict(train=dict(num_steps=200, batch_size=8, seq_len=256, log_every=10,
                                        eval_every=100, eval_batches=4),
                             optim=dict(lr=1e-3, warmup_steps=20),
@@ -56,6 +71,8 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
   c.model_preset = "tiny"
   c.model = ml_collections.ConfigDict(get_preset("tiny").to_dict())
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
+  # (logical axis, mesh axis | None | tuple of mesh axes): how parameters split over the mesh
+  c.sharding = ml_collections.ConfigDict(dict(rules=sharding.DEFAULT_RULES))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=10, decay_steps=0, end_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8,
       weight_decay=0.1, grad_clip=1.0))
@@ -68,6 +85,10 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
       source="synthetic",            # synthetic | pipeline
       tokenizer="",                  # sentencepiece .model or HF tokenizer.json (pipeline)
       eval_jsonl="",                 # held-out trajectories for validation (pipeline)
+      # SFT in thinking mode: what the <think> block of a target holds. "empty": nothing (the
+      # bundled trajectories carry no reasoning; a teacher's will come from rejection sampling);
+      # "recorded": the reasoning a trajectory stores in meta["think"], empty where it has none
+      thinking_target="empty",
       pipeline=_pipeline_defaults()))
   c.rl = ml_collections.ConfigDict(dict(
       algo="gspo", eps_low=3e-4, eps_high=4e-4, log_ratio_cap=10.0, kl_coef=0.0, group_size=4,
@@ -88,7 +109,8 @@ def _pipeline_defaults() -> ml_collections.ConfigDict:
 
 def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
   if preset not in PRESETS:
-    raise ValueError(f"unknown preset '{preset}' (known: {', '.join(PRESETS)})")
+    raise ConfigError(f"no preset '{preset}'{close_matches(preset, PRESETS)}; "
+                      f"presets: {', '.join(PRESETS)}")
   model_name, over = PRESETS[preset]
   c.model_preset = model_name
   model = get_preset(model_name).to_dict()

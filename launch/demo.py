@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from absl import logging as absl_logging
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from configs import cpt as cpt_config, sft as sft_config  # noqa: E402
 from lwm_jax.data import prompts, schema, tokenizer as tok_lib  # noqa: E402
 from lwm_jax.eval.teacher_forced import observation_accuracy  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
@@ -39,23 +39,18 @@ flags.DEFINE_integer("seq_len", 1024, "tokens per packed row")
 flags.DEFINE_integer("batch", 8, "rows per batch")
 flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the accuracy table")
 
-MODEL = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
-             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-             num_experts=8, num_experts_per_tok=2, max_position_embeddings=4096, rope_theta=1e4)
+STAGE_CONFIGS = {"cpt": cpt_config, "sft": sft_config}
 
 
 def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
             valid: str, init_from_hf: str = ""):
-  spec = importlib.util.spec_from_file_location(f"cfg_{stage}",
-                                                os.path.join(ROOT, "configs", f"{stage}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("tiny")
-  c.model.update(dict(MODEL, vocab_size=vocab))
+  """The `demo` preset of the stage's config (configs/common.py) with this run's data, steps,
+  vocabulary and shapes."""
+  c = STAGE_CONFIGS[stage].get_config("demo")
+  c.model.vocab_size = vocab
   c.train.update(dict(num_steps=steps, batch_size=FLAGS.batch, seq_len=FLAGS.seq_len,
-                      log_every=10, eval_every=steps, eval_batches=2))
-  c.optim.update(dict(lr=3e-3 if stage == "cpt" else 1e-3, warmup_steps=10))
-  c.checkpoint.update(dict(every=steps, keep=1))
+                      eval_every=steps))
+  c.checkpoint.every = steps
   c.data.source, c.data.tokenizer = "pipeline", tokenizer
   c.data.pipeline.jsonl, c.data.eval_jsonl = train, valid
   # The recipe drops SFT samples over the token limit; at this CPU-sized 1,024-token row about 9

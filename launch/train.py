@@ -7,6 +7,9 @@
 Multi-host: on TPU pods / SLURM pass `--config.dist.auto=true` (jax.distributed auto-detection), or
 `--config.dist.coordinator_address=HOST:PORT --config.dist.num_processes=N --config.dist.process_id=I`
 (e.g. CPU processes on loopback with `--config.dist.cpu_collectives=gloo`).
+
+A config file, preset or field that does not exist, or a value of the wrong type, is one line on
+stderr naming it (with close matches) and exit status 2.
 """
 import json
 import logging
@@ -18,22 +21,37 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.train import trainer  # noqa: E402  pylint: disable=wrong-import-position
+import configs  # noqa: E402  pylint: disable=wrong-import-position
 
 config_flags.DEFINE_config_file("config", None, "configs/<stage>.py:<preset>", lock_config=True)
 flags.DEFINE_string("workdir", None, "output folder (checkpoints, metrics, config.json)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, after our own check of the config file, preset and override names."""
+  try:
+    configs.check_command_line(argv)
+    return flags.FLAGS(argv)
+  except (ValueError, flags.Error) as e:
+    _fail(str(e).strip().splitlines()[0] if str(e).strip() else repr(e))
+  return []
+
+
 def main(argv):
   del argv
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
   try:
     summary = trainer.train(flags.FLAGS.config, flags.FLAGS.workdir)
   except (ValueError, PermissionError, trainer.TrainingDiverged) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _fail(str(e))
   losses = summary.pop("losses")
   summary["first_loss"] = losses[0] if losses else None
   summary["last_loss"] = losses[-1] if losses else None
@@ -41,4 +59,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

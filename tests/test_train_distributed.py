@@ -63,8 +63,7 @@ def test_sharded_step_equals_single_device():
 
 WORKER = textwrap.dedent("""
   import json, sys
-  sys.path.insert(0, sys.argv[4] + "/configs")
-  import cpt
+  from configs import cpt
   from lwm_jax.train import trainer
   c = cpt.get_config("tiny")
   c.model.num_hidden_layers = 1

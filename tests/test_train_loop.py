@@ -1,21 +1,21 @@
 """Trainer: exact resume, NaN stop keeping the last good checkpoint, config and workdir failures,
-restore_params, and one RL (GSPO) step run."""
+restore_params, one RL (GSPO) step run; a restart keeps each config and logs each step once, a
+batch with nothing to learn from stops the run, the SFT log names the empty thinking target."""
 import json
 import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs"))
-
-import cpt as cpt_config  # noqa: E402
-import rl as rl_config  # noqa: E402
-from lwm_jax import checkpoints  # noqa: E402
-from lwm_jax.train import trainer  # noqa: E402
-from lwm_jax.train.synthetic import SyntheticIterator  # noqa: E402
+from configs import cpt as cpt_config
+from configs import rl as rl_config
+from configs import sft as sft_config
+from lwm_jax import checkpoints
+from lwm_jax.data import prompts, schema
+from lwm_jax.data import tokenizer as tk
+from lwm_jax.train import trainer
+from lwm_jax.train.synthetic import SyntheticIterator
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -164,3 +164,106 @@ def test_nan_and_resume_skip_a_checkpoint_that_fails_verification(tmp_path, capl
   assert any(it.bad in r.getMessage() for r in caplog.records)
   assert (tmp_path / "rejected_checkpoints" / "4").is_dir()
   assert checkpoints.restore_params(str(tmp_path))[2]["step"] == 6
+
+
+class Crash(Exception):
+  """Stands in for the process dying (kill -9) in the middle of a run."""
+
+
+class _CrashAt(SyntheticIterator):
+  def __init__(self, at, **kw):
+    super().__init__(**kw)
+    self.at = at
+
+  def __next__(self):
+    if self.index == self.at:
+      raise Crash()
+    return super().__next__()
+
+
+def _rows(wd):
+  return [json.loads(l) for l in (wd / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_restart_keeps_each_config_and_logs_each_step_once(tmp_path):
+  wd = tmp_path / "run"
+  c = _tiny(stop_after=8, log_every=2)
+  c.checkpoint.update(dict(every=4, use_async=False))
+  with pytest.raises(Crash):  # dies during step 7: rows 2, 4, 6 written, checkpoint at 4
+    trainer.train(c, str(wd), source=_CrashAt(6, batch=4, seq_len=32, vocab=c.model.vocab_size))
+  assert [r["step"] for r in _rows(wd)] == [2, 4, 6]
+  with open(wd / "metrics.jsonl", "a") as f:  # a row torn by the kill
+    f.write('{"step": 7, "spl')
+  changed = _tiny(stop_after=8, log_every=2)  # a changed setting that keeps the compiled step
+  changed.checkpoint.update(dict(every=4, use_async=False, keep=3))
+  out = trainer.train(changed, str(wd))
+  assert out["start_step"] == 4 and out["final_step"] == 8
+  assert [r["step"] for r in _rows(wd)] == [2, 4, 6, 8]  # step 6 replayed, logged once
+  first = json.loads((wd / "config.json").read_text())
+  resumed = json.loads((wd / "config.resume-4.json").read_text())
+  assert first["checkpoint"]["keep"] == 2 and resumed["checkpoint"]["keep"] == 3
+  assert out["config_file"] == str(wd / "config.resume-4.json")
+
+
+class _NoTargets(SyntheticIterator):
+  def __next__(self):
+    b = super().__next__()
+    b["loss_weights"] = np.zeros_like(b["loss_weights"])
+    return b
+
+
+def test_batch_without_loss_tokens_stops_the_run(tmp_path):
+  c = _tiny(log_every=0)
+  c.checkpoint.every = 1
+  with pytest.raises(trainer.EmptyBatchError,
+                     match=r"step 1: no token of the batch carries loss weight.*_NoTargets.*"
+                           r"train\.seq_len=32"):
+    trainer.train(c, str(tmp_path), source=_NoTargets(4, 32, c.model.vocab_size))
+  assert not (tmp_path / "checkpoints" / "1").exists()
+
+FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data",
+                   "trajectories.jsonl")
+
+
+@pytest.fixture(scope="module")
+def sp_model_512(tmp_path_factory):
+  trajs = list(schema.read_jsonl(FIX))
+  texts = []
+  for t in trajs:
+    texts += [x.action for x in t.turns] + [x.observation for x in t.turns]
+    texts += [prompts.system_prompt(t, v) for v in range(12)]
+  return tk.train_sentencepiece(texts, 480, tmp_path_factory.mktemp("sp") / "s")
+
+
+def _sft_run(tmp_path, sp_model):
+  """SFT on the fixture trajectories with _tiny's model."""
+  c = sft_config.get_config("tiny")
+  tiny = _tiny()
+  c.model, c.train = tiny.model, tiny.train
+  c.data.update(dict(source="pipeline", tokenizer=sp_model, thinking_target="empty"))
+  c.data.pipeline.update(dict(jsonl=FIX, num_epochs=1, num_packing_bins=1))
+  return c
+
+
+def test_sft_log_says_the_think_block_is_empty(tmp_path, sp_model_512, caplog):
+  c = _sft_run(tmp_path, sp_model_512)
+
+  class Stop(Exception):
+    pass
+
+  class StopAtOnce:
+    def next_batch(self, state):
+      raise Stop()
+
+    def get_state(self):
+      return {}
+
+    def set_state(self, s):
+      pass
+
+  with caplog.at_level("WARNING"), pytest.raises(Stop):
+    trainer.train(c, str(tmp_path / "wd"), source=StopAtOnce())
+  assert "<think></think> block is EMPTY (data.thinking_target='empty')" in caplog.text
+  c.data.thinking_target = "teacher"
+  with pytest.raises(ValueError, match=r"config\.data\.thinking_target: 'teacher' is not one of"):
+    trainer.train(c, str(tmp_path / "wd2"))

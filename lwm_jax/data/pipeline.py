@@ -156,9 +156,11 @@ def sft_messages(traj: Trajectory, turn: int, variant: int, tok: Tokenizer,
   """The SFT chat of `traj` for target `turn`: the long form of `variant` with as many worked
   examples from `pool` as fit in `cfg.seq_len` beside the whole sample (the plain variant when
   `pool` is None or even the long form without examples does not fit)."""
+  # `thinking_target`: "recorded" puts the trajectory's reasoning (meta["think"]) in the think
+  # block, "empty" leaves it empty (docs/recipe.md, "Stage 2")
+  think = think_text(traj, turn) if cfg.get("thinking_target", "recorded") == "recorded" else ""
   render = lambda long, demos: prompts.render_messages(
-      traj, turn, variant, thinking=cfg.thinking, think=think_text(traj, turn), long=long,
-      demos=demos)
+      traj, turn, variant, thinking=cfg.thinking, think=think, long=long, demos=demos)
   plain = render(False, ())
   if pool is None:
     return plain

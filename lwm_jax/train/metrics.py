@@ -1,4 +1,9 @@
-"""Training metrics: FLOPs per token and MFU, peak figures, metrics.jsonl + TensorBoard, loss plot."""
+"""Training metrics: FLOPs per token and MFU, peak figures, metrics.jsonl + TensorBoard, loss plot.
+
+metrics.jsonl holds one JSON row per logged step and split. A resumed run replays the steps after
+its checkpoint; `drop_rows_after` removes the rows a killed run wrote for those steps first, so
+every (step, split) appears once.
+"""
 from __future__ import annotations
 
 import json
@@ -10,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lwm_jax.model import sizes
 from lwm_jax.model.config import ModelConfig
 
 # Dense bf16 peak FLOP/s per chip (vendor figures) for MFU on accelerators.
@@ -20,32 +26,10 @@ PEAK_FLOPS = {
 }
 
 
-def active_params(cfg: ModelConfig) -> int:
-  """Parameters touched per token, embedding lookup excluded (LM head included)."""
-  d = cfg.hidden_size
-  total = 0
-  for i in range(cfg.num_hidden_layers):
-    if cfg.layer_type(i) == "linear_attention":
-      kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-      vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
-      total += d * (2 * kd + vd) + d * vd + 2 * d * cfg.linear_num_value_heads + vd * d
-    else:
-      q = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.is_hybrid else 1)
-      kv = cfg.num_key_value_heads * cfg.head_dim
-      total += d * q + 2 * d * kv + cfg.num_attention_heads * cfg.head_dim * d
-    if cfg.is_moe_layer(i):
-      total += d * cfg.num_experts + cfg.num_experts_per_tok * 3 * d * cfg.moe_intermediate_size
-      if cfg.shared_expert_intermediate_size:
-        total += 3 * d * cfg.shared_expert_intermediate_size + d
-    else:
-      total += 3 * d * cfg.intermediate_size
-  return total + d * cfg.vocab_size
-
-
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-  """Training FLOPs per token: 6 x active params + 12 x L x (heads x head_dim) x S (attention)."""
-  n_attn = sum(cfg.layer_type(i) == "full_attention" for i in range(cfg.num_hidden_layers))
-  return 6.0 * active_params(cfg) + 12.0 * n_attn * cfg.num_attention_heads * cfg.head_dim * seq_len
+  """Training FLOPs per token, the one formula of `lwm_jax.model.sizes` (active parameters from
+  the abstract model, full attention over the sequence, linear attention's state update)."""
+  return sizes.count(cfg).train_flops_per_token(cfg, seq_len)
 
 
 def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
@@ -104,6 +88,35 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def drop_rows_after(path: str, step: int) -> int:
+  """Removes the rows of `path` (metrics.jsonl) whose step is past `step`, atomically; returns how
+  many went. An unreadable final line without a newline is a row torn by a kill and goes too; any
+  other line that is not a JSON row with a step is an error naming file and line."""
+  if not os.path.exists(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    lines = f.readlines()
+  keep, dropped = [], 0
+  for i, line in enumerate(lines, 1):
+    try:
+      row_step = int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError) as e:
+      if i == len(lines) and not line.endswith("\n"):
+        dropped += 1
+        continue
+      raise ValueError(f"{path}:{i}: not a metrics row ({e}); move the file aside to resume") from e
+    if row_step > step:
+      dropped += 1
+    else:
+      keep.append(line if line.endswith("\n") else line + "\n")
+  if keep != lines:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(keep)
+    os.replace(tmp, path)
+  return dropped
 
 
 def plot_losses(workdir: str) -> str | None:
