@@ -148,7 +148,8 @@ def _sft(tmp_path, sp_model, target):
   c.model.update(dict(vocab_size=640, num_hidden_layers=1, num_experts=4))
   c.train.update(dict(batch_size=1, seq_len=1024, log_every=0, progress=False))
   c.data.update(dict(source="pipeline", tokenizer=sp_model, thinking_target=target))
-  c.data.pipeline.update(dict(jsonl=str(path), num_epochs=1, num_packing_bins=1))
+  c.data.pipeline.update(dict(jsonl=str(path), num_epochs=1, num_packing_bins=1,
+                              overlong="truncate_history"))  # one record: never drop it
   return c
 
 
