@@ -9,7 +9,6 @@ tokenizer lays out a chat, and end-token ids that are Qwen's own.
 import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -28,8 +27,7 @@ CHAT = [{"role": "system", "content": "You simulate a Linux shell."},
 
 
 def test_trained_run_exports_a_folder_that_serves(tmp_path):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import sft as sft_config  # pylint: disable=import-outside-toplevel
+  from configs import sft as sft_config  # pylint: disable=import-outside-toplevel
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   texts = [t.task + "\n" + x.action + "\n" + x.observation
            for t in schema.read_jsonl(TRAJS) for x in t.turns]
@@ -41,7 +39,7 @@ def test_trained_run_exports_a_folder_that_serves(tmp_path):
                  progress=False)
   c.checkpoint.update(every=2, use_async=False)
   c.data.update(source="pipeline", tokenizer=sp)
-  c.data.pipeline.jsonl = TRAJS
+  c.data.pipeline.update(jsonl=TRAJS, overlong="truncate_history")  # short rows: keep samples
   c.export_hf = True
   out = trainer.train(c, str(tmp_path / "run"))
   folder = out["export_hf"]

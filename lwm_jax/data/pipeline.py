@@ -30,10 +30,8 @@ rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation head
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
-import os
 from typing import Any, Sequence
 
 import grain

@@ -25,7 +25,7 @@ from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.data.reply import parse_prediction
 from lwm_jax.eval import records as R
 from lwm_jax.eval.metrics import DIMENSIONS, sample_score, valid_score
-from lwm_jax.eval.runner import ForeignFileError, JsonlCache, read_rows, scan_jsonl
+from lwm_jax.eval.runner import ForeignFileError, read_rows, scan_jsonl
 
 OURS, OFFICIAL = "ours", "official"
 ROW_FORMATS = ("auto", OURS, OFFICIAL)
