@@ -96,6 +96,16 @@ def test_terminal_resource_limits_hold(term):
   assert "cannot modify limit" in term.step("ulimit -v unlimited")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="for other users `ulimit -u` caps processes")
+def test_terminal_process_limit_holds_for_root(term):
+  """The kernel ignores `ulimit -u` for root: a pids cgroup caps the sandbox instead."""
+  tag = str(300 + uuid.uuid4().int % 1000) + ".5"
+  obs = term.step(f"for i in $(seq {sandbox.Limits().processes + 200}); do sleep {tag} & done")
+  assert "fork: retry: Resource temporarily unavailable" in obs
+  assert len(_processes_with(f"sleep {tag}")) <= sandbox.Limits().processes
+  assert term.step("echo alive").startswith("alive\n")
+
+
 def test_terminal_close_ends_every_process():
   env = TerminalEnv(time_limit=2.0)
   env.reset(0)

@@ -12,6 +12,7 @@ or LWM_ENVS_UNSAFE=1, in which case a warning says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import select
@@ -40,7 +41,7 @@ class Limits:
   cpu_s: int = 300
   memory_mb: int = 4096
   file_mb: int = 256
-  processes: int = 1024     # counted per user by the kernel, and not enforced for root
+  processes: int = 1024     # per user by ulimit; for root, per sandbox by a pids cgroup
   output_bytes: int = 1 << 20   # what the host reads back from one command; the rest is dropped
 
 
@@ -174,6 +175,41 @@ def descendants(pid: int) -> list[int]:
   return seen
 
 
+_PIDS_ROOT = "/sys/fs/cgroup/pids"  # the cgroup v1 pids controller, where the host mounts it
+
+
+def _pids_cgroup(limit: int) -> str | None:
+  """A fresh pids cgroup capped at `limit` processes, or None where none can be made.
+
+  The kernel does not apply `ulimit -u` to root, so a sandbox started by root (this machine, CI)
+  needs the cgroup to stop a fork bomb; for other users the ulimit already holds."""
+  if os.geteuid() != 0 or not os.access(_PIDS_ROOT, os.W_OK):
+    return None
+  path = os.path.join(_PIDS_ROOT, "lwm_jax_sandbox", f"{os.getpid()}-{time.monotonic_ns()}")
+  try:
+    os.makedirs(path)
+    with open(os.path.join(path, "pids.max"), "w") as f:
+      f.write(str(limit))
+  except OSError:
+    return None
+  return path
+
+
+def _join_cgroup(path: str) -> None:  # runs in the child between fork and exec
+  with open(os.path.join(path, "cgroup.procs"), "w") as f:
+    f.write("0")
+
+
+def _remove_cgroup(proc: subprocess.Popen) -> None:
+  path = getattr(proc, "sandbox_cgroup", None)
+  if path:
+    proc.sandbox_cgroup = None  # type: ignore[attr-defined]
+    try:
+      os.rmdir(path)
+    except OSError:
+      pass
+
+
 def popen(argv: list[str], **kwargs) -> subprocess.Popen:
   """subprocess.Popen for a command line made by `command()` (or a plain one).
 
@@ -182,7 +218,11 @@ def popen(argv: list[str], **kwargs) -> subprocess.Popen:
   before the kernel has ended the other processes of its PID namespace.
   """
   info_w = -1
+  cgroup = None
   if argv[0] == "bwrap":
+    cgroup = _pids_cgroup(Limits().processes)
+    if cgroup:
+      kwargs["preexec_fn"] = functools.partial(_join_cgroup, cgroup)
     info_r, info_w = os.pipe()
     argv = [argv[0], "--info-fd", str(info_w), *argv[1:]]
     kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), info_w)
@@ -196,6 +236,7 @@ def popen(argv: list[str], **kwargs) -> subprocess.Popen:
     if info_w >= 0:
       os.close(info_w)
   proc.sandbox_info_fd = info_r if info_w >= 0 else -1  # type: ignore[attr-defined]
+  proc.sandbox_cgroup = cgroup  # type: ignore[attr-defined]
   return proc
 
 
@@ -204,6 +245,7 @@ def _await_end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
   which the kernel allows only once every process of the sandbox has ended."""
   fd = getattr(proc, "sandbox_info_fd", -1)
   if fd < 0:
+    _remove_cgroup(proc)
     return
   proc.sandbox_info_fd = -1  # type: ignore[attr-defined]
   info = b""
@@ -212,6 +254,7 @@ def _await_end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
   m = re.search(rb'"child-pid":\s*(\d+)', info)
   if m:
     _await_gone([int(m.group(1))], timeout)
+  _remove_cgroup(proc)
 
 
 def _await_gone(pids: list[int], timeout: float = 5.0) -> None:
