@@ -1,4 +1,5 @@
-"""SPECS 2.1 turn classes: every rule, the rule-order collisions, empty sets, keep determinism."""
+"""The CPT turn classes of docs/recipe.md: every rule, the rule-order collisions, empty sets,
+keep determinism."""
 import math
 import os
 import subprocess

@@ -44,7 +44,8 @@ def _inputs(seed: int, b=2, s=150, hk=2, hv=4, dk=8, dv=12):
 
 
 def _np_delta_rule(q, k, v, g, beta, s0=None):
-  """Independent numpy reference of the SPECS formula, one row: q, k [S,Hk,Dk]; v [S,Hv,Dv]."""
+  """Independent numpy reference of the delta rule (docs/models.md), one row:
+  q, k [S,Hk,Dk]; v [S,Hv,Dv]."""
   rep = v.shape[1] // k.shape[1]
   q, k = (np.repeat(a.astype(np.float64), rep, axis=1) for a in (q, k))
   q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(q.shape[-1])

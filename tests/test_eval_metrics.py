@@ -1,4 +1,4 @@
-"""Scoring (SPECS 3), judge reply extraction, the rubric reward and judge-free metrics."""
+"""Scoring (docs/benchmark.md), judge reply extraction, the rubric reward and judge-free metrics."""
 import random
 
 import pytest

@@ -138,7 +138,7 @@ def test_config_validation_names_the_field():
 
 def test_sizes_match_published_figures():
   small = sizes.count(get_preset("small"))
-  # SPECS section 6: 34.28M active per token (lookup excluded), 218 MFLOP/token at S=256.
+  # docs/models.md: 34.28M active per token (lookup excluded), 218 MFLOP/token at S=256.
   assert abs(small.active_params / 1e6 - 34.28) < 0.01
   assert abs(small.train_flops_per_token(get_preset("small"), 256) / 1e6 - 218) < 1
   big = sizes.count(get_preset("qwen3_30b_a3b"))

@@ -233,7 +233,7 @@ def _tiny() -> ModelConfig:
 
 
 def _small() -> ModelConfig:
-  # The CPU benchmark shape of SPECS section 6.
+  # The CPU benchmark shape (docs/models.md, "The CPU reference size").
   return ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024,
                      moe_intermediate_size=256, num_hidden_layers=8, num_attention_heads=8,
                      num_key_value_heads=2, head_dim=64, num_experts=16, num_experts_per_tok=4,

@@ -1,8 +1,8 @@
 """Losses: weighted next-token cross-entropy, and the policy-gradient losses GSPO, GSPO-token and GRPO.
 
-Conventions for the policy losses (SPECS 2.3): every per-token array is [B, T] over the response
-positions of B sampled responses, `mask_BxT` is 1 on response tokens and 0 elsewhere (prompt, padding);
-`logp_BxT` are the current policy's log-probabilities of the sampled tokens, `old_logp_BxT` those of
+Conventions for the policy losses (docs/recipe.md, "Stage 3"): every per-token array is [B, T]
+over the response positions of B sampled responses, `mask_BxT` is 1 on response tokens and 0
+elsewhere (prompt, padding); `logp_BxT` are the current policy's log-probabilities of the sampled tokens, `old_logp_BxT` those of
 the policy that sampled them. Each loss returns (scalar loss to MINIMISE, metrics dict). The
 advantages are per sequence `[B]` (broadcast over tokens) or per token `[B, T]` (GSPO-token, GRPO).
 """
