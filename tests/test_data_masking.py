@@ -33,9 +33,11 @@ def test_empty_sets():
   assert classify_turn("", "hello world") == C.RETRIEVAL
   s = turn_stats("ls", "!!!")  # observation without words: Nov 0, R 1.5
   assert (s.ol, s.nov, s.r) == (0.0, 0.0, 1.5)
-  assert classify_turn("ls", "!!!") == C.OTHER
-  assert classify_turn("ls -la /tmp", "!!!") == C.TRANSFORM  # R < 1
-  assert classify_turn("--- ---", "...") == C.TRANSFORM      # both sets empty, R < 1
+  # an empty word set is the `action` class whatever the characters (issue 21: the rules used to
+  # class these as other / transform, and transform kept only half of them)
+  assert classify_turn("ls", "!!!") == C.ACTION
+  assert classify_turn("ls -la /tmp", "!!!") == C.ACTION
+  assert classify_turn("--- ---", "...") == C.ACTION
   assert classify_turn("anything at all", "") == C.ACTION    # empty observation
 
 

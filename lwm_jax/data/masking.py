@@ -83,8 +83,9 @@ def classify_stats(s: TurnStats, obs_len: int) -> TurnClass:
 
 
 def classify_turn(action: str, observation: str) -> TurnClass:
-  """Class of one turn; an observation without a single word (empty, whitespace only) is `action`."""
-  if not observation.strip():
+  """Class of one turn; an observation without a single word (empty, whitespace or punctuation
+  only: an empty word set) is `action`, kept at 100% (docs/recipe.md)."""
+  if not words(observation):
     return TurnClass.ACTION
   return classify_stats(turn_stats(action, observation), len(observation))
 
