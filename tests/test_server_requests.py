@@ -15,7 +15,6 @@ import openai
 import pytest
 import uvicorn
 
-from lwm_jax.sampling.chat_template import ChatTemplate
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 from lwm_jax.sampling.server import create_app

@@ -32,6 +32,7 @@ import queue
 import threading
 import time
 import uuid
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -135,14 +136,19 @@ class Batcher:
       at += len(j.rows)
 
 
-def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int, max_tokens: int) -> dict:
-  """Compiles the engine's shapes for batches up to `max_batch` rows, prompts up to
-  `max_prompt_len` tokens and the default `max_tokens`, and logs how long it took."""
-  sampler.engine.max_batch = max(sampler.engine.max_batch, max_batch)
-  info = sampler.engine.warmup(max_prompt_len, [max_tokens])
+def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
+           max_tokens: Sequence[int]) -> dict:
+  """Compiles the engine's shapes for batches up to `max_batch` rows (the most the batcher
+  forms), prompts up to `max_prompt_len` tokens and these token budgets; logs how long it took."""
+  sizes, x = [], sampler.engine.min_batch_bucket
+  while x < min(max_batch, sampler.engine.max_batch):
+    sizes.append(x)
+    x *= 2
+  sizes.append(x)
+  info = sampler.engine.warmup(max_prompt_len, list(max_tokens), batch_sizes=sizes)
   log.info("warm-up: compiled %d shapes (batches up to %d rows, prompts up to %d tokens, "
-           "max_tokens %d) in %.1f s", info["shapes"], max_batch, max_prompt_len, max_tokens,
-           info["seconds"])
+           "max_tokens %s) in %.1f s", info["shapes"], max_batch, max_prompt_len,
+           ",".join(map(str, max_tokens)), info["seconds"])
   return info
 
 
