@@ -40,7 +40,7 @@ def _folders(*paths: str | None) -> list[str]:
     if not p:
       continue
     p = os.fspath(p)
-    d = p if os.path.isdir(p) else os.path.dirname(p)
+    d = p if os.path.isdir(p) else os.path.dirname(p) if os.path.isfile(p) else None
     if d and d not in out:
       out.append(d)
   return out
