@@ -27,9 +27,15 @@ token per row because a token's k experts are distinct). `decode_layout="auto"` 
 without a mesh and "model" otherwise. Prefill chunks of at most `rows_prefill_max` tokens (batch
 x chunk) also run on the "rows" copy; longer ones run the model itself. Both share the cache.
 
-Sampling is per row (temperature, top-k, top-p, min-p, seed); the key of step t of a row is
-`fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not depend on its batch neighbours.
-Returned log-probabilities are those of the model's raw distribution (temperature 1, no filter).
+Sampling is per row (penalties, temperature, top-k, top-p, min-p, seed; `sampling.logits`); the
+key of step t of a row is `fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not
+depend on its batch neighbours. The decode loop state carries each row's output-token counts and
+its prompt's token set ([B, V]) for the penalties. Returned log-probabilities are those of the
+model's raw distribution (temperature 1, no filter), with the top 20 alternatives per token when a
+row asks for them (a separate compiled variant, used only then).
+
+`warmup` compiles ahead of time the shapes requests will need (see `Engine.shapes`): compiled code
+depends on (batch bucket, prefill chunk, cache length), so it runs one dummy step per such triple.
 """
 from __future__ import annotations
 
