@@ -208,12 +208,11 @@ def test_enable_thinking_switch_with_builtin_chatml(served):
 
 @pytest.fixture(scope="module")
 def templated(served, tmp_path_factory):
-  """An HF folder with a tokenizer_config.json chat template and a generation_config.json,
-  loaded by Sampler.from_checkpoint and served."""
-  from lwm_jax import hf
+  """A checkpoint folder with a tokenizer_config.json chat template and a generation_config.json,
+  read as Sampler.from_checkpoint reads them (the weights are the served model's), and served."""
+  from lwm_jax.sampling import checkpoint
   sampler, _, _ = served
   d = tmp_path_factory.mktemp("qwen_like")
-  hf.save_pretrained(sampler.model, str(d))
   shutil.copy(qwen_tokenizer_path(), d / "tokenizer.json")
   with open(TEMPLATE) as f:
     (d / "tokenizer_config.json").write_text(json.dumps(
@@ -221,7 +220,12 @@ def templated(served, tmp_path_factory):
   (d / "generation_config.json").write_text(json.dumps(
       {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
        "eos_token_id": [151645, 151643]}))
-  loaded = Sampler.from_checkpoint(str(d), max_batch=32, min_batch_bucket=32)
+  real_load = checkpoint.load
+  checkpoint.load = lambda path, tokenizer=None, mesh=None: (sampler.model, sampler.tokenizer)
+  try:
+    loaded = Sampler.from_checkpoint(str(d), max_batch=32, min_batch_bucket=32)
+  finally:
+    checkpoint.load = real_load
   app = create_app(loaded, MODEL, max_batch=32, window_ms=30, default_max_tokens=16)
   port = _free_port()
   server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
