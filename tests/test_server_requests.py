@@ -19,7 +19,7 @@ from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 from lwm_jax.sampling.server import create_app
 from tests.test_sampling import qwen_tokenizer_path
-from tests.test_server import GREEDY, MODEL, _chat, _free_port, served  # noqa: F401
+from tests.test_server import MODEL, _chat, _free_port, served  # noqa: F401
 
 TEMPLATE = "tests/fixtures/chat/thinking_template.jinja"
 
