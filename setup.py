@@ -21,6 +21,7 @@ RUNTIME = [
     "fastapi",
     "uvicorn",
     "httpx",
+    "jinja2",
     "mcp",
 ]
 

@@ -5,6 +5,11 @@
 DIR is a training workdir (its latest checkpoint is served), a checkpoint step folder, or a Hugging
 Face folder (config.json + *.safetensors + tokenizer.json). Try it with
 `curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'`.
+
+Before it listens, the server compiles the engine's shapes for batches up to --max_batch rows,
+prompts up to --warmup_prompt_len tokens and the default --max_tokens (--warmup_max_tokens adds
+other budgets), and logs how long that took; /health answers once it is done. --nowarmup skips it
+(the first requests of each new shape then wait for their compilation).
 """
 import logging
 import os
@@ -22,6 +27,11 @@ flags.DEFINE_string("model_name", None, "model id reported by /v1/models (defaul
 flags.DEFINE_integer("max_batch", 32, "most rows decoded together")
 flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests to arrive together")
 flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
+flags.DEFINE_integer("max_rows_per_request", 0,
+                     "most sequences one request may ask for (n x prompts); 0: --max_batch")
+flags.DEFINE_boolean("warmup", True, "compile the engine's shapes before serving")
+flags.DEFINE_integer("warmup_prompt_len", 512, "longest prompt (tokens) the warm-up covers")
+flags.DEFINE_list("warmup_max_tokens", [], "token budgets the warm-up covers besides --max_tokens")
 flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
 flags.DEFINE_string("mesh", "", "mesh axis sizes, e.g. 'tensor=4,expert=2' (default: one device)")
 flags.DEFINE_string("decode_layout", "auto",
@@ -54,7 +64,7 @@ def main(argv):
   del argv
   import uvicorn  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
-  from lwm_jax.sampling.server import create_app  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.server import create_app, warmup  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   f = flags.FLAGS
   try:
@@ -67,8 +77,18 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   name = f.model_name or os.path.basename(os.path.abspath(f.checkpoint).rstrip("/"))
+  if f.warmup:
+    try:
+      budgets = sorted({f.max_tokens} | {int(x) for x in f.warmup_max_tokens})
+    except ValueError:
+      print(f"error: --warmup_max_tokens: expected integers, got {f.warmup_max_tokens}",
+            file=sys.stderr)
+      sys.exit(2)
+    warmup(sampler, f.max_batch, f.warmup_prompt_len, budgets)
   uvicorn.run(create_app(sampler, name, max_batch=f.max_batch, window_ms=f.window_ms,
-                         default_max_tokens=f.max_tokens), host=f.host, port=f.port)
+                         default_max_tokens=f.max_tokens,
+                         max_rows_per_request=f.max_rows_per_request or None),
+              host=f.host, port=f.port)
 
 
 if __name__ == "__main__":

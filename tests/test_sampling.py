@@ -209,3 +209,114 @@ def test_sampler_from_training_workdir(tiny, tmp_path):
   got = loaded.generate(prompt, sp)[0]
   assert got.token_ids == want.token_ids
   assert loaded.tokenizer.vocab_size <= cfg.vocab_size
+
+
+# ------------------------------------------------------------------------- penalties, logprobs
+def _np_penalised(logits, counts, seen, rep, pres, freq):
+  """numpy reference: HF/vLLM repetition penalty on prompt+output tokens, then OpenAI frequency
+  and presence penalties on output tokens."""
+  x = logits.astype(np.float64).copy()
+  hit = (counts > 0) | seen
+  x[hit] = np.where(x[hit] > 0, x[hit] / rep, x[hit] * rep)
+  return x - freq * counts - pres * (counts > 0)
+
+
+def test_penalties_match_numpy_greedy_and_sampled():
+  rng = np.random.default_rng(3)
+  v = 8
+  logits = np.array([2.0, 1.9, 1.2, 0.3, -0.2, -0.5, -1.0, -3.0], np.float32)
+  counts = np.array([3, 0, 1, 0, 0, 2, 0, 0], np.int32)
+  seen = np.array([0, 1, 0, 0, 1, 0, 0, 0], bool)
+  rep, pres, freq = 1.5, 0.3, 0.2
+  want = _np_penalised(logits, counts, seen, rep, pres, freq)
+  # Greedy: the penalised argmax (token 0 at 2.0 falls to 2/1.5 - 0.6 - 0.3 = 0.433).
+  n = 20000
+  full = lambda x, dt=jnp.float32: jnp.full((n,), x, dt)
+  pen = (jnp.broadcast_to(counts, (n, v)), jnp.broadcast_to(seen, (n, v)), full(rep), full(pres),
+         full(freq))
+  keys = jax.random.split(jax.random.key(1), n)
+  f = jax.jit(sample_tokens)
+  toks, lps = f(jnp.broadcast_to(logits, (n, v)), keys, full(0.0), full(0, jnp.int32), full(1.0),
+                full(0.0), pen)
+  assert set(np.asarray(toks).tolist()) == {int(np.argmax(want))}
+  raw = logits - np.log(np.exp(logits.astype(np.float64)).sum())
+  np.testing.assert_allclose(np.asarray(lps), raw[np.asarray(toks)], atol=1e-5)  # raw logprob
+  # Sampled at temperature 0.8: frequencies follow softmax(penalised / 0.8).
+  toks, _ = f(jnp.broadcast_to(logits, (n, v)), keys, full(0.8), full(0, jnp.int32), full(1.0),
+              full(0.0), pen)
+  p = np.exp((want - want.max()) / 0.8)
+  np.testing.assert_allclose(np.bincount(np.asarray(toks), minlength=v) / n, p / p.sum(),
+                             atol=0.015)
+  del rng
+
+
+def test_engine_penalties_and_top_logprobs_match_no_cache_reference(tiny):
+  """Greedy decoding with all three penalties: each step's token is the argmax of the model's
+  logits (no cache) penalised by numpy over the prompt and the tokens generated so far; the
+  returned logprobs and top-5 alternatives are the raw distribution's."""
+  prompt = [5, 9, 5, 17, 30, 9, 5]
+  steps = 24
+  sp = SamplingParams(temperature=0, max_new_tokens=steps, repetition_penalty=1.8,
+                      presence_penalty=0.7, frequency_penalty=0.9, top_logprobs=5)
+  eng = Engine(tiny, chunk_steps=16, min_batch_bucket=4, min_prompt_bucket=32)
+  out, plain = eng.generate([prompt, prompt], [sp, SamplingParams(temperature=0,
+                                                                   max_new_tokens=steps)],
+                            [[]] * 2)
+  v = tiny.cfg.vocab_size
+  seen = np.zeros(v, bool)
+  seen[prompt] = True
+  counts = np.zeros(v, np.int64)
+  seq = np.zeros((1, 64), np.int32)
+  seq[0, :len(prompt)] = prompt
+  n = len(prompt)
+  for i in range(steps):
+    lp = np.asarray(_full_logprobs(tiny, jnp.asarray(seq))[0, n - 1]).astype(np.float64)
+    t = int(np.argmax(_np_penalised(lp, counts, seen, 1.8, 0.7, 0.9)))
+    assert out.token_ids[i] == t, i
+    assert abs(out.logprobs[i] - lp[t]) < 1e-4
+    top = np.argsort(-lp)[:5]
+    assert [k for k, _ in out.top_logprobs[i][:5]] == top.tolist()
+    np.testing.assert_allclose([x for _, x in out.top_logprobs[i][:5]], lp[top], atol=1e-4)
+    counts[t] += 1
+    seq[0, n] = t
+    n += 1
+  assert out.token_ids != plain.token_ids and plain.top_logprobs is None
+  # The unpenalised neighbour row decodes exactly as alone (penalties are per row).
+  alone = eng.generate([prompt], [SamplingParams(temperature=0, max_new_tokens=steps)], [[]])[0]
+  assert plain.token_ids == alone.token_ids and plain.logprobs == alone.logprobs
+
+
+def test_warmup_compiles_what_requests_then_use(tiny):
+  from lwm_jax.sampling import engine as engine_lib
+  eng = Engine(tiny, chunk_steps=16, min_batch_bucket=2, max_batch=2, min_prompt_bucket=16,
+               min_cache_len=32)
+  info = eng.warmup(max_prompt_len=20, max_new_tokens=[8])
+  assert info["shapes"] == 2 and info["seconds"] > 0  # prompt buckets 16 and 32, cache 32
+  sizes = (engine_lib._decode._cache_size(), engine_lib._prefill._cache_size(),
+           engine_lib._init_cache._cache_size())
+  rng = np.random.default_rng(0)
+  for n_rows, length in ((1, 3), (2, 16), (2, 17), (1, 20)):
+    prompts = [rng.integers(0, 512, size=length).tolist() for _ in range(n_rows)]
+    eng.generate(prompts, [SamplingParams(temperature=0.7, max_new_tokens=8, seed=1)] * n_rows,
+                 [[]] * n_rows)
+  assert (engine_lib._decode._cache_size(), engine_lib._prefill._cache_size(),
+          engine_lib._init_cache._cache_size()) == sizes  # nothing compiled on first use
+
+
+def test_params_reject_values_the_engine_cannot_hold():
+  for kw, field in (({"top_k": 10 ** 12}, "top_k"), ({"temperature": float("nan")}, "temperature"),
+                    ({"top_p": float("inf")}, "top_p"), ({"min_p": float("nan")}, "min_p"),
+                    ({"max_new_tokens": 2 ** 40}, "max_new_tokens"),
+                    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+                    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+                    ({"top_logprobs": 21}, "top_logprobs")):
+    with pytest.raises(ValueError, match=field):
+      SamplingParams(**kw).validate()
+
+
+def test_end_tokens_never_appear_in_text(qwen_tok):
+  end = qwen_tok.special_tokens["<|endoftext|>"]
+  ids = qwen_tok.encode("ls /tmp") + [end] + qwen_tok.encode(" more") + [qwen_tok.eos_id]
+  rt = RowText(qwen_tok, stop_token_ids=[], hidden_ids=[end, qwen_tok.eos_id])  # ignore_eos
+  rt.feed(ids, [0.0] * len(ids))
+  assert rt.text == "ls /tmp more" and rt.ids == ids

@@ -1,7 +1,8 @@
 """`launch/serve.py` as a user runs it: a tiny Hugging Face folder with a SentencePiece tokenizer,
-served with bfloat16 decode weights, answers the `openai` client; a bad decode option is one
-error line and exit status 2."""
+served with bfloat16 decode weights after its start-up warm-up (logged with its duration), answers
+the `openai` client; a bad decode option is one error line and exit status 2."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ def test_serve_with_bfloat16_decode_weights(tmp_path):
   ckpt = _checkpoint(tmp_path)
   port = _free_port()
   proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
-                           "--decode_dtype=bfloat16", "--max_batch=4"],
+                           "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
   try:
     deadline = time.time() + 180
@@ -58,6 +59,10 @@ def test_serve_with_bfloat16_decode_weights(tmp_path):
   finally:
     proc.terminate()
     proc.wait(timeout=30)
+  log = proc.stdout.read()
+  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 1024: one cache bucket each.
+  assert re.search(r"warm-up: compiled 3 shapes \(batches up to 4 rows, prompts up to 16 tokens, "
+                   r"max_tokens 1024\) in [0-9.]+ s", log), log[-3000:]
 
 
 def test_serve_rejects_an_unknown_decode_dtype(tmp_path):

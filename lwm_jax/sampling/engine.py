@@ -27,9 +27,15 @@ token per row because a token's k experts are distinct). `decode_layout="auto"` 
 without a mesh and "model" otherwise. Prefill chunks of at most `rows_prefill_max` tokens (batch
 x chunk) also run on the "rows" copy; longer ones run the model itself. Both share the cache.
 
-Sampling is per row (temperature, top-k, top-p, min-p, seed); the key of step t of a row is
-`fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not depend on its batch neighbours.
-Returned log-probabilities are those of the model's raw distribution (temperature 1, no filter).
+Sampling is per row (penalties, temperature, top-k, top-p, min-p, seed; `sampling.logits`); the
+key of step t of a row is `fold_in(fold_in(key(seed), choice), t)`, so a row's tokens do not
+depend on its batch neighbours. The decode loop state carries each row's output-token counts and
+its prompt's token set ([B, V]) for the penalties. Returned log-probabilities are those of the
+model's raw distribution (temperature 1, no filter), with the top 20 alternatives per token when a
+row asks for them (a separate compiled variant, used only then).
+
+`warmup` compiles ahead of time the shapes requests will need (see `Engine.shapes`): compiled code
+depends on (batch bucket, prefill chunk, cache length), so it runs one dummy step per such triple.
 """
 from __future__ import annotations
 
@@ -48,9 +54,10 @@ from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
 from lwm_jax.model.decode_layout import for_decoding, resolve_dtype
+from lwm_jax.sampling.logits import NEG_INF, sample_tokens  # noqa: F401 - re-exported
 from lwm_jax.sampling.params import SamplingParams
 
-NEG_INF = -1e30
+TOP_LOGPROBS = 20  # alternatives per token computed when any row of a batch asks for some
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 FINISH_NAMES = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
 
@@ -65,59 +72,6 @@ def _half_pow2(n: int, lo: int) -> int:
   return 3 * p // 4 if 3 * p // 4 >= max(n, lo) and p % 4 == 0 else p
 
 
-# ---------------------------------------------------------------------------------- sampling
-def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B):
-  """Masks (to -inf) what top-k, then top-p, then min-p remove; each on the renormalised rest."""
-  v = scaled_BxV.shape[-1]
-  srt = -jnp.sort(-scaled_BxV, axis=-1)                                   # descending
-  rank = jnp.arange(v)[None, :]
-  k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
-  keep = rank < k[:, None]
-  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
-  keep &= (jnp.cumsum(p, axis=-1) - p) < top_p_B[:, None]                  # first always kept
-  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
-  keep &= p >= min_p_B[:, None] * p[:, :1]
-  count = jnp.maximum(jnp.sum(keep, axis=-1), 1)
-  threshold = jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1)
-  return jnp.where(scaled_BxV >= threshold, scaled_BxV, NEG_INF)
-
-
-def _draw(keys_B, scaled_BxV):
-  """One categorical draw per row by inverting the CDF with a single uniform (cheaper on CPU than
-  Gumbel noise over the whole vocabulary)."""
-  cdf = jnp.cumsum(jax.nn.softmax(scaled_BxV, axis=-1), axis=-1)
-  u = jax.vmap(jax.random.uniform)(keys_B) * cdf[:, -1]
-  tok = jnp.sum(cdf < u[:, None], axis=-1)
-  return jnp.minimum(tok, scaled_BxV.shape[-1] - 1).astype(jnp.int32)
-
-
-def _argmax(x_BxV):
-  """First index of the row maximum, as two plain reductions (XLA's CPU argmax, one reduction of
-  (value, index) pairs, takes ~4x as long over a vocabulary)."""
-  v = x_BxV.shape[-1]
-  hit = x_BxV == jnp.max(x_BxV, axis=-1, keepdims=True)
-  return jnp.minimum(jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1), v - 1)
-
-
-def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B):
-  """Returns (tokens [B], log p(token) under the raw distribution [B])."""
-  logits = logits_BxV.astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  greedy = _argmax(logits)
-  sampling = temperature_B > 0
-
-  def sample(_):
-    scaled = logits / jnp.where(sampling, temperature_B, 1.0)[:, None]
-    wants = sampling & ((top_k_B > 0) | (top_p_B < 1.0) | (min_p_B > 0.0))
-    scaled = jax.lax.cond(jnp.any(wants), _filter_logits, lambda x, *_: x,
-                          scaled, jnp.where(wants, top_k_B, 0), jnp.where(wants, top_p_B, 1.0),
-                          jnp.where(wants, min_p_B, 0.0))
-    return jnp.where(sampling, _draw(keys_B, scaled), greedy)
-
-  tokens = jax.lax.cond(jnp.any(sampling), sample, lambda _: greedy, None)
-  return tokens, jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
-
-
 # ---------------------------------------------------------------------------------- forwards
 def forward_last(model, tokens_BxS, positions_BxS, segment_ids_BxS, cache, last_B):
   """The cached forward pass, with logits only at `last_B` ([B, V] fp32) and the new cache."""
@@ -130,6 +84,8 @@ class RowOutput:
   token_ids: list[int]
   logprobs: list[float]
   finish_reason: str
+  # Per token: the TOP_LOGPROBS most likely (id, raw logprob), when the row asked for them.
+  top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclasses.dataclass
@@ -143,6 +99,9 @@ class _Rows:
   choice: jax.Array
   max_new: jax.Array
   stop_ids: jax.Array  # [B, K], -1 = unused
+  repetition: jax.Array
+  presence: jax.Array
+  frequency: jax.Array
 
 
 jax.tree_util.register_dataclass(
@@ -184,11 +143,22 @@ def _prefill(graphdef, state, cache, tokens_BxC, start, lengths_B, logits_BxV):
   return cache, jnp.where(here[:, None], logits, logits_BxV)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _decode(graphdef, steps: int, cache_len: int, state, cache, carry, rows: _Rows):
-  """Up to `steps` decode steps; a row also finishes when its position reaches `cache_len` - 1."""
+@functools.partial(jax.jit, static_argnums=(0,))
+def _prompt_seen(vocab: int, tokens_BxS, lengths_B):
+  """[B, V] bool: which ids occur in each row's prompt (for the repetition penalty)."""
+  b, s = tokens_BxS.shape
+  real = jnp.arange(s)[None, :] < lengths_B[:, None]
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
+  return jnp.zeros((b, vocab), bool).at[rows, tokens_BxS].max(real)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carry, rows: _Rows):
+  """Up to `steps` decode steps; a row also finishes when its position reaches `cache_len` - 1.
+  With `top_n` > 0 each step also records the `top_n` most likely ids and their raw logprobs."""
   model = nnx.merge(graphdef.graphdef, state)
   b = carry["pos"].shape[0]
+  rows_b = jnp.arange(b)
   base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
 
   def cond(c):
@@ -197,11 +167,18 @@ def _decode(graphdef, steps: int, cache_len: int, state, cache, carry, rows: _Ro
   def body(c):
     keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
     tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
-                            rows.min_p)
+                            rows.min_p, (c["counts"], c["seen"], rows.repetition, rows.presence,
+                                         rows.frequency))
     active = ~c["done"]
     i = c["i"]
     out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
     out_lp = c["out_lp"].at[:, i].set(lp)
+    extra = {}
+    if top_n:
+      top_lp, top_id = jax.lax.top_k(jax.nn.log_softmax(c["logits"], axis=-1), top_n)
+      extra = dict(out_top_id=c["out_top_id"].at[:, i].set(top_id),
+                   out_top_lp=c["out_top_lp"].at[:, i].set(top_lp))
+    counts = c["counts"].at[rows_b, tok].add(active.astype(jnp.int32))
     n_gen = c["n_gen"] + active.astype(jnp.int32)
     is_stop = jnp.any(tok[:, None] == rows.stop_ids, axis=-1)
     full = (n_gen >= rows.max_new) | (c["pos"] >= cache_len - 1)
@@ -212,14 +189,18 @@ def _decode(graphdef, steps: int, cache_len: int, state, cache, carry, rows: _Ro
     logits, new_cache = out.logits[:, 0].astype(jnp.float32), out.cache
     pos = jnp.where(done, c["pos"], c["pos"] + 1)
     return dict(c, i=i + 1, cache=new_cache, logits=logits, pos=pos, n_gen=n_gen, done=done,
-                finish=finish, out_tok=out_tok, out_lp=out_lp)
+                finish=finish, out_tok=out_tok, out_lp=out_lp, counts=counts, **extra)
 
   init = dict(carry, i=jnp.zeros((), jnp.int32), cache=cache,
               out_tok=jnp.full((b, steps), -1, jnp.int32),
               out_lp=jnp.zeros((b, steps), jnp.float32))
+  if top_n:
+    init.update(out_top_id=jnp.zeros((b, steps, top_n), jnp.int32),
+                out_top_lp=jnp.zeros((b, steps, top_n), jnp.float32))
   c = jax.lax.while_loop(cond, body, init)
   new_carry = {k: c[k] for k in carry}
-  return c["cache"], new_carry, c["out_tok"], c["out_lp"]
+  top = (c["out_top_id"], c["out_top_lp"]) if top_n else None
+  return c["cache"], new_carry, c["out_tok"], c["out_lp"], top
 
 
 def _copy_bytes(state, dtype: str | None) -> int:
@@ -338,6 +319,19 @@ class Engine:
       raise ValueError(f"prompt: {n_tokens} tokens do not fit the model's context of "
                        f"{self.context} (max_position_embeddings) with room to generate")
 
+  def shapes(self, lengths: Sequence[int], max_new: Sequence[int]) -> tuple[int, int, int, int]:
+    """(batch, padded prompt, prefill chunk, cache length) buckets for rows of these prompt
+    lengths and token budgets (budgets already cut to the context)."""
+    b = _pow2(len(lengths), self.min_batch_bucket)
+    longest = int(max(lengths))
+    s = _pow2(longest, self.min_prompt_bucket)
+    if s > self.prefill_chunk:  # long prompts: whole chunks, run one after another
+      s = -(-longest // self.prefill_chunk) * self.prefill_chunk
+    chunk = min(s, self.prefill_chunk)
+    t = min(_half_pow2(max(int(x) + int(y) for x, y in zip(lengths, max_new)),
+                       self.min_cache_len), self.context)
+    return b, s, chunk, t
+
   def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                stop_ids: Sequence[Sequence[int]], choices: Sequence[int] | None = None,
                on_chunk: Callable[[list[list[int]], list[list[float]]], Sequence[int]] | None
@@ -360,15 +354,45 @@ class Engine:
       return out
     for p in prompts:
       self.check_prompt(len(p))
+    lengths = [len(p) for p in prompts]
+    max_new = [min(sp.max_new_tokens, self.context - len(p)) for sp, p in zip(params, prompts)]
+    b, s, chunk, t = self.shapes(lengths, max_new)
+    top_n = TOP_LOGPROBS if any(p.top_logprobs for p in params) else 0
+    return self._run(prompts, params, stop_ids, choices, max_new, (b, s, chunk, t), top_n,
+                     on_chunk)
+
+  def warmup(self, max_prompt_len: int, max_new_tokens: Sequence[int],
+             batch_sizes: Sequence[int] | None = None) -> dict:
+    """Compiles, before any request, the shapes that requests of up to `max_prompt_len` tokens
+    with these token budgets can need, for every batch bucket up to `max_batch` (or the given
+    batch sizes). Each shape runs once on dummy rows that stop after one step. Returns the
+    number of shapes and the seconds it took; a request outside these compiles on first use."""
+    import time  # pylint: disable=import-outside-toplevel
+    t0 = time.perf_counter()
+    if batch_sizes is None:
+      top, batch_sizes, x = _pow2(self.max_batch, self.min_batch_bucket), [], self.min_batch_bucket
+      while x <= top:
+        batch_sizes.append(x)
+        x *= 2
+    plans = set()
+    max_prompt_len = max(1, min(max_prompt_len, self.context - 1))
+    for n in batch_sizes:
+      for length in range(1, max_prompt_len + 1):
+        for m in max_new_tokens:
+          room = min(int(m), self.context - length)
+          b, s, chunk, t = self.shapes([length] * n, [room])
+          plans.add((n, chunk, t))  # compiled code depends on (batch, chunk, cache length)
+    for n, chunk, t in sorted(plans):
+      self._run([[0] * chunk] * n, [SamplingParams(temperature=0, max_new_tokens=1)] * n,
+                [[]] * n, None, [1] * n, self.shapes([chunk] * n, [1]), 0, None, cache_len=t)
+    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+
+  def _run(self, prompts, params, stop_ids, choices, max_new, shapes, top_n, on_chunk,
+           cache_len: int | None = None) -> list[RowOutput]:
+    n = len(prompts)
+    b, s, chunk, t = shapes
+    t = cache_len or t
     lengths = np.array([len(p) for p in prompts], np.int32)
-    max_new = np.array([min(sp.max_new_tokens, self.context - len(p))
-                        for sp, p in zip(params, prompts)], np.int32)
-    b = _pow2(n, self.min_batch_bucket)
-    s = _pow2(int(lengths.max()), self.min_prompt_bucket)
-    if s > self.prefill_chunk:  # long prompts: whole chunks, run one after another
-      s = -(-int(lengths.max()) // self.prefill_chunk) * self.prefill_chunk
-    chunk = min(s, self.prefill_chunk)
-    t = min(_half_pow2(int((lengths + max_new).max()), self.min_cache_len), self.context)
     tokens = np.zeros((b, s), np.int32)
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p
@@ -383,15 +407,21 @@ class Engine:
     ch = np.zeros(b, np.int32)
     if choices is not None:
       ch[:n] = choices
+    vocab = self.cfg.vocab_size
+
+    def f32(field):
+      return self._put(np.array([getattr(p, field) for p in allp], np.float32))
+
     rows = _Rows(
-        temperature=self._put(np.array([p.temperature for p in allp], np.float32)),
-        top_k=self._put(np.array([p.top_k for p in allp], np.int32)),
-        top_p=self._put(np.array([p.top_p for p in allp], np.float32)),
-        min_p=self._put(np.array([p.min_p for p in allp], np.float32)),
+        temperature=f32("temperature"),
+        top_k=self._put(np.array([min(p.top_k, vocab) for p in allp], np.int32)),
+        top_p=f32("top_p"), min_p=f32("min_p"),
         seed=self._put(np.array([p.seed % (2 ** 31) for p in allp], np.int32)),
-        choice=self._put(ch), max_new=self._put(np.concatenate([max_new, np.ones(b - n,
-                                                                              np.int32)])),
-        stop_ids=self._put(stop_arr))
+        choice=self._put(ch),
+        max_new=self._put(np.concatenate([np.array(max_new, np.int32),
+                                          np.ones(b - n, np.int32)])),
+        stop_ids=self._put(stop_arr), repetition=f32("repetition_penalty"),
+        presence=f32("presence_penalty"), frequency=f32("frequency_penalty"))
     done = np.zeros(b, bool)
     done[n:] = True
     ctx = jax.set_mesh(self.mesh) if self.mesh is not None else _nullcontext()
@@ -399,20 +429,25 @@ class Engine:
       cache = _init_cache(self.graphdef, b, t, self.state)
       if self.mesh is not None:
         cache = jax.tree_util.tree_map(self._put_like_batch, cache)
-      logits = self._put(np.zeros((b, self.cfg.vocab_size), np.float32))
+      logits = self._put(np.zeros((b, vocab), np.float32))
       for start in range(0, s, chunk):
         cache, logits = _prefill(*self._prefill_model(b * chunk), cache,
                                  self._put(tokens[:, start:start + chunk]), np.int32(start),
                                  self._put(len_b), logits)
       carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
-                   done=self._put(done), finish=self._put(np.zeros(b, np.int32)))
+                   done=self._put(done), finish=self._put(np.zeros(b, np.int32)),
+                   counts=self._put(np.zeros((b, vocab), np.int32)),
+                   seen=_prompt_seen(vocab, self._put(tokens), self._put(len_b)))
       toks: list[list[int]] = [[] for _ in range(n)]
       lps: list[list[float]] = [[] for _ in range(n)]
+      tops: list[list] = [[] for _ in range(n)]
       finish = np.zeros(b, np.int32)
       while True:
-        cache, carry, out_tok, out_lp = _decode(self.decode_graphdef, self.chunk_steps, t,
-                                                self.decode_state, cache, carry, rows)
+        cache, carry, out_tok, out_lp, top = _decode(self.decode_graphdef, self.chunk_steps, t,
+                                                     top_n, self.decode_state, cache, carry, rows)
         out_tok, out_lp = np.asarray(out_tok), np.asarray(out_lp)
+        if top is not None:
+          top_id, top_lp = np.asarray(top[0]), np.asarray(top[1])
         new_t, new_l = [], []
         for i in range(n):
           m = out_tok[i] >= 0
@@ -420,6 +455,9 @@ class Engine:
           new_l.append(out_lp[i][m].tolist())
           toks[i] += new_t[-1]
           lps[i] += new_l[-1]
+          if top is not None and params[i].top_logprobs:
+            tops[i] += [list(zip(ids.tolist(), lp.tolist()))
+                        for ids, lp in zip(top_id[i][m], top_lp[i][m])]
         done = np.asarray(carry["done"]).copy()
         finish = np.asarray(carry["finish"]).copy()
         if on_chunk is not None:
@@ -430,7 +468,8 @@ class Engine:
             carry = dict(carry, done=self._put(done), finish=self._put(finish))
         if done.all():
           break
-    return [RowOutput(toks[i], lps[i], FINISH_NAMES.get(int(finish[i]), "length"))
+    return [RowOutput(toks[i], lps[i], FINISH_NAMES.get(int(finish[i]), "length"),
+                      tops[i] if params[i].top_logprobs else None)
             for i in range(n)]
 
   def _put_like_batch(self, x):

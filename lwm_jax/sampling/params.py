@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
+
+INT32_MAX = 2 ** 31 - 1
 
 
 @dataclasses.dataclass
@@ -15,6 +18,12 @@ class SamplingParams:
   in the batch. Generation ends at `max_new_tokens`, at a token in `stop_token_ids` (the tokenizer's
   end-of-turn token is added unless `ignore_eos`), or at the first occurrence of a `stop` string
   (the returned text ends before it).
+
+  Penalties change which token is drawn, never the returned logprobs: `repetition_penalty` (1 is
+  off) divides positive / multiplies negative logits of tokens seen in the prompt or output;
+  `presence_penalty` and `frequency_penalty` (0 is off) subtract from the logits of tokens
+  generated so far (see `lwm_jax.sampling.logits`). `top_logprobs` > 0 also returns, per token,
+  that many most likely alternatives with their raw logprobs (at most 20).
   """
   temperature: float = 1.0
   top_k: int = 0
@@ -26,21 +35,37 @@ class SamplingParams:
   stop_token_ids: Sequence[int] = ()
   ignore_eos: bool = False
   n: int = 1
+  repetition_penalty: float = 1.0
+  presence_penalty: float = 0.0
+  frequency_penalty: float = 0.0
+  top_logprobs: int = 0
 
   def validate(self) -> "SamplingParams":
     """Raises ValueError naming the first bad field."""
     def need(cond: bool, field: str, why: str):
       if not cond:
         raise ValueError(f"{field}: {why}")
+    for f in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+              "frequency_penalty"):
+      v = getattr(self, f)
+      need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), f,
+           f"must be a finite number, got {v!r}")
+    for f in ("top_k", "max_new_tokens", "n", "seed", "top_logprobs"):
+      v = getattr(self, f)
+      need(isinstance(v, int) and not isinstance(v, bool), f, f"must be an integer, got {v!r}")
     need(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-    need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+    need(0 <= self.top_k <= INT32_MAX, "top_k", f"must be in [0, {INT32_MAX}], got {self.top_k}")
     need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
     need(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
-    need(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+    need(1 <= self.max_new_tokens <= INT32_MAX, "max_new_tokens",
+         f"must be in [1, {INT32_MAX}], got {self.max_new_tokens}")
+    need(self.repetition_penalty > 0, "repetition_penalty",
+         f"must be > 0, got {self.repetition_penalty}")
+    need(0 <= self.top_logprobs <= 20, "top_logprobs", f"must be in [0, 20], got {self.top_logprobs}")
     need(self.n >= 1, "n", f"must be >= 1, got {self.n}")
     need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-    need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-         "must be non-negative token ids")
+    need(all(isinstance(t, int) and 0 <= t <= INT32_MAX for t in self.stop_token_ids),
+         "stop_token_ids", "must be non-negative token ids")
     return self
 
   def replace(self, **kw) -> "SamplingParams":
@@ -63,6 +88,8 @@ class Generation:
   prompt_tokens: int = 0
   reasoning: str = ""
   content: str = ""
+  # Per token, when asked for (SamplingParams.top_logprobs): the most likely (id, raw logprob).
+  top_logprobs: list[list[tuple[int, float]]] | None = None
 
   @property
   def completion_tokens(self) -> int:

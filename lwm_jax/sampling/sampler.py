@@ -1,7 +1,10 @@
 """The Python sampling API: `Sampler(model, tokenizer).generate(prompts or chats, SamplingParams)`.
 
 A prompt is a string (used as is), a chat (a list of `{"role", "content"}` messages, rendered with
-the tokenizer's ChatML template plus the assistant generation prompt), or a list of token ids.
+the checkpoint's own Jinja chat template when it ships one, else the tokenizer's ChatML, plus the
+assistant generation prompt), or a list of token ids. Replies end at the end-of-turn token, the
+end-of-text token and the checkpoint's `generation_config.json` eos ids; none of them ever appears
+in a reply's text.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
 prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what
 `lwm_jax.checkpoints.load` finds.
@@ -11,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from lwm_jax.data.reply import split_reasoning
+from lwm_jax.data.reply import THINK_OPEN, split_reasoning
+from lwm_jax.sampling.chat_template import (ChatTemplate, GenerationDefaults, chatml_ids,
+                                            end_token_ids)
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.text import Delta, RowText
@@ -26,19 +31,24 @@ class RowRequest:
   params: SamplingParams
   choice: int = 0
   on_delta: Callable[[Delta], None] | None = None
+  starts_thinking: bool = False  # the prompt ends inside an opened <think> block
 
 
-def stop_token_ids(tokenizer, params: SamplingParams) -> list[int]:
+def stop_token_ids(tokenizer, params: SamplingParams, end_ids: Sequence[int] | None = None
+                   ) -> list[int]:
   ids = list(params.stop_token_ids)
-  if not params.ignore_eos and tokenizer.eos_id not in ids:
-    ids.append(tokenizer.eos_id)
+  if not params.ignore_eos:
+    ids += [t for t in (end_ids or [tokenizer.eos_id]) if t not in ids]
   return ids
 
 
-def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest]) -> list[Generation]:
+def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
+             end_ids: Sequence[int] | None = None) -> list[Generation]:
   """Generates every row in one batch; streams text deltas through each row's `on_delta`."""
-  stops = [stop_token_ids(tokenizer, r.params) for r in rows]
-  texts = [RowText(tokenizer, r.params.stop, s) for r, s in zip(rows, stops)]
+  end_ids = list(end_ids or [tokenizer.eos_id])
+  stops = [stop_token_ids(tokenizer, r.params, end_ids) for r in rows]
+  texts = [RowText(tokenizer, r.params.stop, s, hidden_ids=end_ids, thinking=r.starts_thinking)
+           for r, s in zip(rows, stops)]
 
   def on_chunk(new_t, new_l):
     finished = []
@@ -59,11 +69,13 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest]) -> list[Gene
     tail = tr.finish()
     if tail and row.on_delta is not None:
       row.on_delta(tail)
-    reasoning, content = split_reasoning(tr.text)
+    text = (THINK_OPEN + tr.text) if row.starts_thinking else tr.text
+    reasoning, content = split_reasoning(text)
+    top = None if out.top_logprobs is None else out.top_logprobs[:len(tr.ids)]
     results.append(Generation(text=tr.text, token_ids=tr.ids, logprobs=tr.logprobs,
                               finish_reason="stop" if tr.stopped else out.finish_reason,
                               prompt_tokens=len(row.prompt_ids), reasoning=reasoning,
-                              content=content))
+                              content=content, top_logprobs=top))
   return results
 
 
@@ -78,31 +90,42 @@ def _is_ids(p: Any) -> bool:
 class Sampler:
   """Generation for one model and tokenizer (see the module docstring)."""
 
-  def __init__(self, model, tokenizer, *, mesh=None, **engine_kw: Any):
+  def __init__(self, model, tokenizer, *, mesh=None, chat_template: ChatTemplate | None = None,
+               defaults: GenerationDefaults | None = None, **engine_kw: Any):
     self.model, self.tokenizer = model, tokenizer
     self.cfg = model.cfg
     if tokenizer.vocab_size > self.cfg.vocab_size:
       raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
                        f"{self.cfg.vocab_size}")
+    self.chat_template = chat_template
+    self.defaults = defaults or GenerationDefaults()
+    self.end_ids = end_token_ids(tokenizer, self.defaults)
     self.engine = Engine(model, mesh=mesh, **engine_kw)
 
   @classmethod
   def from_checkpoint(cls, path: str, *, tokenizer=None, mesh=None, **engine_kw: Any) -> "Sampler":
-    """A Hugging Face folder, a training workdir (latest step) or a step folder."""
+    """A Hugging Face folder, a training workdir (latest step) or a step folder. The chat template
+    (`tokenizer_config.json`) and `generation_config.json` are looked for in the checkpoint
+    folder, then in the tokenizer's."""
     from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
     model, tok = checkpoints.load(path, tokenizer=tokenizer, mesh=mesh)
-    return cls(model, tok, mesh=mesh, **engine_kw)
+    tok_path = tokenizer if isinstance(tokenizer, str) else getattr(tok, "path", None)
+    return cls(model, tok, mesh=mesh, chat_template=ChatTemplate.from_folder(tok, path, tok_path),
+               defaults=GenerationDefaults.from_folder(path), **engine_kw)
 
   # ------------------------------------------------------------------------ prompts
   def encode_prompt(self, prompt: Prompt) -> list[int]:
     """Token ids of one prompt; raises ValueError for a malformed one."""
+    return self.prepare(prompt)[0]
+
+  def prepare(self, prompt: Prompt, chat_kwargs: dict | None = None) -> tuple[list[int], bool]:
+    """(token ids, whether the prompt leaves the reply inside an opened `<think>`) for one
+    prompt; `chat_kwargs` (e.g. `enable_thinking`) go to the chat template."""
+    thinking = False
     if isinstance(prompt, str):
       ids = self.tokenizer.encode(prompt)
     elif _is_chat(prompt):
-      for i, m in enumerate(prompt):
-        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-          raise ValueError(f"messages[{i}]: needs string fields 'role' and 'content'")
-      ids = self.tokenizer.encode_chat(list(prompt), add_generation_prompt=True)
+      ids, thinking = self._chat_ids(list(prompt), dict(chat_kwargs or {}))
     elif _is_ids(prompt):
       ids = [int(t) for t in prompt]
       bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
@@ -112,7 +135,28 @@ class Sampler:
       raise ValueError(f"prompt: expected a string, a list of messages or a list of token ids, "
                        f"got {type(prompt).__name__}")
     self.engine.check_prompt(len(ids))
-    return ids
+    return ids, thinking
+
+  def _chat_ids(self, messages: list[dict], kwargs: dict) -> tuple[list[int], bool]:
+    for i, m in enumerate(messages):
+      if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        raise ValueError(f"messages[{i}]: needs string fields 'role' and 'content'")
+    for k in ("messages", "add_generation_prompt"):
+      if k in kwargs:
+        raise ValueError(f"chat_template_kwargs: '{k}' is set by the server, not by a request")
+    if self.chat_template is not None:
+      text = self.chat_template.render(messages, add_generation_prompt=True, **kwargs)
+      return self.chat_template.encode(text), text.rstrip().endswith(THINK_OPEN)
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+      raise ValueError(f"chat_template_kwargs: {unknown[0]!r} is not understood by the built-in "
+                       "ChatML template (the checkpoint ships no chat_template); only "
+                       "'enable_thinking' is")
+    think = kwargs.get("enable_thinking")
+    if think is not None and not isinstance(think, bool):
+      raise ValueError(f"chat_template_kwargs.enable_thinking: must be true or false, got "
+                       f"{think!r}")
+    return chatml_ids(self.tokenizer, messages, think), False
 
   def _split_prompts(self, prompts: Any) -> list[Prompt]:
     if isinstance(prompts, str) or _is_chat(prompts) or _is_ids(prompts):
@@ -134,12 +178,16 @@ class Sampler:
     rows = []
     for p, sp in zip(plist, params):
       sp.validate()
-      ids = self.encode_prompt(p)
+      ids, thinking = self.prepare(p)
       for c in range(sp.n):
         k = len(rows)
         cb = None if on_delta is None else (lambda d, k=k: on_delta(k, d))
-        rows.append(RowRequest(ids, sp, c, cb))
-    return run_rows(self.engine, self.tokenizer, rows)
+        rows.append(RowRequest(ids, sp, c, cb, thinking))
+    return self.run(rows)
+
+  def run(self, rows: Sequence[RowRequest]) -> list[Generation]:
+    """Generates prepared rows as one batch (what the server's batcher calls)."""
+    return run_rows(self.engine, self.tokenizer, rows, self.end_ids)
 
   def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Generation:
     return self.generate([list(messages)], params)[0]

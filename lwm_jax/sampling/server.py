@@ -1,16 +1,23 @@
 """An OpenAI-compatible HTTP server over a `Sampler` (FastAPI).
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`.
-Request fields: messages / prompt, temperature, top_p, max_tokens (or max_completion_tokens), stop,
-n, seed, stream (+ stream_options.include_usage); our extensions top_k, min_p, ignore_eos.
-Thinking (`<think>...</think>`) comes back as `message.reasoning_content`, apart from `content`.
+Request fields: messages / prompt, model, temperature, top_p, max_tokens (or
+max_completion_tokens), stop, n, seed, stream (+ stream_options.include_usage), presence_penalty,
+frequency_penalty, logprobs (+ top_logprobs for chat); as in vLLM: top_k, min_p,
+repetition_penalty, ignore_eos, chat_template_kwargs (e.g. `{"enable_thinking": false}`). Every
+field is checked (`openai_request`): a bad value, an unsupported field or a lone surrogate is a 400
+naming it, an unknown model a 404. Fields a request leaves out take the checkpoint's
+`generation_config.json` defaults. Thinking (`<think>...</think>`) comes back as
+`message.reasoning_content`, apart from `content`; end tokens never appear in a reply.
 A `max_tokens` beyond the room the context leaves is cut to that room (finish_reason "length").
 
-Batching: handlers never touch the model. They turn a request into rows (one per choice) and hand
-them to the `Batcher` thread, which waits `window_ms` after the first request for others to arrive,
-then decodes everything it collected (up to `max_batch` rows) as one batch. Rows stream their text
-back to the handler's event loop as it becomes final. Invalid requests and prompts that do not fit
-the context get HTTP 400 with a message; an engine failure fails only the requests of its batch.
+Batching: handlers never touch the model. Parsing the body and tokenizing run in a worker thread
+(the event loop keeps answering, e.g. /health, while a large body is tokenized). A request becomes
+rows (one per choice, at most `max_rows_per_request`) handed to the `Batcher` thread, which waits
+`window_ms` after the first request for others to arrive, then decodes everything it collected (up
+to `max_batch` rows) as one batch. Rows stream their text back to the handler's event loop as it
+becomes final. When a batch fails, each of its requests is retried alone, so one request that
+breaks the engine fails only itself (a streamed request that already sent text is not retried).
 """
 from __future__ import annotations
 
@@ -22,25 +29,20 @@ import functools
 import json
 import logging
 import queue
-import secrets
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from lwm_jax.sampling.openai_request import BadRequest, ModelNotFound, load_body, parse_request
 from lwm_jax.sampling.params import Generation, SamplingParams
-from lwm_jax.sampling.sampler import RowRequest, Sampler, run_rows
+from lwm_jax.sampling.sampler import RowRequest, Sampler
 from lwm_jax.sampling.text import Delta
 
 log = logging.getLogger(__name__)
-MAX_N = 16
-
-
-class BadRequest(ValueError):
-  pass
 
 
 # ------------------------------------------------------------------------------------ batcher
@@ -48,6 +50,16 @@ class BadRequest(ValueError):
 class _Job:
   rows: list[RowRequest]
   future: concurrent.futures.Future
+  streamed: bool = False  # some text already went to the client
+
+  def __post_init__(self):
+    for r in self.rows:
+      if r.on_delta is not None:
+        r.on_delta = functools.partial(self._delivered, r.on_delta)
+
+  def _delivered(self, cb, delta):
+    self.streamed = True
+    cb(delta)
 
 
 class Batcher:
@@ -98,94 +110,49 @@ class Batcher:
       jobs = self._collect()
       if jobs is None:
         return
-      rows = [r for j in jobs for r in j.rows]
       try:
-        gens = run_rows(self.sampler.engine, self.sampler.tokenizer, rows)
+        self._run(jobs)
       except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep serving
-        log.exception("batch of %d rows failed", len(rows))
-        for j in jobs:
-          j.future.set_exception(e)
-        continue
-      self.batches += 1
-      at = 0
-      for j in jobs:
-        j.future.set_result(gens[at:at + len(j.rows)])
-        at += len(j.rows)
+        log.exception("batch of %d requests failed", len(jobs))
+        if len(jobs) == 1:
+          jobs[0].future.set_exception(e)
+          continue
+        for j in jobs:  # one at a time: only the request that breaks fails
+          if j.streamed:
+            j.future.set_exception(e)
+            continue
+          try:
+            self._run([j])
+          except Exception as e1:  # noqa: BLE001
+            log.exception("request of %d rows failed alone", len(j.rows))
+            j.future.set_exception(e1)
+
+  def _run(self, jobs: list[_Job]) -> None:
+    gens = self.sampler.run([r for j in jobs for r in j.rows])
+    self.batches += 1
+    at = 0
+    for j in jobs:
+      j.future.set_result(gens[at:at + len(j.rows)])
+      at += len(j.rows)
 
 
-# ------------------------------------------------------------------------------------ requests
-def _num(body: dict, key: str, default, lo=None, hi=None, integer=False):
-  v = body.get(key)
-  if v is None:
-    return default
-  ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-  if isinstance(v, bool) or not ok_type:
-    raise BadRequest(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
-  if (lo is not None and v < lo) or (hi is not None and v > hi):
-    rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-    raise BadRequest(f"'{key}' must be {rng}, got {v}")
-  return v
+def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
+           max_tokens: Sequence[int]) -> dict:
+  """Compiles the engine's shapes for batches up to `max_batch` rows (the most the batcher
+  forms), prompts up to `max_prompt_len` tokens and these token budgets; logs how long it took."""
+  sizes, x = [], sampler.engine.min_batch_bucket
+  while x < min(max_batch, sampler.engine.max_batch):
+    sizes.append(x)
+    x *= 2
+  sizes.append(x)
+  info = sampler.engine.warmup(max_prompt_len, list(max_tokens), batch_sizes=sizes)
+  log.info("warm-up: compiled %d shapes (batches up to %d rows, prompts up to %d tokens, "
+           "max_tokens %s) in %.1f s", info["shapes"], max_batch, max_prompt_len,
+           ",".join(map(str, max_tokens)), info["seconds"])
+  return info
 
 
-def parse_params(body: dict, default_max_tokens: int) -> SamplingParams:
-  """SamplingParams from an OpenAI request body; BadRequest names the bad field."""
-  stop = body.get("stop")
-  if stop is None:
-    stop = []
-  elif isinstance(stop, str):
-    stop = [stop]
-  if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-    raise BadRequest("'stop' must be a non-empty string or a list of them")
-  max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-  max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", default_max_tokens, 1, None, True)
-  seed = _num(body, "seed", None, None, None, True)
-  p = SamplingParams(
-      temperature=float(_num(body, "temperature", 1.0, 0, 2)),
-      top_p=float(_num(body, "top_p", 1.0, 0, 1)),
-      top_k=_num(body, "top_k", 0, 0, None, True) or 0,
-      min_p=float(_num(body, "min_p", 0.0, 0, 1)),
-      max_new_tokens=max_tokens, stop=stop, n=_num(body, "n", 1, 1, MAX_N, True),
-      seed=secrets.randbits(31) if seed is None else seed,
-      ignore_eos=bool(body.get("ignore_eos", False)))
-  if p.top_p <= 0:
-    raise BadRequest("'top_p' must be > 0")
-  return p
-
-
-def _messages(body: dict) -> list[dict]:
-  msgs = body.get("messages")
-  if not isinstance(msgs, list) or not msgs:
-    raise BadRequest("'messages' must be a non-empty list")
-  out = []
-  for i, m in enumerate(msgs):
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-      raise BadRequest(f"messages[{i}]: needs a string 'role'")
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-      parts = [c.get("text", "") for c in content
-               if isinstance(c, dict) and c.get("type") == "text"]
-      if len(parts) != len(content):
-        raise BadRequest(f"messages[{i}].content: only text parts are supported")
-      content = "".join(parts)
-    if content is None:
-      content = ""
-    if not isinstance(content, str):
-      raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
-    out.append({"role": m["role"], "content": content})
-  return out
-
-
-def _prompts(body: dict) -> list[Any]:
-  p = body.get("prompt")
-  if isinstance(p, str):
-    return [p]
-  if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-    return [p]
-  if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-    return p
-  raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
-
-
+# ------------------------------------------------------------------------------------ app
 def _post(loop, q, k: int, delta: Delta) -> None:
   """Hands a streamed delta to the request's event loop (a vanished client is not an error)."""
   try:
@@ -194,10 +161,14 @@ def _post(loop, q, k: int, delta: Delta) -> None:
     pass
 
 
-# ------------------------------------------------------------------------------------ app
 def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
-               window_ms: float = 10.0, default_max_tokens: int = 1024) -> FastAPI:
+               window_ms: float = 10.0, default_max_tokens: int = 1024,
+               max_rows_per_request: int | None = None) -> FastAPI:
+  """The app; a request may ask for at most `max_rows_per_request` sequences (n x prompts,
+  default `max_batch`)."""
   batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
+  max_rows = max_rows_per_request or max_batch
+  defaults = sampler.defaults.sampling()
 
   @contextlib.asynccontextmanager
   async def lifespan(_app):
@@ -207,73 +178,102 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
   app = FastAPI(title="lwm_jax sampler", lifespan=lifespan)
   app.state.batcher = batcher
   created = int(time.time())
+  kinds = {400: "invalid_request_error", 404: "invalid_request_error"}
 
   def error(status: int, msg: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {
-        "message": msg, "type": "invalid_request_error" if status == 400 else "server_error",
-        "param": None, "code": None}})
+        "message": msg, "type": kinds.get(status, "server_error"), "param": None,
+        "code": "model_not_found" if status == 404 else None}})
 
-  async def body_of(request: Request) -> dict:
-    try:
-      body = await request.json()
-    except ValueError:
-      raise BadRequest("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-      raise BadRequest("request body must be a JSON object")
-    return body
+  def prepare(raw: bytes, chat: bool):
+    """Body -> (checked request, [(prompt ids, starts thinking)]); runs in a worker thread."""
+    req = parse_request(load_body(raw), chat, model_name, default_max_tokens, max_rows, defaults)
+    return req, [sampler.prepare(p, req.chat_kwargs if chat else None) for p in req.prompts]
 
-  def rows_for(prompt_ids: list[list[int]], params: SamplingParams, loop, q) -> list[RowRequest]:
+  def rows_for(prepared, params: SamplingParams, loop, q) -> list[RowRequest]:
     rows = []
-    for ids in prompt_ids:
+    for ids, thinking in prepared:
       for c in range(params.n):
         k = len(rows)
         cb = None
         if q is not None:
           cb = functools.partial(_post, loop, q, k)
-        rows.append(RowRequest(ids, params, c, cb))
+        rows.append(RowRequest(ids, params, c, cb, thinking))
     return rows
 
   async def handle(request: Request, chat: bool):
     try:
-      body = await body_of(request)
-      params = parse_params(body, default_max_tokens)
-      prompts = [_messages(body)] if chat else _prompts(body)
-      ids = [sampler.encode_prompt(p) for p in prompts]
+      req, prepared = await asyncio.to_thread(prepare, await request.body(), chat)
+    except ModelNotFound as e:
+      return error(404, str(e))
     except (BadRequest, ValueError) as e:
       return error(400, str(e))
-    stream = bool(body.get("stream", False))
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue | None = asyncio.Queue() if stream else None
-    rows = rows_for(ids, params, loop, q)
+    q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
+    rows = rows_for(prepared, req.params, loop, q)
     fut = batcher.submit(rows)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    if stream:
-      include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-      return StreamingResponse(_stream(rid, chat, rows, fut, q, include_usage),
+    if req.stream:
+      return StreamingResponse(_stream(rid, chat, rows, fut, q, req.include_usage),
                                media_type="text/event-stream")
     try:
       gens: list[Generation] = await asyncio.wrap_future(fut)
     except Exception as e:  # noqa: BLE001
       return error(500, f"generation failed: {e}")
-    return JSONResponse(_response(rid, chat, gens, rows))
+    return JSONResponse(_response(rid, chat, gens, rows, req.logprobs))
+
+  def _token(i: int) -> tuple[str, list[int]]:
+    t = sampler.tokenizer.decode([i]) if i < sampler.tokenizer.vocab_size else ""
+    return t, list(t.encode("utf-8"))
+
+  def _logprob_ids(g: Generation) -> int:
+    """How many of the generation's tokens its logprobs cover (a final end token is not text)."""
+    n = len(g.token_ids)
+    return n - 1 if n and g.token_ids[-1] in sampler.end_ids else n
+
+  def _chat_logprobs(g: Generation, top_n: int) -> dict:
+    content = []
+    for k in range(_logprob_ids(g)):
+      t, b = _token(g.token_ids[k])
+      entry = {"token": t, "logprob": g.logprobs[k], "bytes": b, "top_logprobs": []}
+      for i, lp in (g.top_logprobs[k][:top_n] if top_n and g.top_logprobs else []):
+        ti, bi = _token(i)
+        entry["top_logprobs"].append({"token": ti, "logprob": lp, "bytes": bi})
+      content.append(entry)
+    return {"content": content}
+
+  def _completion_logprobs(g: Generation, top_n: int) -> dict:
+    tokens, offsets, tops, at = [], [], [], 0
+    for k in range(_logprob_ids(g)):
+      t = _token(g.token_ids[k])[0]
+      tokens.append(t)
+      offsets.append(at)
+      at += len(t)
+      if top_n and g.top_logprobs:
+        tops.append({_token(i)[0]: lp for i, lp in g.top_logprobs[k][:top_n]})
+    return {"tokens": tokens, "token_logprobs": g.logprobs[:len(tokens)],
+            "top_logprobs": tops if top_n else None, "text_offset": offsets}
 
   def _usage(gens: list[Generation], rows: list[RowRequest]) -> dict:
     prompt = sum(len(r.prompt_ids) for r in rows if r.choice == 0)
     comp = sum(g.completion_tokens for g in gens)
     return {"prompt_tokens": prompt, "completion_tokens": comp, "total_tokens": prompt + comp}
 
-  def _response(rid: str, chat: bool, gens: list[Generation], rows) -> dict:
+  def _response(rid: str, chat: bool, gens: list[Generation], rows, logprobs: bool) -> dict:
     choices = []
-    for i, g in enumerate(gens):
+    for i, (g, r) in enumerate(zip(gens, rows)):
+      lp = None
+      if logprobs:
+        lp = (_chat_logprobs if chat else _completion_logprobs)(g, r.params.top_logprobs)
       if chat:
         msg = {"role": "assistant", "content": g.content}
         if g.reasoning:
           msg["reasoning_content"] = g.reasoning
         choices.append({"index": i, "message": msg, "finish_reason": g.finish_reason,
-                        "logprobs": None})
+                        "logprobs": lp})
       else:
         choices.append({"index": i, "text": g.text, "finish_reason": g.finish_reason,
-                        "logprobs": None})
+                        "logprobs": lp})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model_name, "choices": choices,
             "usage": _usage(gens, rows)}

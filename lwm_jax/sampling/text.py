@@ -41,24 +41,28 @@ class Delta:
 class RowText:
   """Text state of one generated row (see the module docstring)."""
 
-  def __init__(self, tokenizer, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = ()):
+  def __init__(self, tokenizer, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+               hidden_ids: Sequence[int] = (), thinking: bool = False):
+    """`hidden_ids` (end tokens) never appear in the text, wherever they are generated (with
+    `ignore_eos` too); `thinking`: the prompt opened a `<think>` block the reply starts in."""
     self.tok = tokenizer
     self.stop = [s for s in stop if s]
     self.stop_ids = set(int(t) for t in stop_token_ids)
+    self.hidden = set(int(t) for t in hidden_ids)
     self._vocab = tokenizer.vocab_size
     self.ids: list[int] = []
     self.logprobs: list[float] = []
     self.text = ""
     self.stopped = False       # a stop string was found
     self._emitted = 0          # characters of self.text handed out
-    self._thinking = False     # streaming split state
+    self._thinking = thinking  # streaming split state
     self._pending = ""         # emitted text not yet classified (may hold a partial tag)
 
   def _decode(self, ids: list[int]) -> str:
     if ids and ids[-1] in self.stop_ids:
       ids = ids[:-1]  # the end-of-turn token is not part of the text
     # A model's vocabulary may be padded past the tokenizer's: such ids have no text.
-    return self.tok.decode([i for i in ids if i < self._vocab])
+    return self.tok.decode([i for i in ids if i < self._vocab and i not in self.hidden])
 
   def feed(self, ids: Sequence[int], logprobs: Sequence[float]) -> Delta:
     """Adds new tokens; returns the text that became final (empty Delta when none did)."""
