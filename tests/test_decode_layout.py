@@ -37,10 +37,17 @@ def _cached_logits(model, copy, tokens, prompt: int):
   return jnp.concatenate(out, axis=1)
 
 
+@nnx.jit
+def _logits(model, tokens):
+  """No-cache reference logits; one compiled function for the whole file (a jit made inside each
+  call would compile the same model again every time)."""
+  return model(tokens).logits
+
+
 def _relative_error(model, copy, seed=1):
   """Largest logit difference from the model's no-cache forward, relative to the largest logit."""
   tokens = jax.random.randint(jax.random.key(seed), (3, 12), 0, model.cfg.vocab_size)
-  ref = nnx.jit(lambda m, t: m(t).logits)(model, tokens)
+  ref = _logits(model, tokens)
   got = _cached_logits(model, copy, tokens, prompt=4)
   return float(jnp.abs(got - ref).max() / jnp.abs(ref).max())
 

@@ -23,6 +23,8 @@ from safetensors.numpy import load_file, save_file
 
 from lwm_jax import hf
 
+from conftest import xla_env
+
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_CASES = ["q3_topk_norm", "q3_dense_mid", "q3_dense_mid_fused", "q3_sparse_step_tied"]
@@ -279,8 +281,7 @@ _SHARDED = textwrap.dedent("""
 
 
 def test_load_into_mesh_streams_into_shardings(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  env = xla_env(8, PYTHONPATH=REPO)
   r = subprocess.run([sys.executable, "-c", _SHARDED, os.path.join(FIX, "q3_topk_norm"),
                       str(tmp_path / "out")], env=env, capture_output=True, text=True,
                      timeout=300)

@@ -11,6 +11,13 @@ from lwm_jax.model.moe import MoE
 from lwm_jax.model.transformer import Transformer, segment_positions
 
 
+@nnx.jit
+def _forward(model, tokens, positions=None, segment_ids=None, cache=None):
+  """The model's forward pass, compiled once per shape: run eagerly, every op of it would be
+  compiled on its own, which costs far more on CPU."""
+  return model(tokens, positions, segment_ids=segment_ids, cache=cache)
+
+
 def _moe_numpy(x, router, wg, wu, wd, k, norm):
   """Token-by-token loop: softmax router in float64, top-k, SwiGLU experts."""
   x = np.asarray(x, np.float64)
@@ -58,7 +65,7 @@ def test_aux_loss_matches_hf_formula():
   cfg = get_preset("tiny", num_hidden_layers=2)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
-  out = model(tokens)
+  out = _forward(model, tokens)
   # Recompute every MoE layer's router input by hand-running the blocks.
   x = np.asarray(model.embed_tokens[...])[np.asarray(tokens)]
   counts = np.zeros(cfg.num_experts)
@@ -88,9 +95,9 @@ def test_packed_segments_equal_separate_sequences():
   b = jax.random.randint(jax.random.key(2), (1, 10), 0, cfg.vocab_size)
   packed = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], axis=1)
   seg = jnp.array([[1] * 7 + [2] * 10 + [0] * 3])
-  out = model(packed, segment_ids=seg).logits
-  np.testing.assert_allclose(out[0, :7], model(a).logits[0], atol=1e-5)
-  np.testing.assert_allclose(out[0, 7:17], model(b).logits[0], atol=1e-5)
+  out = _forward(model, packed, segment_ids=seg).logits
+  np.testing.assert_allclose(out[0, :7], _forward(model, a).logits[0], atol=1e-5)
+  np.testing.assert_allclose(out[0, 7:17], _forward(model, b).logits[0], atol=1e-5)
 
 
 def test_segment_positions_restart():
@@ -102,13 +109,13 @@ def test_kv_cache_decode_equals_full_forward():
   cfg = get_preset("tiny")
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   toks = jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.vocab_size)
-  full = model(toks).logits
+  full = _forward(model, toks).logits
   lens = jnp.array([8, 5])
   pos = jnp.broadcast_to(jnp.arange(8), (2, 8))
-  out = model(toks[:, :8], pos, segment_ids=(pos < lens[:, None]).astype(jnp.int32),
-              cache=model.init_cache(2, 16))
+  out = _forward(model, toks[:, :8], pos, segment_ids=(pos < lens[:, None]).astype(jnp.int32),
+                 cache=model.init_cache(2, 16))
   nxt = jnp.stack([toks[0, 8], toks[1, 5]])[:, None]
-  step = model(nxt, lens[:, None], cache=out.cache)
+  step = _forward(model, nxt, lens[:, None], cache=out.cache)
   np.testing.assert_allclose(step.logits[0, 0], full[0, 8], atol=1e-5)
   np.testing.assert_allclose(step.logits[1, 0], full[1, 5], atol=1e-5)
 
@@ -122,7 +129,7 @@ def test_tied_embeddings_have_no_lm_head():
   cfg = get_preset("tiny", tie_word_embeddings=True)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   assert not hasattr(model, "lm_head")
-  assert model(jnp.zeros((1, 3), jnp.int32)).logits.shape == (1, 3, cfg.vocab_size)
+  assert _forward(model, jnp.zeros((1, 3), jnp.int32)).logits.shape == (1, 3, cfg.vocab_size)
 
 
 def test_config_validation_names_the_field():
@@ -153,6 +160,7 @@ def test_chunked_causal_attention_equals_full_mask():
   kk = jax.random.normal(jax.random.key(1), (b, s, g, k))
   v = jax.random.normal(jax.random.key(2), (b, s, g, k))
   seg = jnp.concatenate([jnp.ones((b, 170), jnp.int32), 2 * jnp.ones((b, 130), jnp.int32)], 1)
-  full = dot_attention(q, kk, v, training_mask(seg, b, s), k ** -0.5)
-  np.testing.assert_allclose(causal_attention(q, kk, v, seg, k ** -0.5, chunk=64), full,
-                             atol=1e-5)
+  # Compiled: eagerly, each of the five chunk shapes would compile every op again.
+  full = jax.jit(dot_attention)(q, kk, v, training_mask(seg, b, s), k ** -0.5)
+  chunked = jax.jit(causal_attention, static_argnames="chunk")(q, kk, v, seg, k ** -0.5, chunk=64)
+  np.testing.assert_allclose(chunked, full, atol=1e-5)

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from conftest import xla_env
+
 CASES = [
     "blocked:8:data=2,expert=2,tensor=2",   # tokens exchanged by all_to_all
     "blocked:8:fsdp=4,expert=2",
@@ -18,8 +20,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def results():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = xla_env(8)
   script = pathlib.Path(__file__).with_name("sharded_model_check.py")
   proc = subprocess.run([sys.executable, str(script), *CASES], env=env, capture_output=True,
                         text=True, timeout=600, check=False)

@@ -15,6 +15,8 @@ from lwm_jax.model.transformer import Transformer
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import SamplingParams
 
+from conftest import xla_env
+
 
 def main():
   assert jax.device_count() == 8, jax.devices()
@@ -37,8 +39,7 @@ def main():
 
 
 def test_sharded_decoding_equals_single_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = xla_env(8)
   res = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
                        text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from conftest import xla_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
@@ -48,8 +50,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_sharded_step_equals_single_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = xla_env(8, PYTHONPATH=ROOT)
   p = subprocess.run([PY, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600,
                      cwd=ROOT)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
@@ -87,8 +88,7 @@ def _free_port() -> int:
 
 def test_two_processes_on_loopback(tmp_path):
   addr = f"127.0.0.1:{_free_port()}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = xla_env(1, PYTHONPATH=ROOT)
   procs = [subprocess.Popen([PY, "-c", WORKER, addr, str(i), str(tmp_path / "wd"), ROOT], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
            for i in range(2)]
