@@ -24,6 +24,7 @@ import re
 from typing import Any, Iterable, Iterator
 
 from lwm_jax.data import schema
+from lwm_jax.data.jsonl import iter_jsonl
 
 OBSERVATION_HEADER = "**Environment Observation:**"
 INT_ID = "_int_id"  # `extra` flag: the file's id was a JSON number
@@ -140,14 +141,11 @@ class AWBRecord:
 
 def read_awb_jsonl(path: str | os.PathLike) -> Iterator[AWBRecord]:
   """Reads an AgentWorldBench file; a bad line raises `ValueError('path:line: why')`."""
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        yield AWBRecord.from_dict(json.loads(line))
-      except (json.JSONDecodeError, ValueError) as e:
-        raise ValueError(f"{os.fspath(path)}:{lineno}: {e}") from None
+  for lineno, value in iter_jsonl(path):
+    try:
+      yield AWBRecord.from_dict(value)
+    except ValueError as e:
+      raise ValueError(f"{os.fspath(path)}:{lineno}: {e}") from None
 
 
 def write_awb_jsonl(path: str | os.PathLike, records: Iterable[AWBRecord]) -> int:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lwm_jax.data.jsonl import iter_jsonl
 from lwm_jax.model import sizes
 from lwm_jax.model.config import ModelConfig
 
@@ -128,11 +129,9 @@ def plot_losses(workdir: str) -> str | None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   series: dict[str, list[tuple[int, float]]] = {}
-  with open(path) as f:
-    for line in f:
-      row = json.loads(line)
-      if "loss" in row:
-        series.setdefault(row["split"], []).append((row["step"], row["loss"]))
+  for _, row in iter_jsonl(path):
+    if "loss" in row:
+      series.setdefault(row["split"], []).append((row["step"], row["loss"]))
   if not series:
     return None
   fig, ax = plt.subplots(figsize=(6, 4))
