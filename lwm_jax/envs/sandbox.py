@@ -111,14 +111,16 @@ def command(argv: list[str], episode_dir: str, cwd: str, limits: Limits = Limits
   for name in _ETC:
     args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
   args += ["--proc", "/proc", "--dev", "/dev"]
+  args += ["--bind", episode_dir, INNER_ROOT]
+  if tmp is not None:
+    args += ["--bind", tmp, "/tmp"]
+  # After /tmp: a Python installation that lives under the host's /tmp (a checkout's venv there)
+  # must not be hidden by the episode's /tmp.
   for p in ro_paths:
     args += ["--ro-bind", p, p]
   # The project checkout stays out of sight even when it lives under a mounted tree.
   if any(_CHECKOUT == p or _CHECKOUT.startswith(p.rstrip("/") + "/") for p in ("/usr", *ro_paths)):
     args += ["--tmpfs", _CHECKOUT]
-  args += ["--bind", episode_dir, INNER_ROOT]
-  if tmp is not None:
-    args += ["--bind", tmp, "/tmp"]
   args += ["--remount-ro", "/", "--chdir", cwd]
   return args + ["/bin/bash", "-c", ulimit_script(limits), argv[0], *argv]
 
