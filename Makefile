@@ -24,7 +24,7 @@ sandbox-tool: $(VENV)/.installed
 	@$(PY) -c 'import sys; from lwm_jax.envs import sandbox; p = sandbox.problem(); p and sys.exit(p + "; the terminal and swe environments need it (or LWM_ENVS_UNSAFE=1 to run them unisolated)")'
 
 test: $(VENV)/.installed sandbox-tool
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py

