@@ -212,7 +212,7 @@ def _remove_cgroup(proc: subprocess.Popen) -> None:
       pass
 
 
-def popen(argv: list[str], **kwargs) -> subprocess.Popen:
+def popen(argv: list[str], pids_max: int = Limits().processes, **kwargs) -> subprocess.Popen:
   """subprocess.Popen for a command line made by `command()` (or a plain one).
 
   For a sandbox it asks bwrap for the host PID of the sandbox's first process, so that
@@ -222,7 +222,7 @@ def popen(argv: list[str], **kwargs) -> subprocess.Popen:
   info_w = -1
   cgroup = None
   if argv[0] == "bwrap":
-    cgroup = _pids_cgroup(Limits().processes)
+    cgroup = _pids_cgroup(pids_max)
     if cgroup:
       kwargs["preexec_fn"] = functools.partial(_join_cgroup, cgroup)
     info_r, info_w = os.pipe()

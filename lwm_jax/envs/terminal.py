@@ -129,7 +129,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
     argv = self._argv(["bash", "--noprofile", "--norc"], self.inner_home)
     status_r, status_w = os.pipe()
     try:
-      self.proc = sandbox.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      self.proc = sandbox.popen(argv, pids_max=self.limits.processes, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd=self.home, env=env,
                                 start_new_session=True, pass_fds=(status_w,))
     finally:
