@@ -12,7 +12,9 @@ from __future__ import annotations
 import abc
 import ast
 import dataclasses
+import hashlib
 import importlib
+import json
 import os
 import random
 import re
@@ -45,6 +47,7 @@ class Env(abc.ABC):
     self._info: EnvInfo | None = None  # set by reset() of environments that use the default describe
     self.sandbox = ""  # the episode's throwaway directory, for envs that keep files
     self.root_parent: str | None = None  # where such directories are made (None: the system temp)
+    self.world_id = ""  # id of the generated world of the current episode (see `_set_world`)
 
   # -- the parts every reset() shares ----------------------------------------------------------
   def _begin(self, seed: int, close: bool = True) -> random.Random:
@@ -61,6 +64,12 @@ class Env(abc.ABC):
     goal["text"] = tasks[goal["kind"]].format(**goal, **extra)
     self.goal = goal
     return goal
+
+  def _set_world(self, world: Any) -> str:
+    """Records the episode's generated world (a JSON-serialisable description of everything the
+    world's seed decided: files, rows, documents, settings) and returns its id, `world_id`."""
+    self.world_id = world_id(self.domain, world)
+    return self.world_id
 
   def _ready(self, task: str, action_space: str, initial_state: str) -> str:
     """Ends reset(): records what describe() returns and gives back the initial state."""
@@ -157,6 +166,13 @@ class PlanAgent(Agent):
       if action is not None:
         return action
     return None
+
+
+def world_id(domain: str, world: Any) -> str:
+  """`{domain}-{12 hex}`: a hash of the world's canonical JSON, equal for equal worlds. Corpus
+  splits are drawn by this id, so no world of the test split is seen in training."""
+  blob = json.dumps(world, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+  return f"{domain}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
 def first_hit(observation: str, path_pattern: str) -> tuple[str, int] | None:

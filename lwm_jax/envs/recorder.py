@@ -44,6 +44,8 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
   meta = {"source": f"lwm_jax.envs/{env.domain}", "env_version": ENV_VERSION, "seed": seed,
           "agent": "scripted"}
   meta.update(env.episode_meta())
+  if env.world_id:
+    meta["world"] = env.world_id
   if gui:
     meta["unchanged_turns_dropped"] = dropped
   return schema.Trajectory(
