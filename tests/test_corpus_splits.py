@@ -197,3 +197,13 @@ def test_stats_cli_prints_the_split_table(tmp_path):
   cells = [c.strip() for c in row.split("|")]
   # trajectories 2/0/1, worlds 2/0/1, test world w1 in train, 1 of 1, actions differ: 0 of 1
   assert cells[1:] == ["2/0/1", "2/0/1", "1", "1 of 1", "0 of 1"]
+
+
+def test_bench_records_carry_the_world(tmp_path):
+  mc = _load_make_corpus()
+  path = tmp_path / "terminal_test.jsonl"
+  n = mc.write_bench(str(path), [_traj("a", world="terminal-w1", actions=("ls", "pwd", "id")),
+                                 _traj("b", world=None)])
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert n == len(rows) == 5  # turns 0, 1, 2 of a; 0, 1 of b
+  assert [r.get("world") for r in rows] == ["terminal-w1"] * 3 + [None] * 2

@@ -114,7 +114,11 @@ def main() -> None:
   report = {}
   for name in args.domains.split(","):
     t0 = time.time()
-    kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers)
+    try:
+      kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers)
+    except splits.MissingWorldError as e:  # one clear line; nothing of this domain is written
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
     by_split = {s: [t for t, sp in kept if sp == s] for s in SPLITS}
     for s, trajs in by_split.items():
       write_gz(os.path.join(args.corpus_dir, f"{name}_{s}.jsonl.gz"), trajs)
