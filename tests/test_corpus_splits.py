@@ -100,7 +100,8 @@ def test_split_follows_the_world_not_the_trajectory():
 
 def test_missing_world_is_a_counted_error():
   trajs = [_traj("a"), _traj("b", world=None), _traj("c", world=None)]
-  with pytest.raises(splits.MissingWorldError, match=r"corpus x: 2 of 3 trajectories .*first: b, c"):
+  with pytest.raises(splits.MissingWorldError,
+                     match=r"corpus x: 2 of 3 trajectories .*first: b, c"):
     splits.require_worlds(trajs, "corpus x")
   with pytest.raises(splits.MissingWorldError, match="trajectory b"):
     splits.split_table([(t, "train") for t in trajs])

@@ -3,15 +3,17 @@
 For each of the seven domains: collect episodes with the scripted agents until `--per_domain`
 trajectories pass hygiene, split them by a hash of their WORLD id (`meta["world"]`, 80% train,
 10% validation, 10% test; every episode of one world stays in one split), drop duplicated action
-sequences (`hygiene.DuplicateFilter`: same world, or across splits; counted), and write `data/corpus/{domain}_{split}.jsonl.gz` (gzip with a zero timestamp, so a
-re-run gives the same bytes). The test split is also written in AgentWorldBench format (first, last
+sequences (`hygiene.DuplicateFilter`: same world, or across splits; counted), and write
+`data/corpus/{domain}_{split}.jsonl.gz` (gzip with a zero timestamp, so a re-run gives the same
+bytes). The test split is also written in AgentWorldBench format (first, last
 and three evenly spaced middle turns of each trajectory, system prompt variant 0) to
 `evals/mini_bench/{domain}_test.jsonl`, in the published layout (whole trajectory in `prompt` and
-`response`, `turn_idx` marking the turn). `--bench_only` rewrites only the mini benchmark from the
-corpus's existing test split, without collecting anything. A trajectory without a world id stops
+`response`, `turn_idx` marking the turn; each record's `world` names its world). `--bench_only`
+rewrites only the mini benchmark from the corpus's existing test split, without collecting
+anything. A trajectory without a world id stops
 the run with an error that counts them (no fallback to the trajectory id). MANIFEST.json records,
 per domain, trajectories and distinct worlds per split, test worlds seen in train (0 by
-construction, measured on the written files) and the duplicates dropped.
+construction, measured on the split trajectories) and the duplicates dropped.
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: 
 
 
 def _suffix_tokens(tokenizer, ids: Sequence[int], suffix: str) -> int:
-  """How many trailing tokens of `ids` spell only characters of `suffix` (a suffix of their text)."""
+  """How many trailing tokens of `ids` spell only characters of `suffix` (ending their text)."""
   if not suffix:
     return 0
   for k in range(1, len(ids) + 1):
