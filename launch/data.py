@@ -6,6 +6,11 @@
 
 `--inputs` takes files or folders (every *.jsonl / *.jsonl.gz inside), or a built TFDS dir with
 `--tfds_dir`. Without `--tokenizer`, a small SentencePiece model is trained on the inputs.
+
+`stats` also prints the split table: per domain, trajectories and distinct worlds (`meta["world"]`)
+per split, test worlds also in train, and test trajectories whose action sequence equals a train
+one. A file's split is the last `_` part of its name (`terminal_test.jsonl.gz`: test). Trajectories
+without a world id are counted and keyed by their initial-state text instead, labelled so.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lwm_jax.data import hygiene, importers, masking, pipeline, prompts  # noqa: E402
+from lwm_jax.data import hygiene, importers, masking, pipeline, prompts, splits  # noqa: E402
 from lwm_jax.data import tokenizer as tk  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -55,17 +60,52 @@ def input_files() -> list[str]:
   return files
 
 
-def load_trajectories():
+def split_of_file(path: str) -> str | None:
+  """`train`, `validation` or `test` when the file name ends in `_{split}.jsonl[.gz]`."""
+  name = os.path.basename(path).split(".", 1)[0]
+  last = name.rsplit("_", 1)[-1]
+  return last if last in splits.SPLITS else None
+
+
+def load_trajectories(with_splits: bool = False):
+  """(trajectories, load reports), plus each trajectory's split (or None) with `with_splits`."""
   if FLAGS.tfds_dir:
     from lwm_jax.data import tfds_trajectories
     src = tfds_trajectories.load_split(FLAGS.tfds_dir, FLAGS.split)
-    return [src[i] for i in range(len(src))], []
-  trajs, reports = [], []
+    trajs = [src[i] for i in range(len(src))]
+    split = FLAGS.split if FLAGS.split in splits.SPLITS else None
+    return (trajs, [], [split] * len(trajs)) if with_splits else (trajs, [])
+  trajs, reports, names = [], [], []
   for f in input_files():
     t, rep = importers.load_any(f, FLAGS.fmt, FLAGS.mode)
     trajs += t
     reports.append(rep)
-  return trajs, reports
+    names += [split_of_file(f)] * len(t)
+  return (trajs, reports, names) if with_splits else (trajs, reports)
+
+
+def print_split_table(trajs, names) -> None:
+  """The split table (see the module docstring) of the loaded files, before hygiene."""
+  print("\nsplits by world (files as loaded, before the hygiene filters):")
+  unnamed = sum(n is None for n in names)
+  if unnamed:
+    print(f"  {unnamed} trajectories come from files whose name gives no split "
+          f"(*_train/_validation/_test): left out of this table")
+  pairs = [(t, n) for t, n in zip(trajs, names) if n is not None]
+  if not pairs:
+    return
+  missing = sum(splits.world_of(t) is None for t, _ in pairs)
+  if missing:
+    print(f"  world ids: {missing} of {len(pairs)} trajectories have no meta['world']; their world "
+          f"key below is the {splits.STAND_IN_LABEL}")
+  else:
+    print(f"  world ids: all {len(pairs)} trajectories carry meta['world']")
+  table = splits.split_table(pairs, stand_in=True)
+  label = "worlds (initial-state stand-in)" if missing else "worlds"
+  print("  " + splits.format_table(table, label).replace("\n", "\n  "))
+  if missing:
+    print("  missing world ids per domain: " + ", ".join(
+        f"{d} {r['missing_world']}" for d, r in table.items() if r["missing_world"]))
 
 
 def get_tokenizer(trajs) -> tk.Tokenizer:
@@ -104,11 +144,11 @@ def _pct(xs, qs=(50, 90, 99, 100)) -> str:
 
 
 def cmd_stats() -> None:
-  trajs, reports = load_trajectories()
+  loaded, reports, names = load_trajectories(with_splits=True)
   for r in reports:
     print(r.summary())
   hrep = hygiene.HygieneReport()
-  trajs = hygiene.filter_trajectories(trajs, hrep)
+  trajs = hygiene.filter_trajectories(loaded, hrep)
   print("hygiene:", hrep.summary())
   tok = get_tokenizer(trajs)
   cfg = pipeline.default_data_config()
@@ -154,6 +194,7 @@ def cmd_stats() -> None:
         f"{100 * kept_tok / max(obs_tok, 1):.1f}% of observation tokens")
   all_len = [n for v in lengths.values() for n in v]
   print(f"CPT document lengths: {_pct(all_len)} (seq_len {FLAGS.seq_len})")
+  print_split_table(loaded, names)
   if FLAGS.png:
     import matplotlib
     matplotlib.use("Agg")

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 from configs import cpt as cpt_config, sft as sft_config  # noqa: E402
 from lwm_jax.data import prompts, schema, tokenizer as tok_lib  # noqa: E402
-from lwm_jax.eval.teacher_forced import observation_accuracy  # noqa: E402
+from lwm_jax.eval.teacher_forced import observation_accuracy, world_coverage  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -115,11 +115,13 @@ def main(_):
   _banner("4. Held-out next-observation token accuracy (teacher forcing)")
   from lwm_jax.sampling import Sampler, SamplingParams  # pylint: disable=import-outside-toplevel
   held = test_trajs[::max(1, len(test_trajs) // FLAGS.eval_trajectories)]
+  coverage = world_coverage(held, train_trajs)
+  train_worlds = {t.meta["world"] for t in train_trajs if t.meta.get("world")}
   table = {}
   for stage in ("cpt", "sft"):
     sampler = Sampler.from_checkpoint(os.path.join(wd, stage))
     acc = observation_accuracy(sampler.model, sampler.tokenizer, held, stage=stage,
-                               max_len=2 * FLAGS.seq_len)
+                               max_len=2 * FLAGS.seq_len, train_worlds=train_worlds)
     table[stage] = acc
   print(f"{'domain':>10} | {'CPT model':>9} | {'SFT model':>9} | {'copy prev':>9} | tokens")
   for d in sorted(table["sft"].per_domain):
@@ -128,6 +130,12 @@ def main(_):
   a_cpt, a_sft = table["cpt"], table["sft"]
   print(f"{'all':>10} | {a_cpt.model:9.3f} | {a_sft.model:9.3f} | {a_sft.copy_previous:9.3f} | "
         f"{a_sft.tokens} ({a_sft.samples} trajectories)")
+  groups = a_sft.per_group  # separate, labelled rows only when seen worlds or a mix are present
+  if len(groups) > 1 or "seen worlds, new episodes" in groups:
+    for g, s in groups.items():
+      c = a_cpt.per_group.get(g, (float("nan"),) * 3)
+      print(f"  [{g}] | {c[0]:9.3f} | {s[0]:9.3f} | {s[1]:9.3f} | {s[2]}")
+  print(coverage.describe())
   beats = a_sft.model > a_sft.copy_previous
   print(f"SFT model {'beats' if beats else 'does NOT beat'} the copy-previous baseline "
         f"({a_sft.model:.3f} vs {a_sft.copy_previous:.3f})")
@@ -146,7 +154,9 @@ def main(_):
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
-                          "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens}}
+                          "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens},
+             "worlds": {"evaluated": coverage.worlds, "seen_in_train": coverage.seen_in_train,
+                        "without_world_id": coverage.missing}}
   with open(os.path.join(wd, "demo_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"\ndone in {summary['seconds']:.0f} s; summary in {wd}/demo_summary.json")

@@ -1,19 +1,24 @@
 """Regenerates the bundled corpus (data/corpus) and the mini benchmark (evals/mini_bench).
 
 For each of the seven domains: collect episodes with the scripted agents until `--per_domain`
-trajectories pass hygiene, split them by a hash of the trajectory id (80% train, 10% validation,
-10% test), and write `data/corpus/{domain}_{split}.jsonl.gz` (gzip with a zero timestamp, so a
-re-run gives the same bytes). The test split is also written in AgentWorldBench format (first, last
+trajectories pass hygiene, split them by a hash of their WORLD id (`meta["world"]`, 80% train,
+10% validation, 10% test; every episode of one world stays in one split), drop duplicated action
+sequences (`hygiene.DuplicateFilter`: same world, or across splits; counted), and write
+`data/corpus/{domain}_{split}.jsonl.gz` (gzip with a zero timestamp, so a re-run gives the same
+bytes). The test split is also written in AgentWorldBench format (first, last
 and three evenly spaced middle turns of each trajectory, system prompt variant 0) to
 `evals/mini_bench/{domain}_test.jsonl`, in the published layout (whole trajectory in `prompt` and
-`response`, `turn_idx` marking the turn). `--bench_only` rewrites only the mini benchmark from the
-corpus's existing test split, without collecting anything.
+`response`, `turn_idx` marking the turn; each record's `world` names its world). `--bench_only`
+rewrites only the mini benchmark from the corpus's existing test split, without collecting
+anything. A trajectory without a world id stops
+the run with an error that counts them (no fallback to the trajectory id). MANIFEST.json records,
+per domain, trajectories and distinct worlds per split, test worlds seen in train (0 by
+construction, measured on the split trajectories) and the duplicates dropped.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import sys
@@ -21,15 +26,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.data import bench_records, prompts, schema  # noqa: E402
+from lwm_jax.data import bench_records, hygiene, prompts, schema, splits  # noqa: E402
 from lwm_jax.envs import base, collect, sandbox  # noqa: E402
 
-SPLITS = ("train", "validation", "test")
-
-
-def split_of(traj_id: str) -> str:
-  h = int(hashlib.sha256(traj_id.encode()).hexdigest()[:8], 16) % 10
-  return "test" if h == 0 else "validation" if h == 1 else "train"
+SPLITS = splits.SPLITS
 
 
 def bench_turns(n: int) -> list[int]:
@@ -51,9 +51,42 @@ def write_bench(path: str, test: list[schema.Trajectory]) -> int:
   """The mini benchmark's records of one domain (system prompt variant 0); returns their count."""
   records = []
   for t in test:
-    records += bench_records.trajectory_to_records(t, prompts.system_prompt(t, 0),
-                                                   bench_turns(len(t.turns)))
+    recs = bench_records.trajectory_to_records(t, prompts.system_prompt(t, 0),
+                                               bench_turns(len(t.turns)))
+    world = splits.world_of(t)
+    if world is not None:  # evaluation reports count the worlds a benchmark covers
+      for r in recs:
+        r.extra[splits.WORLD_KEY] = world
+    records += recs
   return bench_records.write_awb_jsonl(path, records)
+
+
+def collect_split(name: str, per_domain: int, seed: int, workers: int
+                  ) -> tuple[list[tuple[schema.Trajectory, str]], dict[str, str], dict[str, int]]:
+  """Collects `name` episodes in order until `per_domain` pass hygiene and the duplicate filter.
+
+  Returns ([(trajectory, split)], {id: why dropped by collection hygiene}, {duplicate reason:
+  count}). Raises splits.MissingWorldError when an episode has no world id."""
+  kept: list[tuple[schema.Trajectory, str]] = []
+  dropped: dict[str, str] = {}
+  dups = hygiene.DuplicateFilter()
+  start = 0
+  while len(kept) < per_domain:
+    if start >= 20 * per_domain:
+      raise RuntimeError(f"make_corpus {name}: only {len(kept)} of {per_domain} trajectories kept "
+                         f"after {start} episodes (hygiene drops {len(dropped)}, duplicates "
+                         f"{dict(dups.report.dropped)}); the environment repeats itself")
+    need = per_domain - len(kept)
+    batch, stats = collect.collect(name, need + max(4, need // 20), seed, workers, start=start)
+    worlds = splits.require_worlds(batch, f"make_corpus {name} (episodes {start}.."
+                                          f"{start + stats['episodes'] - 1})")
+    start += stats["episodes"]
+    dropped.update(stats["dropped"])
+    for t, w in zip(batch, worlds):
+      split = splits.split_of_world(w)
+      if len(kept) < per_domain and dups.admit(t, w, split):
+        kept.append((t, split))
+  return kept, dropped, dict(dups.report.dropped)
 
 
 def main() -> None:
@@ -83,22 +116,21 @@ def main() -> None:
   report = {}
   for name in args.domains.split(","):
     t0 = time.time()
-    kept: list[schema.Trajectory] = []
-    dropped: dict[str, str] = {}
-    start = 0
-    while len(kept) < args.per_domain:
-      need = args.per_domain - len(kept)
-      batch, stats = collect.collect(name, need + max(4, need // 20), args.seed, args.workers, start=start)
-      start += stats["episodes"]
-      kept += batch
-      dropped.update(stats["dropped"])
-    kept = kept[:args.per_domain]
-    by_split = {s: [t for t in kept if split_of(t.id) == s] for s in SPLITS}
+    try:
+      kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers)
+    except splits.MissingWorldError as e:  # one clear line; nothing of this domain is written
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    by_split = {s: [t for t, sp in kept if sp == s] for s in SPLITS}
     for s, trajs in by_split.items():
       write_gz(os.path.join(args.corpus_dir, f"{name}_{s}.jsonl.gz"), trajs)
     n_bench = write_bench(os.path.join(args.bench_dir, f"{name}_test.jsonl"), by_split["test"])
-    turns = [len(t.turns) for t in kept]
+    turns = [len(t.turns) for t, _ in kept]
+    row = splits.split_table(kept)[name]
     report[name] = {"trajectories": len(kept), **{s: len(v) for s, v in by_split.items()},
+                    "worlds": row["worlds"], "test_worlds_in_train": row["test_worlds_in_train"],
+                    "test_actions_in_train": row["test_actions_in_train"],
+                    "duplicates_dropped": dict(sorted(dups.items())),
                     "bench_records": n_bench, "dropped": len(dropped),
                     "turns_min": min(turns), "turns_max": max(turns),
                     "turns_mean": round(sum(turns) / len(turns), 2), "seconds": round(time.time() - t0, 1)}
@@ -110,8 +142,8 @@ def main() -> None:
       domains = json.load(f).get("domains", {})
   domains.update({k: {x: v[x] for x in v if x != "seconds"} for k, v in report.items()})
   with open(manifest_path, "w") as f:
-    json.dump({"seed": args.seed, "per_domain": args.per_domain, "python": sys.version.split()[0],
-               "domains": domains}, f, indent=1, sort_keys=True)
+    json.dump({"split_by": "world", "seed": args.seed, "per_domain": args.per_domain,
+               "python": sys.version.split()[0], "domains": domains}, f, indent=1, sort_keys=True)
     f.write("\n")
 
 

@@ -12,11 +12,19 @@
   first turn;
 - in GUI domains, a turn whose observation equals the state before it (unchanged screen) is dropped;
 - a trajectory with fewer than 2 turns (after the turn filters) is dropped.
+
+When a corpus is split (`DuplicateFilter`, used by tools/make_corpus.py), two trajectories of one
+domain with the same action sequence are duplicates when they also share their world (the same
+episode recorded twice) or when they would land in different splits (a held-out trajectory that
+repeats a training one step for step). The later one in collection order is dropped and counted;
+the same action sequence in two different worlds of one split is kept, since its observations
+differ and nothing leaks across splits.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import re
 from typing import Any, Iterable
@@ -188,3 +196,39 @@ def filter_trajectories(trajs: Iterable[Trajectory],
     report.kept += 1
     out.append(traj)
   return out
+
+
+def action_digest(traj: Trajectory) -> str:
+  """A digest of a trajectory's action sequence (exact strings, in order)."""
+  blob = json.dumps([t.action for t in traj.turns], ensure_ascii=False)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class DuplicateFilter:
+  """Drops repeated action sequences that would duplicate an episode or leak across splits.
+
+  Feed trajectories in a fixed order (the collection order) with their world and split; `admit`
+  answers whether to keep each one. Drops are counted in `report.dropped` under
+  `duplicate_same_world` and `duplicate_across_splits` (see the module docstring).
+  """
+
+  def __init__(self, report: HygieneReport | None = None):
+    self.report = report if report is not None else HygieneReport()
+    # (domain, action digest) -> the split that owns it and the worlds seen with it
+    self._owner: dict[tuple[str, str], tuple[str, set[str]]] = {}
+
+  def admit(self, traj: Trajectory, world: str, split: str) -> bool:
+    key = (traj.domain, action_digest(traj))
+    owner = self._owner.get(key)
+    if owner is None:
+      self._owner[key] = (split, {world})
+    elif world in owner[1]:
+      self.report.dropped["duplicate_same_world"] += 1
+      return False
+    elif split != owner[0]:
+      self.report.dropped["duplicate_across_splits"] += 1
+      return False
+    else:
+      owner[1].add(world)
+    self.report.kept += 1
+    return True

@@ -3,7 +3,8 @@
 Episode `i` of a run with base seed `S` always uses seed `recorder.episode_seed(S, i)` and id
 `{env}-s{S}-{i:05d}`, and each episode starts from a full reset, so the output does not depend on
 the number of workers or which worker ran what. Trajectories that fail data hygiene (fewer than 2
-turns; an MCP or SWE call to a tool that was not declared) are not returned; they are counted.
+turns; an MCP or SWE call to a tool that was not declared) are not returned; they are counted. The
+stats also count the distinct worlds (`meta["world"]`) of the kept episodes and those without one.
 """
 from __future__ import annotations
 
@@ -114,7 +115,9 @@ def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns
     else:
       dropped[t.id] = why
   turns = [len(t.turns) for t in kept]
+  worlds = [t.meta.get("world") for t in kept]
   stats = {"env": name, "episodes": episodes, "kept": len(kept), "dropped": dropped,
+           "worlds": len({w for w in worlds if w}), "without_world": sum(not w for w in worlds),
            "turns_min": min(turns, default=0), "turns_max": max(turns, default=0),
            "turns_mean": round(sum(turns) / max(1, len(turns)), 2)}
   return kept, stats

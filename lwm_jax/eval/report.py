@@ -3,6 +3,8 @@
 The markdown follows the layout of the paper's Table 5: one row per system (the model(s) and the
 baselines), one column per domain in the order MCP, Search, Terminal, SWE, Android, Web, OS, then
 the overall. Judge scores come with their excluded counts; the judge-free metrics get a table each.
+A line under the sample counts says which worlds the records cover (their `world` field, written by
+tools/make_corpus.py) and, when the training worlds are given, how many of them training has seen.
 """
 from __future__ import annotations
 
@@ -23,12 +25,51 @@ METRIC_TITLES = {"judge": "Judge score: five-dimension rubric mean, 0-100",
                  "edit_sim": "Edit similarity, %"}
 
 
-def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "auto"
-              ) -> dict[str, Any]:
+def world_coverage(records: Iterable[AWBRecord], train_worlds: set[str] | None = None
+                   ) -> dict[str, Any]:
+  """Distinct worlds of the records per domain (their `world` field), records without one, and
+  with `train_worlds` how many of the worlds training has seen (else None)."""
+  per: dict[str, set[str]] = {}
+  missing = 0
+  for r in records:
+    w = r.extra.get("world")
+    if isinstance(w, str) and w:
+      per.setdefault(R.domain(r), set()).add(w)
+    else:
+      missing += 1
+  every = set().union(*per.values()) if per else set()
+  return {"worlds": {d: len(v) for d, v in per.items()}, "total": len(every),
+          "records_without_world": missing,
+          "seen_in_train": None if train_worlds is None else len(every & train_worlds)}
+
+
+def coverage_line(cov: dict[str, Any]) -> str:
+  """The report's sentence on which worlds the records cover."""
+  if not cov["total"]:
+    return ("Worlds: the records carry no world id, so this report cannot say whether their "
+            "worlds were seen in training.")
+  text = (f"Worlds: {cov['total']} distinct (" + ", ".join(
+      f"{DISPLAY.get(d, d)} {n}" for d, n in cov["worlds"].items()) + ")")
+  if cov["seen_in_train"] is None:
+    text += ("; not checked against a training corpus (the bundled mini benchmark comes from the "
+             "corpus's test split, whose worlds tools/make_corpus.py keeps out of training)")
+  elif cov["seen_in_train"] == 0:
+    text += "; none of them seen in training"
+  else:
+    text += (f"; {cov['seen_in_train']} of them seen in training (seen worlds, new episodes: "
+             "those samples measure recall of a known world, not generalisation)")
+  if cov["records_without_world"]:
+    text += f"; {cov['records_without_world']} records carry no world id"
+  return text + "."
+
+
+def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "auto",
+              train_worlds: set[str] | None = None) -> dict[str, Any]:
   """Judge-free metrics of every predictions file and the aggregate of every judged file.
 
   Files may be ours or the official client's (`row_format`: auto, ours, official); nothing is
-  written."""
+  written. `train_worlds` (world ids of the training data) lets the report count the records'
+  worlds that training has seen."""
   recs = list(records)
   by_key = {R.record_key(r): r for r in recs}
   truths = {k: R.ground_truth(r) for k, r in by_key.items()}
@@ -57,7 +98,8 @@ def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "aut
     systems[name] = entry
   domains = [d for d in schema.DOMAINS if d in n_records] + sorted(
       d for d in n_records if d not in schema.DOMAINS)
-  return {"domains": domains, "n_records": n_records, "systems": systems}
+  return {"domains": domains, "n_records": n_records, "systems": systems,
+          "worlds": world_coverage(recs, train_worlds)}
 
 
 def _cell(v: float | None) -> str:
@@ -94,6 +136,7 @@ def markdown_report(results: dict[str, Any]) -> str:
   parts = ["# AgentWorldBench results", "",
            "Samples per domain: " + ", ".join(f"{DISPLAY.get(d, d)} {n[d]}"
                                              for d in results["domains"]) + ".",
+           *([coverage_line(results["worlds"])] if "worlds" in results else []),
            "Baselines: `copy_previous` repeats the observation before the action; `empty` predicts "
            "nothing. Overall = unweighted mean of the domains present (the paper's table)."]
   for metric in ("judge", *FREE_METRICS):

@@ -1,10 +1,16 @@
 """Held-out next-observation token accuracy (teacher forcing), beside a copy baseline.
 
 For each trajectory one target turn t >= 1 is chosen (seeded). The chat is rendered as a training
-stage renders it, and the score is the share of the target observation message's tokens that the
-model's argmax predicts correctly given everything before them. The baseline predicts those tokens
-by copying the previous observation message's tokens position by position (a world model that says
-"nothing changed"), the judge-free floor every LWM must clear.
+stage renders it, and the score is the share of the target observation's BODY tokens that the
+model's argmax predicts correctly given everything before them. The fixed scaffolding around the
+body is not scored: the `**Environment Observation:**` header (which CPT leaves out of its loss,
+docs/recipe.md), the thinking block and the `<predicted_observation>` tags of thinking mode, and the
+end-of-message marker. The baseline predicts the same body tokens by copying the previous
+observation's body tokens position by position (a world model that says "nothing changed"), the
+judge-free floor every LWM must clear.
+
+`world_coverage` says which worlds such a table covers: the distinct worlds (`meta["world"]`) of the
+evaluated trajectories and how many of them the training trajectories contain.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lwm_jax.data import prompts
+from lwm_jax.data import prompts, splits
+from lwm_jax.data.reply import OBS_CLOSE
 from lwm_jax.data.schema import Trajectory
 
 
@@ -27,6 +34,45 @@ class Accuracy:
   tokens: int
   samples: int
   per_domain: dict[str, tuple[float, float, int]]   # domain -> (model, baseline, tokens)
+  # with `train_worlds`: group -> (model, baseline, tokens), groups among GROUPS
+  per_group: dict[str, tuple[float, float, int]] = dataclasses.field(default_factory=dict)
+
+
+UNSEEN, SEEN, NO_WORLD = "unseen worlds", "seen worlds, new episodes", "no world id"
+GROUPS = (UNSEEN, SEEN, NO_WORLD)
+
+
+@dataclasses.dataclass
+class WorldCoverage:
+  trajectories: int
+  worlds: int         # distinct world ids among them
+  seen_in_train: int  # of those worlds, how many training trajectories also play
+  missing: int        # trajectories without a world id
+
+  def describe(self) -> str:
+    """One line for a results table: how many worlds it covers and whether they are unseen."""
+    if self.trajectories and self.missing == self.trajectories:
+      return (f"worlds: not recorded for any of the {self.trajectories} trajectories (a corpus "
+              "without world ids), so this table cannot tell whether they are unseen in training")
+    text = f"worlds: {self.worlds} distinct among {self.trajectories} trajectories, "
+    if self.seen_in_train == 0:
+      text += "none of them seen in training"
+    else:
+      text += (f"{self.seen_in_train} of them also seen in training (reported as "
+               f"'{SEEN}')")
+    if self.missing:
+      text += f"; {self.missing} trajectories have no world id ('{NO_WORLD}')"
+    return text
+
+
+def world_coverage(evaluated: Sequence[Trajectory], train: Sequence[Trajectory]
+                   ) -> WorldCoverage:
+  """The worlds of `evaluated` and how many of them `train` contains (by `meta["world"]`)."""
+  train_worlds = {w for w in map(splits.world_of, train) if w is not None}
+  worlds = {w for w in map(splits.world_of, evaluated) if w is not None}
+  return WorldCoverage(trajectories=len(evaluated), worlds=len(worlds),
+                       seen_in_train=len(worlds & train_worlds),
+                       missing=sum(splits.world_of(t) is None for t in evaluated))
 
 
 def _target(traj: Trajectory, seed: int) -> int:
@@ -40,10 +86,52 @@ def _render(traj: Trajectory, t: int, stage: str, seed: int) -> list[dict[str, s
   return prompts.render_messages(traj, t, prompts.variant_for("sft", traj.id, seed), thinking=True)
 
 
+def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: bool
+                   ) -> tuple[list[int], list[int]]:
+  """Ids of the chat `msgs` and the positions in them of the last message's observation body.
+
+  The last message is `format_observation(observation)` or, with `thinking`, the thinking target
+  around it. Tokens that spell only header, tags or thinking text are left out; a token that
+  straddles the header's end and the body's start counts as body (as the CPT loss counts it)."""
+  ids: list[int] = []
+  for m in msgs[:-1]:
+    ids += tokenizer.encode_message(m)[0]
+  last = msgs[-1]
+  content = last["content"]
+  suffix = OBS_CLOSE if thinking else ""
+  start = len(content) - len(suffix) - len(observation)
+  if start < 0 or content[start:] != observation + suffix:
+    raise ValueError(f"the target message does not end with its observation{suffix}")
+  msg_ids = tokenizer.encode_message(last)[0]
+  body = tokenizer.encode_content(last["role"], content)
+  head = len(tokenizer.encode_message({"role": last["role"], "content": ""})[0]) - 1 - len(
+      tokenizer.encode("\n"))
+  if msg_ids[head:head + len(body)] != body:
+    raise ValueError("unexpected message layout from the tokenizer")
+  lo = tokenizer.prefix_tokens(body, content[:start]) if start else 0
+  hi = len(body) - _suffix_tokens(tokenizer, body, suffix)
+  base = len(ids) + head
+  return ids + msg_ids, list(range(base + lo, base + max(lo, hi)))
+
+
+def _suffix_tokens(tokenizer, ids: Sequence[int], suffix: str) -> int:
+  """How many trailing tokens of `ids` spell only characters of `suffix` (ending their text)."""
+  if not suffix:
+    return 0
+  for k in range(1, len(ids) + 1):
+    text = tokenizer.decode(ids[-k:])
+    if len(text) >= len(suffix):
+      return k if text == suffix else k - 1
+  return len(ids)
+
+
 def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: str = "sft",
-                         seed: int = 0, max_len: int = 2048) -> Accuracy:
+                         seed: int = 0, max_len: int = 2048,
+                         train_worlds: set[str] | None = None) -> Accuracy:
   """Teacher-forced accuracy on one target observation per trajectory (see module docstring).
-  Samples longer than `max_len` tokens are skipped and counted in `samples` only when kept."""
+  Samples longer than `max_len` tokens are skipped and counted in `samples` only when kept.
+  With `train_worlds` (the world ids of the training data), `per_group` splits the score into
+  unseen worlds, seen worlds with new episodes, and trajectories without a world id."""
   fwd = jax.jit(lambda toks: jnp.argmax(model(toks).logits, axis=-1))
   hits = base_hits = total = kept = 0
   dom: dict[str, list[int]] = {}
@@ -51,17 +139,17 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     if len(traj.turns) < 2:
       continue
     t = _target(traj, seed)
-    msgs = _render(traj, t, stage, seed)
-    ids, w = tokenizer.encode_chat_with_weights(msgs, lambda i, _m, n=len(msgs): i == n - 1)
-    # The previous observation message, rendered the same way, is the copy baseline.
-    prev_msgs = _render(traj, t - 1, stage, seed)
-    prev_ids, prev_w = tokenizer.encode_chat_with_weights(
-        prev_msgs, lambda i, _m, n=len(prev_msgs): i == n - 1)
+    thinking = stage != "cpt"
+    ids, body = body_positions(tokenizer, _render(traj, t, stage, seed),
+                               traj.turns[t].observation, thinking)
+    # The previous observation's body, rendered the same way, is the copy baseline.
+    prev_ids, prev_body = body_positions(tokenizer, _render(traj, t - 1, stage, seed),
+                                         traj.turns[t - 1].observation, thinking)
     if len(ids) > max_len:
       continue
     kept += 1
-    pos = np.nonzero(np.asarray(w) > 0)[0]
-    prev = [prev_ids[i] for i in np.nonzero(np.asarray(prev_w) > 0)[0]]
+    pos = np.asarray(body, np.int64)
+    prev = [prev_ids[i] for i in prev_body]
     bucket = max(64, 1 << (len(ids) - 1).bit_length())
     toks = np.zeros((1, bucket), np.int32)
     toks[0, :len(ids)] = ids
@@ -70,7 +158,14 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     h = int(np.sum(pred[pos - 1] == target))
     b = sum(1 for j, tok in enumerate(target) if j < len(prev) and prev[j] == tok)
     hits, base_hits, total = hits + h, base_hits + b, total + len(pos)
-    d = dom.setdefault(traj.domain, [0, 0, 0])
-    d[0], d[1], d[2] = d[0] + h, d[1] + b, d[2] + len(pos)
-  per = {k: (v[0] / max(v[2], 1), v[1] / max(v[2], 1), v[2]) for k, v in sorted(dom.items())}
-  return Accuracy(hits / max(total, 1), base_hits / max(total, 1), total, kept, per)
+    keys = [traj.domain]
+    if train_worlds is not None:
+      w = splits.world_of(traj)
+      keys.append(NO_WORLD if w is None else SEEN if w in train_worlds else UNSEEN)
+    for k in keys:
+      d = dom.setdefault(k, [0, 0, 0])
+      d[0], d[1], d[2] = d[0] + h, d[1] + b, d[2] + len(pos)
+  rate = lambda v: (v[0] / max(v[2], 1), v[1] / max(v[2], 1), v[2])
+  per = {k: rate(v) for k, v in sorted(dom.items()) if k not in GROUPS}
+  groups = {k: rate(dom[k]) for k in GROUPS if k in dom}
+  return Accuracy(hits / max(total, 1), base_hits / max(total, 1), total, kept, per, groups)
