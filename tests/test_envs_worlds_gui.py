@@ -1,0 +1,59 @@
+"""Generated worlds of the web, android, os and mcp environments: seeded, deterministic, varied
+and internally consistent (each checked against the world itself)."""
+import sqlite3
+
+import pytest
+
+from lwm_jax.envs import base, mcp_env
+
+
+# -- mcp ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 17, 123, 299])
+def test_mcp_world_foreign_keys_resolve_and_rows_in_range(tmp_path, seed):
+  world = mcp_env.generate_world(seed)
+  path = str(tmp_path / "w.db")
+  counts = mcp_env.write_database(path, world)
+  assert 300 <= sum(counts.values()) <= 500, counts
+  con = sqlite3.connect(path)
+  try:
+    # SQLite's own check of every declared foreign key: nothing dangles.
+    assert con.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in counts} == counts
+    # Each order's total is the sum of its items; every order has items; refunds are for refunded orders.
+    bad = con.execute("SELECT o.id FROM orders o LEFT JOIN order_items i ON i.order_id = o.id GROUP BY o.id "
+                      "HAVING COUNT(i.order_id) = 0 OR ABS(o.total - SUM(i.quantity * i.unit_price)) > 0.01")
+    assert bad.fetchall() == []
+    refunded = {r[0] for r in con.execute("SELECT id FROM orders WHERE status = 'refunded'")}
+    assert {r[0] for r in con.execute("SELECT order_id FROM refunds")} == refunded
+    # Item prices are the product's listed price.
+    assert con.execute("SELECT COUNT(*) FROM order_items i JOIN products p ON p.id = i.product_id "
+                       "WHERE i.unit_price != p.price").fetchone()[0] == 0
+  finally:
+    con.close()
+
+
+def test_mcp_worlds_differ_per_seed_and_repeat_per_seed():
+  a, b = mcp_env.generate_world(4), mcp_env.generate_world(5)
+  assert a == mcp_env.generate_world(4)
+  assert base.world_id("mcp", a) != base.world_id("mcp", b)
+  assert a["tables"]["customers"] != b["tables"]["customers"]
+  ids = {base.world_id("mcp", mcp_env.generate_world(s)) for s in range(40)}
+  assert len(ids) == 40
+
+
+def test_mcp_reset_builds_the_generated_world():
+  env = base.make_env("mcp")
+  try:
+    first = env.reset(11)
+    wid = env.world_id
+    con = sqlite3.connect(env.db_path)
+    rows = [list(r) for r in con.execute("SELECT * FROM products ORDER BY id")]
+    con.close()
+    world = mcp_env.generate_world(11)
+    assert rows == world["tables"]["products"]
+    assert wid == base.world_id("mcp", world) and world["business"] in first
+    other = env.reset(12)
+    assert env.world_id != wid and other != first
+    assert env.reset(11) == first and env.world_id == wid
+  finally:
+    env.close()
