@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from lwm_jax.envs import base, mcp_env
+from lwm_jax.envs import base, mcp_env, web, web_app
 
 
 # -- mcp ---------------------------------------------------------------------------------------------
@@ -55,5 +55,52 @@ def test_mcp_reset_builds_the_generated_world():
     other = env.reset(12)
     assert env.world_id != wid and other != first
     assert env.reset(11) == first and env.world_id == wid
+  finally:
+    env.close()
+
+
+# -- web ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 3, 42, 250])
+def test_web_world_is_consistent(seed):
+  w = web_app.generate_world(seed)
+  ids = [x["id"] for x in w["products"]]
+  assert ids == list(range(1, len(ids) + 1))
+  assert len({x["name"] for x in w["products"]}) == len(ids)
+  assert {x["category"] for x in w["products"]} == set(w["categories"])  # no empty department
+  for x in w["products"]:
+    assert x["price"] > 0 and x["stock"] >= 0
+    assert all(1 <= r["stars"] <= 5 and r["text"] for r in x["reviews"])
+  for o in w["orders"]:
+    assert o["user"] in w["users"] and o["address"] == w["users"][o["user"]]["address"]
+    assert all(1 <= pid <= len(ids) and q > 0 for pid, q in o["items"])
+  assert web_app.PASSWORD_DECOY not in {a["password"] for a in w["users"].values()}
+
+
+def test_web_reset_serves_the_world_and_draws_the_task_from_it():
+  env = web.WebEnv()
+  try:
+    seed = next(s for s in range(50) if web_app.generate_world(s)["orders"])
+    first = env.reset(seed)
+    w = web_app.generate_world(seed)
+    assert env.world_id == base.world_id("web", w) and f"Welcome to {w['shop']}." in first
+    g = env.goal
+    assert g["user"] in w["users"] and g["password"] == w["users"][g["user"]]["password"]
+    assert g["product"] in {x["name"] for x in w["products"]} and g["category"] in w["categories"]
+    # A product page shows its reviews and their mean rating (computed here by hand).
+    x = next(p for p in w["products"] if len(p["reviews"]) >= 2)
+    obs = env.step(f'goto("/product/{x["id"]}")')
+    mean = sum(r["stars"] for r in x["reviews"]) / len(x["reviews"])
+    assert f'text "Rated {mean:.1f} of 5 ({len(x["reviews"])} reviews)"' in obs
+    # A customer's past orders from the world are on their account page, products by name.
+    o = w["orders"][0]
+    env.step('goto("/login?next=/account")')
+    obs = env.step(f'type(5, {o["user"]!r})')
+    env.step(f'type(6, {w["users"][o["user"]]["password"]!r})')
+    obs = env.step("click(7)")
+    names = ", ".join(f'{w["products"][pid - 1]["name"]} x {q}' for pid, q in o["items"])
+    assert f'Order #{o["id"]}: {sum(q for _, q in o["items"])} item(s) ({names}), {o["shipping"]}' in obs
+    # Same seed, same world and screen; another seed, another shop.
+    assert env.reset(seed + 1) != first and env.world_id != base.world_id("web", w)
+    assert env.reset(seed) == first and env.world_id == base.world_id("web", w)
   finally:
     env.close()
