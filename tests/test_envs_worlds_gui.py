@@ -1,10 +1,11 @@
 """Generated worlds of the web, android, os and mcp environments: seeded, deterministic, varied
 and internally consistent (each checked against the world itself)."""
+import re
 import sqlite3
 
 import pytest
 
-from lwm_jax.envs import base, mcp_env, web, web_app
+from lwm_jax.envs import android, base, mcp_env, web, web_app
 
 
 # -- mcp ---------------------------------------------------------------------------------------------
@@ -104,3 +105,43 @@ def test_web_reset_serves_the_world_and_draws_the_task_from_it():
     assert env.reset(seed) == first and env.world_id == base.world_id("web", w)
   finally:
     env.close()
+
+
+# -- android -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 8, 99, 277])
+def test_android_world_is_consistent_and_shown_on_the_home_screen(seed):
+  w = android.generate_world(seed)
+  names = [c["name"] for c in w["contacts"]]
+  assert names == sorted(names) and len(set(names)) == len(names)
+  assert all(re.fullmatch(r"\+?[\d ]{7,}", c["phone"]) for c in w["contacts"])  # what the app's own form accepts
+  assert [a["time"] for a in w["alarms"]] == sorted(a["time"] for a in w["alarms"])
+  assert all(0 <= int(a["time"][:2]) < 24 and 0 <= int(a["time"][3:]) < 60 for a in w["alarms"])
+  assert {"Wi-Fi", "Bluetooth", "Dark theme"} <= set(w["settings"]) and 0 < w["settings"]["brightness"] < 100
+  env = android.AndroidEnv()
+  home = env.reset(seed)
+  assert env.world_id == base.world_id("android", w)
+  assert f"{w['owner']}'s phone  Battery {w['battery']}%" in home
+  favs = [c["name"] for c in w["contacts"] if c["favourite"]]
+  assert (f'text="Favourites: {", ".join(favs)}"' in home) == bool(favs)
+  g = env.goal  # the task is drawn against this phone
+  assert g["victim"] in names and g["name"] not in names
+  assert g["label"] not in {a["label"] for a in w["alarms"]} and g["toggle"] in w["settings"]
+  obs = env.step('open_app("Contacts")')
+  assert re.findall(r'id="\d+" text="([^"]+)" clickable', obs)[:len(names)] == names
+  obs = env.step('open_app("Settings")')
+  for key, on in w["settings"].items():
+    if key != "brightness":
+      assert f'text="{key}" checked="{str(on).lower()}"' in obs
+
+
+def test_android_worlds_differ_per_seed_and_repeat_per_seed():
+  env = android.AndroidEnv()
+  a = env.reset(30)
+  wid = env.world_id
+  env.step('open_app("Notes")')
+  assert env.reset(31) != a and env.world_id != wid
+  assert env.reset(30) == a and env.world_id == wid
+  assert android.generate_world(30) == android.generate_world(30)
+  # The episode edits its own copy: deleting a contact leaves the generated world as it was.
+  env.contacts.pop()
+  assert len(android.generate_world(30)["contacts"]) == len(env.contacts) + 1
