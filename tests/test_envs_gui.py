@@ -68,13 +68,14 @@ def test_os_file_manager_acts_on_real_files_only_in_sandbox(tmp_path):
     docs = desktop.ui.find(obs, '"Documents')
     obs = env.step(f"double_click({docs})")
     assert sorted(os.listdir(os.path.join(env.home, "Documents"))) == re.findall(r'listitem "([^"]+)"', obs)
-    todo = desktop.ui.find(obs, '"todo.txt')
+    txt = next(r.split("/")[1] for r in env.world["files"] if r.startswith("Documents/") and r.endswith(".txt"))
+    todo = desktop.ui.find(obs, f'"{txt}')
     obs = env.step(f"double_click({todo})")
     ta = desktop.ui.find(obs, "textarea")
     env.step(f'type({ta}, "- call plumber\\\\nDone.\\\\n")')
     obs = env.step('hotkey("ctrl+s")')
-    assert 'statusbar "Saved todo.txt"' in obs
-    with open(os.path.join(env.home, "Documents", "todo.txt")) as f:
+    assert f'statusbar "Saved {txt}"' in obs
+    with open(os.path.join(env.home, "Documents", txt)) as f:
       assert f.read() == "- call plumber\nDone.\n"
     env.step('hotkey("ctrl+w")')
     obs = env.step("click(2)")  # New Folder

@@ -1,11 +1,12 @@
 """Generated worlds of the web, android, os and mcp environments: seeded, deterministic, varied
 and internally consistent (each checked against the world itself)."""
+import os
 import re
 import sqlite3
 
 import pytest
 
-from lwm_jax.envs import android, base, mcp_env, web, web_app
+from lwm_jax.envs import android, base, desktop, mcp_env, ui, web, web_app
 
 
 # -- mcp ---------------------------------------------------------------------------------------------
@@ -145,3 +146,45 @@ def test_android_worlds_differ_per_seed_and_repeat_per_seed():
   # The episode edits its own copy: deleting a contact leaves the generated world as it was.
   env.contacts.pop()
   assert len(android.generate_world(30)["contacts"]) == len(env.contacts) + 1
+
+
+# -- os (desktop) ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 5, 64, 298])
+def test_os_world_is_written_to_the_sandbox_and_tasks_use_it(tmp_path, seed):
+  w = desktop.generate_world(seed)
+  assert all(r.split("/")[0] in w["folders"] for r in w["files"])
+  assert all(any(r.startswith(f + "/") for r in w["files"]) for f in w["folders"])  # no empty folder
+  env = desktop.DesktopEnv(root=str(tmp_path))
+  try:
+    home = env.reset(seed)
+    assert env.world_id == base.world_id("os", w) and f'"Files - /home/{w["user"]}"' in home
+    assert re.findall(r'listitem "([^"]+)" type=folder', home) == sorted(w["folders"])
+    for rel, body in w["files"].items():  # every listed file exists with its contents (or size)
+      with open(os.path.join(env.home, rel), "rb") as f:
+        data = f.read()
+      assert data == body.encode() if isinstance(body, str) else len(data) == body
+    g = env.goal
+    folder, name = g["file"].split("/")
+    assert g["file"] in w["files"] and name.endswith(".txt")
+    assert g["newname"] not in os.listdir(os.path.join(env.home, folder))
+    assert g["folder"] not in os.listdir(os.path.join(env.home, "Documents"))
+    # The editor shows the file's generated text.
+    obs = env.step(f'double_click({ui.find(home, chr(34) + folder)})')
+    obs = env.step(f'double_click({ui.find(obs, chr(34) + name)})')
+    assert f'textarea "{w["files"][g["file"]]}"'.replace("\n", "\\n") in obs
+  finally:
+    env.close()
+
+
+def test_os_worlds_differ_per_seed_and_repeat_per_seed(tmp_path):
+  env = desktop.DesktopEnv(root=str(tmp_path))
+  try:
+    a = env.reset(40)
+    wid = env.world_id
+    env.step("click(2)")  # an episode's change does not leak into the next episode of the same seed
+    assert env.reset(41) != a and env.world_id != wid
+    assert env.reset(40) == a and env.world_id == wid
+  finally:
+    env.close()
+  assert desktop.generate_world(40) == desktop.generate_world(40)
+  assert desktop.generate_world(40)["files"] != desktop.generate_world(41)["files"]
