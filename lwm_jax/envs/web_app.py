@@ -68,11 +68,11 @@ def generate_world(seed: int) -> dict[str, Any]:
   """The shop of world `seed`: its name, departments, catalogue (prices, stock, reviews), page
   size, customer accounts with addresses and their past orders. JSON-serialisable."""
   rng = random.Random(f"web-world-{seed}")
-  cats = sorted(rng.sample(sorted(DEPARTMENTS), rng.randint(3, 6)))
+  cats = sorted(rng.sample(sorted(DEPARTMENTS), rng.randint(3, 5)))
   products: list[dict[str, Any]] = []
   for cat in cats:
     (lo, hi), nouns, mods = DEPARTMENTS[cat]
-    names = rng.sample([f"{m} {n}" for m in mods for n in nouns], rng.randint(2, 5))
+    names = rng.sample([f"{m} {n}" for m in mods for n in nouns], rng.randint(2, 4))
     for name in names:
       stars = [rng.choice([5, 5, 4, 4, 4, 3, 2, 1]) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
       products.append({"name": name, "category": cat,
