@@ -14,32 +14,35 @@ import threading
 import urllib.parse
 from typing import Any
 
-# Departments a generated shop may carry: slug -> (price range, nouns, modifiers).
+# Departments a generated shop may carry: slug -> (price range, {noun: the modifiers that suit it}).
 DEPARTMENTS = {
-    "books": ((6, 40), ["Atlas", "Poems", "Field Guide", "Cookbook", "Novel", "Sketchbook"],
-              ["Illustrated", "Pocket", "Night Sky", "River", "Collected", "Coastal"]),
-    "kitchen": ((8, 120), ["Pan", "Kettle", "Knife", "Bowl", "Cutting Board", "Teapot"],
-                ["Cast Iron", "Copper", "Stoneware", "Enamel", "Bamboo", "Carbon Steel"]),
-    "garden": ((4, 90), ["Watering Can", "Seed Kit", "Shears", "Planter", "Trowel", "Hose"],
-               ["Clay", "Herb", "Pruning", "Hanging", "Galvanised", "Balcony"]),
-    "toys": ((5, 70), ["Train", "Puzzle", "Kite", "Marble Run", "Yo-yo", "Building Set"],
-             ["Wooden", "Magnetic", "Rainbow", "Pocket", "Giant", "Glow"]),
-    "music": ((6, 180), ["Ukulele", "Harmonica", "Drum Pad", "Guitar Strings", "Metronome", "Capo"],
-              ["Concert", "Travel", "Practice", "Bronze", "Studio", "Beginner"]),
-    "outdoors": ((9, 220), ["Tent", "Lantern", "Backpack", "Water Bottle", "Hammock", "Compass"],
-                 ["Ultralight", "Trail", "Folding", "Solar", "Alpine", "Insulated"]),
-    "stationery": ((2, 45), ["Notebook", "Fountain Pen", "Pencil Set", "Planner", "Stamp", "Envelopes"],
-                   ["Dotted", "Recycled", "Linen", "Pastel", "Brass", "Weekly"]),
-    "bath": ((3, 60), ["Towel", "Soap", "Bath Mat", "Loofah", "Robe", "Candle"],
-             ["Cotton", "Lavender", "Cedar", "Waffle", "Oat", "Eucalyptus"]),
-    "lighting": ((12, 160), ["Desk Lamp", "Floor Lamp", "Night Light", "String Lights", "Pendant", "Bulb"],
-                 ["Brass", "Dimmable", "Warm White", "Paper", "Arched", "Clip-on"]),
-    "pets": ((3, 90), ["Leash", "Cat Tree", "Chew Toy", "Pet Bed", "Food Bowl", "Brush"],
-             ["Reflective", "Plush", "Rope", "Orthopedic", "Steel", "Grooming"]),
-    "games": ((8, 75), ["Chess Set", "Card Game", "Dice Set", "Board Game", "Jigsaw", "Backgammon"],
-              ["Travel", "Family", "Strategy", "Classic", "Walnut", "Party"]),
-    "tea": ((4, 50), ["Green Tea", "Black Tea", "Tea Strainer", "Matcha Whisk", "Chai", "Herbal Blend"],
-            ["Loose Leaf", "Smoky", "Jasmine", "Ceremonial", "Spiced", "Mountain"]),
+    "books": ((6, 40), {"Atlas": "World|River|Night Sky|Road", "Field Guide": "Bird|Mushroom|Seashore|Tree",
+                        "Cookbook": "Vegetarian|Baking|Street Food|Weeknight", "Poems": "Collected|Pocket|Selected"}),
+    "kitchen": ((8, 120), {"Pan": "Cast Iron|Copper|Carbon Steel|Nonstick", "Kettle": "Enamel|Copper|Stovetop",
+                           "Knife": "Santoku|Bread|Paring", "Bowl": "Stoneware|Bamboo|Mixing",
+                           "Cutting Board": "Walnut|Bamboo|Oak"}),
+    "garden": ((4, 90), {"Watering Can": "Galvanised|Indoor|Copper", "Seed Kit": "Herb|Wildflower|Tomato",
+                         "Shears": "Pruning|Hedge|Grass", "Planter": "Clay|Hanging|Balcony", "Trowel": "Steel|Narrow"}),
+    "toys": ((5, 70), {"Train": "Wooden|Wind-up|Electric", "Puzzle": "Wooden|Floor|Magnetic",
+                       "Kite": "Stunt|Diamond|Box", "Building Set": "Magnetic|Wooden|Castle", "Yo-yo": "Glow|Classic"}),
+    "music": ((6, 180), {"Ukulele": "Concert|Soprano|Tenor", "Harmonica": "Blues|Chromatic",
+                         "Guitar Strings": "Bronze|Nylon|Electric", "Metronome": "Digital|Clockwork",
+                         "Drum Pad": "Practice|Electronic"}),
+    "outdoors": ((9, 220), {"Tent": "Two-person|Ultralight|Family", "Lantern": "Solar|Folding|Camping",
+                            "Backpack": "Trail|Daypack|Alpine", "Water Bottle": "Insulated|Folding|Steel",
+                            "Hammock": "Travel|Double"}),
+    "stationery": ((2, 45), {"Notebook": "Dotted|Recycled|Linen|Pocket", "Fountain Pen": "Brass|Student|Pastel",
+                             "Planner": "Weekly|Daily|Academic", "Pencil Set": "Sketching|Coloured|Graphite"}),
+    "bath": ((3, 60), {"Towel": "Cotton|Waffle|Linen", "Soap": "Lavender|Oat|Cedar|Eucalyptus",
+                       "Bath Mat": "Cotton|Cedar|Woven", "Robe": "Waffle|Cotton|Hooded"}),
+    "lighting": ((12, 160), {"Desk Lamp": "Brass|Clip-on|Dimmable", "Floor Lamp": "Arched|Tripod|Paper",
+                             "String Lights": "Warm White|Solar|Fairy", "Night Light": "Plug-in|Dimmable"}),
+    "pets": ((3, 90), {"Leash": "Reflective|Rope|Retractable", "Pet Bed": "Orthopedic|Plush|Cooling",
+                       "Food Bowl": "Steel|Ceramic|Raised", "Chew Toy": "Rope|Rubber", "Cat Tree": "Tall|Corner"}),
+    "games": ((8, 75), {"Chess Set": "Travel|Walnut|Magnetic", "Card Game": "Family|Party|Strategy",
+                        "Board Game": "Family|Strategy|Cooperative", "Jigsaw": "1000-piece|500-piece|Panorama"}),
+    "tea": ((4, 50), {"Green Tea": "Jasmine|Loose Leaf|Sencha", "Black Tea": "Smoky|Breakfast|Earl Grey",
+                      "Chai": "Spiced|Vanilla", "Tea Strainer": "Steel|Bamboo", "Matcha Whisk": "Bamboo"}),
 }
 _SHOP_A = ["Harbour", "Juniper", "Bramble", "Lantern", "Pebble", "Thistle", "Meadow", "Quayside", "Sparrow",
            "Willow", "Copper Fox", "Blue Door", "Saffron", "Nettle", "Orchard"]
@@ -71,8 +74,8 @@ def generate_world(seed: int) -> dict[str, Any]:
   cats = sorted(rng.sample(sorted(DEPARTMENTS), rng.randint(3, 5)))
   products: list[dict[str, Any]] = []
   for cat in cats:
-    (lo, hi), nouns, mods = DEPARTMENTS[cat]
-    names = rng.sample([f"{m} {n}" for m in mods for n in nouns], rng.randint(2, 4))
+    (lo, hi), kinds = DEPARTMENTS[cat]
+    names = rng.sample([f"{m} {n}" for n, mods in kinds.items() for m in mods.split("|")], rng.randint(2, 4))
     for name in names:
       stars = [rng.choice([5, 5, 4, 4, 4, 3, 2, 1]) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
       products.append({"name": name, "category": cat,
