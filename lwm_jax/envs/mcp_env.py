@@ -33,48 +33,65 @@ _TASK_TOOLS = {
 
 
 # -- the generated business --------------------------------------------------------------------------
-# Each kind of business: (description, {category: product nouns}, product modifiers).
+# Each kind of business: (description, {category: {product noun: the modifiers that suit it}}).
 _TRADES = {
-    "electronics": ("an electronics accessories shop",
-                    {"cables": ["Cable", "Adapter", "Splitter"], "desk": ["Stand", "Lamp", "Organizer"],
-                     "input": ["Mouse", "Keyboard", "Trackpad"], "audio": ["Headset", "Speaker", "Microphone"],
-                     "power": ["Charger", "Power Bank", "Surge Strip"], "video": ["Webcam", "Monitor", "Capture Card"]},
-                    ["Compact", "Wireless", "Braided", "Pro", "Travel", "Slim", "Dual", "Ergonomic", "Studio"]),
-    "outdoor": ("an outdoor gear retailer",
-                {"camping": ["Tent", "Sleeping Bag", "Camp Stove", "Lantern"], "hiking": ["Backpack", "Trekking Pole", "Water Filter"],
-                 "clothing": ["Rain Jacket", "Fleece", "Wool Socks", "Sun Hat"], "climbing": ["Harness", "Chalk Bag", "Carabiner"],
-                 "water": ["Dry Bag", "Paddle", "Life Vest"]},
-                ["Alpine", "Ultralight", "Trail", "Summit", "Ridge", "Canyon", "Storm", "Base Camp"]),
-    "coffee": ("a coffee roaster and cafe supplier",
-               {"beans": ["Espresso Blend", "Single Origin", "Decaf Roast"], "brewing": ["Pour-Over Kit", "French Press", "Moka Pot"],
-                "grinders": ["Burr Grinder", "Hand Grinder"], "cups": ["Mug", "Travel Cup", "Espresso Cup"],
-                "tea": ["Green Tea", "Chai Blend", "Herbal Infusion"]},
-               ["House", "Dark", "Morning", "Velvet", "Highland", "Smoky", "Bright", "Ceramic"]),
-    "books": ("an independent bookshop",
-              {"fiction": ["Novel", "Story Collection", "Mystery"], "history": ["Chronicle", "Atlas", "Biography"],
-               "science": ["Field Guide", "Primer", "Handbook"], "children": ["Picture Book", "Activity Book"],
-               "cooking": ["Cookbook", "Baking Manual"]},
-              ["Illustrated", "Pocket", "Collected", "Annotated", "Coastal", "Winter", "Forgotten", "Complete"]),
-    "pets": ("a pet supplies store",
-             {"dogs": ["Dog Leash", "Chew Toy", "Dog Bed"], "cats": ["Scratching Post", "Cat Tunnel", "Litter Tray"],
-              "food": ["Kibble", "Treat Pouch", "Wet Food Tray"], "aquarium": ["Fish Tank", "Water Pump", "Gravel Mix"],
-              "grooming": ["Brush", "Shampoo", "Nail Clipper"]},
-             ["Gentle", "Sturdy", "Organic", "Deluxe", "Cozy", "Reflective", "Large", "Small"]),
-    "bikes": ("a bicycle shop",
-              {"parts": ["Chain", "Brake Pad", "Derailleur", "Tube"], "accessories": ["Bell", "Bottle Cage", "Pannier"],
-               "safety": ["Helmet", "Rear Light", "Front Light"], "tools": ["Pump", "Multi Tool", "Tire Lever"],
-               "apparel": ["Cycling Gloves", "Jersey"]},
-              ["Road", "Gravel", "City", "Carbon", "Alloy", "Commuter", "Racing", "Folding"]),
-    "stationery": ("a stationery and art supplies shop",
-                   {"paper": ["Notebook", "Sketchbook", "Envelope Set"], "pens": ["Fountain Pen", "Gel Pen", "Fineliner"],
-                    "paint": ["Watercolor Set", "Acrylic Tube", "Brush Set"], "desk": ["Desk Tray", "Paper Clip Box", "Stapler"],
-                    "cards": ["Greeting Card", "Postcard Pack"]},
-                   ["Dotted", "Recycled", "Linen", "Pastel", "Archival", "Classic", "Mini", "Kraft"]),
-    "home": ("a home and kitchen store",
-             {"kitchen": ["Skillet", "Cutting Board", "Knife Set", "Colander"], "bath": ["Towel", "Bath Mat", "Soap Dish"],
-              "decor": ["Vase", "Picture Frame", "Candle"], "storage": ["Basket", "Jar Set", "Shelf"],
-              "textiles": ["Throw Blanket", "Cushion", "Table Runner"]},
-             ["Oak", "Linen", "Stoneware", "Copper", "Woven", "Enamel", "Bamboo", "Marble"]),
+    "electronics": ("an electronics accessories shop", {
+        "cables": {"Cable": "USB-C|HDMI|Braided USB-C|Lightning", "Adapter": "Travel|USB-C to HDMI|Ethernet"},
+        "desk": {"Laptop Stand": "Aluminium|Folding|Adjustable", "Desk Lamp": "LED|Clip-on|Dimmable"},
+        "input": {"Mouse": "Wireless|Ergonomic|Travel", "Keyboard": "Mechanical|Compact|Wireless"},
+        "audio": {"Headset": "Studio|Wireless|Gaming", "Speaker": "Bluetooth|Desk|Waterproof",
+                  "Microphone": "USB|Clip-on"},
+        "power": {"Charger": "Wall|Fast|Dual-port", "Power Bank": "Slim|20000mAh|Solar"},
+        "video": {"Webcam": "HD|4K|Wide-angle", "Monitor": "27in|24in|Portable"}}),
+    "outdoor": ("an outdoor gear retailer", {
+        "camping": {"Tent": "Two-person|Ultralight|Family", "Sleeping Bag": "Summer|Down|Three-season",
+                    "Stove": "Camp|Backpacking"},
+        "hiking": {"Backpack": "Trail|Daypack|Alpine", "Trekking Pole": "Carbon|Folding",
+                   "Water Filter": "Squeeze|Pump"},
+        "clothing": {"Rain Jacket": "Packable|Storm|Breathable", "Fleece": "Midweight|Grid",
+                     "Socks": "Wool|Hiking"},
+        "climbing": {"Harness": "Sport|Alpine", "Carabiner": "Locking|Wiregate", "Chalk Bag": "Canvas|Belt"},
+        "water": {"Dry Bag": "20L|10L|Roll-top", "Life Vest": "Touring|Kids"}}),
+    "coffee": ("a coffee roaster and cafe supplier", {
+        "beans": {"Espresso Blend": "House|Dark|Velvet", "Single Origin": "Ethiopian|Colombian|Kenyan",
+                  "Decaf": "Swiss Water|Mountain"},
+        "brewing": {"French Press": "Glass|Steel", "Pour-Over Kit": "Ceramic|Glass", "Moka Pot": "3-cup|6-cup"},
+        "grinders": {"Grinder": "Burr|Hand|Conical Burr"},
+        "cups": {"Mug": "Ceramic|Enamel|Stoneware", "Travel Cup": "Insulated|Bamboo"},
+        "tea": {"Green Tea": "Sencha|Jasmine", "Chai": "Spiced|Masala", "Herbal Tea": "Mint|Chamomile"}}),
+    "books": ("an independent bookshop", {
+        "fiction": {"Mystery": "Harbour|Winter|Locked Room", "Novel": "Debut|Historical|Coastal"},
+        "history": {"Atlas": "Historical|Ocean|World", "Biography": "Illustrated|Short"},
+        "science": {"Field Guide": "Bird|Mushroom|Seashore|Tree", "Primer": "Physics|Astronomy|Geology"},
+        "children": {"Picture Book": "Bedtime|Animal|Counting", "Activity Book": "Sticker|Puzzle"},
+        "cooking": {"Cookbook": "Vegetarian|Baking|Weeknight|Street Food"}}),
+    "pets": ("a pet supplies store", {
+        "dogs": {"Leash": "Reflective|Rope|Retractable", "Dog Bed": "Orthopedic|Cooling|Plush",
+                 "Chew Toy": "Rubber|Rope"},
+        "cats": {"Scratching Post": "Sisal|Tall", "Cat Tunnel": "Crinkle|Folding", "Litter Tray": "Hooded|Corner"},
+        "food": {"Kibble": "Grain-free|Senior|Puppy", "Treats": "Salmon|Chicken|Dental"},
+        "aquarium": {"Fish Tank": "20L|60L|Nano", "Water Pump": "Quiet|Mini"},
+        "grooming": {"Brush": "Slicker|Bristle|Deshedding", "Shampoo": "Oatmeal|Gentle"}}),
+    "bikes": ("a bicycle shop", {
+        "parts": {"Chain": "8-speed|11-speed", "Brake Pads": "Disc|Rim", "Inner Tube": "Road|Mountain|Gravel"},
+        "accessories": {"Bell": "Brass|Compact", "Bottle Cage": "Carbon|Alloy", "Pannier": "Waterproof|Commuter"},
+        "safety": {"Helmet": "Commuter|Road|Kids", "Rear Light": "USB|Radar", "Front Light": "800-lumen|Commuter"},
+        "tools": {"Pump": "Floor|Mini", "Multi Tool": "Compact|16-function", "Tyre Levers": "Plastic|Steel"},
+        "apparel": {"Gloves": "Winter|Fingerless", "Jersey": "Road|Merino"}}),
+    "stationery": ("a stationery and art supplies shop", {
+        "paper": {"Notebook": "Dotted|Recycled|Linen", "Sketchbook": "A4|Pocket|Watercolour",
+                  "Envelopes": "Kraft|Pastel"},
+        "pens": {"Fountain Pen": "Brass|Student|Pastel", "Gel Pen": "Fine|Retractable", "Fineliner": "Archival|0.3mm"},
+        "paint": {"Watercolour Set": "Travel|Studio", "Brush Set": "Synthetic|Sable", "Acrylic Paint": "Primary|Neon"},
+        "desk": {"Stapler": "Long-reach|Mini", "Desk Tray": "Bamboo|Steel"},
+        "cards": {"Greeting Card": "Birthday|Thank-you|Blank", "Postcards": "Vintage|Botanical"}}),
+    "home": ("a home and kitchen store", {
+        "kitchen": {"Skillet": "Cast Iron|Carbon Steel|Nonstick", "Cutting Board": "Oak|Bamboo|Walnut",
+                    "Knife Set": "Chef|Steak"},
+        "bath": {"Towel": "Cotton|Waffle|Linen", "Bath Mat": "Cotton|Cedar"},
+        "decor": {"Vase": "Stoneware|Glass|Bud", "Candle": "Beeswax|Soy|Pillar", "Picture Frame": "Oak|Brass"},
+        "storage": {"Basket": "Woven|Wire", "Jar Set": "Glass|Enamel"},
+        "textiles": {"Throw": "Wool|Linen|Knitted", "Cushion": "Velvet|Linen"}}),
 }
 _NAME_A = ["Larkspur", "Beacon", "Tidewater", "Copper Kettle", "Maple Row", "Bluestem", "Foxglove", "Granite",
            "Saltmarsh", "Kestrel", "Orchard Lane", "Brightwater", "Ironbridge", "Wren & Finch", "Cedar Hill"]
@@ -99,13 +116,14 @@ def generate_world(seed: int) -> dict[str, Any]:
   customers, products, orders, order items and refunds whose foreign keys all resolve."""
   rng = random.Random(f"mcp-world-{seed}")
   trade = rng.choice(sorted(_TRADES))
-  desc, cats, mods = _TRADES[trade]
+  desc, cats = _TRADES[trade]
   business = f"{rng.choice(_NAME_A)} {rng.choice(_NAME_B)}"
   people = rng.sample([f"{f} {l}" for f in _FIRST for l in _LAST], rng.randint(35, 70))
   customers = [[i, name, f"{name.lower().replace(' ', '.')}@{rng.choice(_MAIL)}", rng.choice(_CITIES),
                 rng.choice(["basic", "basic", "basic", "silver", "silver", "gold"])]
                for i, name in enumerate(people, 1)]
-  pairs = rng.sample([(f"{m} {n}", c) for c in sorted(cats) for n in cats[c] for m in mods], rng.randint(20, 40))
+  catalogue = [(f"{m} {n}", c) for c in sorted(cats) for n, mods in cats[c].items() for m in mods.split("|")]
+  pairs = rng.sample(catalogue, rng.randint(18, min(28, len(catalogue))))
   products = [[i, name, cat, round(rng.uniform(4, 260), 2), rng.choice([0, 0, 3, 5, 12, 25, 40, 80])]
               for i, (name, cat) in enumerate(sorted(pairs, key=lambda p: (p[1], p[0])), 1)]
   weights = [rng.choice([1, 1, 2, 4]) for _ in customers]  # some customers order far more often
