@@ -38,7 +38,7 @@ _USERS = ["sam", "ana", "lee", "maria", "tomek", "ines", "kwame", "yuki", "olive
           "elif", "marco", "hana", "dev"]
 _CHORES = ["call plumber", "renew passport", "book dentist", "pay council tax", "return library books",
            "fix bike brake", "order printer ink", "water the ferns", "email landlord", "back up laptop"]
-_PEOPLE = ["Ms Okafor", "Mr Brandt", "Dr Ruiz", "Aunt Polly", "the landlord", "the school office"]
+_PEOPLE = ["Ms Okafor", "Mr Brandt", "Dr Ruiz", "Aunt Polly", "Mrs Hale", "Professor Lind"]
 _SONGS = ["morning_light", "slow_river", "city_rain", "blue_hour", "north_road", "paper_moon", "low_tide",
           "late_train", "wild_thyme", "glass_house"]
 _WALLPAPERS = ["Hills", "Lake", "Dunes", "Nebula", "Plain blue", "Autumn"]
