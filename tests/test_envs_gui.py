@@ -20,17 +20,18 @@ def test_web_real_http_tree_forms_and_errors():
       assert f'link "{n}"' in obs
     assert str(env.server.port) not in obs
     # Login with a wrong password is a real form error; the right one signs in (session cookie).
+    user, password = sorted(env.server.state.users.items())[0]  # an account of this seed's world
     obs = env.step('goto("/login")')
     u, pw = web.find(obs, "textbox", "Username"), web.find(obs, "textbox", "Password")
-    env.step(f'type({u}, "alice")')
+    env.step(f'type({u}, {user!r})')
     env.step(f'type({pw}, "nope")')
     obs = env.step(f"click({web.find(obs, 'button', 'Sign in')})")
     assert 'alert "Invalid username or password."' in obs
-    env.step(f'type({web.find(obs, "textbox", "Username")}, "alice")')
-    obs = env.step(f'type({web.find(obs, "textbox", "Password")}, "wonderland")')
-    assert 'value="**********"' in obs
+    env.step(f'type({web.find(obs, "textbox", "Username")}, {user!r})')
+    obs = env.step(f'type({web.find(obs, "textbox", "Password")}, {password!r})')
+    assert f'value="{"*" * len(password)}"' in obs
     obs = env.step(f"click({web.find(obs, 'button', 'Sign in')})")
-    assert 'Signed in as alice.' in obs and 'link "Account (alice)"' in obs
+    assert f'Signed in as {user}.' in obs and f'link "Account ({user})"' in obs
     assert env.step("click(999)").startswith("Error: no element with id 999")
     assert "[HTTP 404]" in env.step('goto("/nowhere")').splitlines()[0]
     assert env.step('goto("https://example.org/")').startswith("Error: cannot reach example.org")
@@ -67,13 +68,14 @@ def test_os_file_manager_acts_on_real_files_only_in_sandbox(tmp_path):
     docs = desktop.ui.find(obs, '"Documents')
     obs = env.step(f"double_click({docs})")
     assert sorted(os.listdir(os.path.join(env.home, "Documents"))) == re.findall(r'listitem "([^"]+)"', obs)
-    todo = desktop.ui.find(obs, '"todo.txt')
+    txt = next(r.split("/")[1] for r in env.world["files"] if r.startswith("Documents/") and r.endswith(".txt"))
+    todo = desktop.ui.find(obs, f'"{txt}')
     obs = env.step(f"double_click({todo})")
     ta = desktop.ui.find(obs, "textarea")
     env.step(f'type({ta}, "- call plumber\\\\nDone.\\\\n")')
     obs = env.step('hotkey("ctrl+s")')
-    assert 'statusbar "Saved todo.txt"' in obs
-    with open(os.path.join(env.home, "Documents", "todo.txt")) as f:
+    assert f'statusbar "Saved {txt}"' in obs
+    with open(os.path.join(env.home, "Documents", txt)) as f:
       assert f.read() == "- call plumber\nDone.\n"
     env.step('hotkey("ctrl+w")')
     obs = env.step("click(2)")  # New Folder

@@ -1,13 +1,16 @@
 """The `android` environment: a deterministic model of phone apps shown as a view hierarchy.
 
 This is a program that models Android apps (launcher, Contacts, Clock alarms, Settings, Notes),
-not the apps themselves (`meta['model']` says so). Its logic really executes: contacts are saved
+not the apps themselves (`meta['model']` says so). Each seed's phone (owner, contacts, alarms,
+notes, settings) comes from `generate_world(seed)` and shows on the home screen's widgets. Its logic really executes: contacts are saved
 and validated, alarms toggle, settings change; the screen is rendered as an Android-style view
 hierarchy with numbered interactive nodes. Actions: `tap(id)`, `type(id, "text")`, `back()`,
 `home()`, `open_app("Name")`.
 """
 from __future__ import annotations
 
+import copy
+import random
 import re
 from typing import Any
 
@@ -29,8 +32,41 @@ TASKS = {"add_contact": "Add a contact {name} with phone {phone}.",
          "settings": "Turn {switch} {toggle} and raise the brightness.",
          "note": "Write a note titled '{note}'.",
          "delete_contact": "Delete the contact {victim}."}
-NAMES = ["Ada Park", "Bruno Diaz", "Cleo Grant", "Dev Patel", "Eva Lind", "Femi Ade", "Gus Hale",
-         "Hana Sato", "Ivo Brun", "Juno West"]
+_FIRST = ["Ada", "Bruno", "Cleo", "Dev", "Eva", "Femi", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Mo",
+          "Nia", "Otto", "Pia", "Raj", "Sofia", "Tomas", "Wen"]
+_LAST = ["Park", "Diaz", "Grant", "Patel", "Lind", "Ade", "Hale", "Sato", "Brun", "West", "Okoro", "Novak",
+         "Reyes", "Fischer", "Moreau", "Quinn", "Ito", "Kaur", "Berg", "Costa"]
+_PHONES = ["+1 555 {:04d}", "+44 7700 9{:05d}", "+49 151 2{:06d}", "+33 6 12 {:06d}", "+81 90 1{:06d}"]
+_ALARM_LABELS = ["Work", "Gym", "Meds", "Wake up", "Run", "School run", "Standup", "Call mom", "Yoga",
+                 "Feed the cat", "Bins out", "Train"]
+_NOTES = [("Groceries", "milk, eggs, rice"), ("Ideas", "garden bench"), ("Trip", "book train"),
+          ("Gift list", "scarf for Mo, book for Pia"), ("Car", "service due in March"),
+          ("Recipes", "lentil soup, flatbread"), ("Passwords hint", "ask Lena"), ("Books", "finish chapter 4"),
+          ("Plumber", "Tuesday 10:00, bring invoice"), ("Budget", "rent 900, food 300"),
+          ("Packing", "charger, passport, socks"), ("Garden", "sow beans in April")]
+_NEW_NOTES = ["Pay rent", "Water plants", "Return books", "Renew passport", "Call the bank", "Buy stamps",
+              "Fix bike light", "Plan weekend"]
+_EXTRA_SWITCHES = ["Location", "Do not disturb", "Auto-rotate", "Battery saver", "NFC", "Airplane mode"]
+WALLPAPERS = ["Dunes", "Forest", "Ocean", "Aurora", "City lights", "Plain grey"]
+
+
+def generate_world(seed: int) -> dict[str, Any]:
+  """The phone of world `seed`: owner, contacts (some favourites), alarms, notes, settings and
+  battery level. JSON-serialisable; everything an episode's screens show comes from here."""
+  rng = random.Random(f"android-world-{seed}")
+  people = sorted(rng.sample([f"{f} {l}" for f in _FIRST for l in _LAST], rng.randint(3, 11)))
+  contacts = [{"name": n, "phone": rng.choice(_PHONES).format(rng.randint(0, 9999)),
+               "favourite": rng.random() < 0.25} for n in people]
+  alarms = sorted(({"time": f"{rng.randint(4, 11):02d}:{rng.choice([0, 10, 15, 30, 45, 50]):02d}",
+                    "label": label, "on": rng.random() < 0.6}
+                   for label in rng.sample(_ALARM_LABELS, rng.randint(1, 4))), key=lambda a: (a["time"], a["label"]))
+  notes = [{"title": t, "body": b} for t, b in rng.sample(_NOTES, rng.randint(0, 4))]
+  switches = {"Wi-Fi": rng.random() < 0.7, "Bluetooth": rng.random() < 0.4, "Dark theme": rng.random() < 0.3}
+  for key in rng.sample(_EXTRA_SWITCHES, rng.randint(0, 3)):
+    switches[key] = rng.random() < 0.4
+  return {"owner": f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", "battery": rng.randint(8, 100),
+          "wallpaper": rng.choice(WALLPAPERS), "contacts": contacts, "alarms": alarms, "notes": notes,
+          "settings": {**switches, "brightness": rng.choice([20, 30, 40, 50, 60, 70, 80])}}
 
 
 class AndroidEnv(ui.UiEnv):
@@ -40,23 +76,23 @@ class AndroidEnv(ui.UiEnv):
 
   def reset(self, seed: int) -> str:
     rng = self._begin(seed, close=False)
+    world = generate_world(seed)
+    self._set_world(world)
+    self.world = copy.deepcopy(world)  # the episode mutates its own copy
     self.stack: list[tuple[str, dict[str, Any]]] = [("home", {})]
-    self.contacts = [{"name": n, "phone": f"+1 555 {rng.randint(1000, 9999)}"}
-                     for n in sorted(rng.sample(NAMES, rng.randint(2, 6)))]
-    self.alarms = [{"time": f"{h:02d}:{m:02d}", "label": lbl, "on": rng.random() < 0.6}
-                   for h, m, lbl in sorted((rng.randint(5, 9), rng.choice([0, 15, 30, 45]), l)
-                                           for l in rng.sample(["Work", "Gym", "Meds", "Wake up"], 2))]
-    self.settings = {"Wi-Fi": rng.random() < 0.7, "Bluetooth": rng.random() < 0.4,
-                     "Dark theme": rng.random() < 0.3, "brightness": rng.choice([30, 50, 70])}
-    self.notes = [{"title": t, "body": b} for t, b in rng.sample(
-        [("Groceries", "milk, eggs, rice"), ("Ideas", "garden bench"), ("Trip", "book train")], rng.randint(0, 2))]
+    self.contacts, self.alarms = self.world["contacts"], self.world["alarms"]
+    self.notes, self.settings = self.world["notes"], self.world["settings"]
     kind = rng.choice(["add_contact", "alarm", "settings", "note", "delete_contact"])
-    name = rng.choice([n for n in NAMES if n not in {c["name"] for c in self.contacts}])
-    goal = {"kind": kind, "name": name, "phone": f"+1 555 {rng.randint(1000, 9999)}",
+    known = {c["name"] for c in self.contacts}
+    name = rng.choice([f"{f} {l}" for f in _FIRST for l in _LAST if f"{f} {l}" not in known])
+    labels = {a["label"] for a in self.alarms}
+    titles = {n["title"] for n in self.notes}
+    goal = {"kind": kind, "name": name, "phone": rng.choice(_PHONES).format(rng.randint(0, 9999)),
             "hour": rng.randint(5, 11), "minute": rng.choice([0, 10, 30, 45]),
-            "label": rng.choice(["Run", "Call mom", "Standup"]), "victim": rng.choice(self.contacts)["name"],
-            "toggle": rng.choice(["Wi-Fi", "Bluetooth", "Dark theme"]),
-            "note": rng.choice(["Pay rent", "Water plants", "Return books"])}
+            "label": rng.choice([x for x in _ALARM_LABELS if x not in labels]),
+            "victim": rng.choice(self.contacts)["name"],
+            "toggle": rng.choice([k for k in self.settings if k != "brightness"]),
+            "note": rng.choice([x for x in _NEW_NOTES if x not in titles])}
     g = self._set_goal(TASKS, goal, switch="off" if self.settings[goal["toggle"]] else "on")
     self.error = ""
     return self._ready(g["text"], ACTION_SPACE, self.current())
@@ -104,7 +140,22 @@ class AndroidEnv(ui.UiEnv):
     return header, w
 
   def _draw_home(self, w: list[Widget], p: dict[str, Any]) -> None:
-    w.append(Widget("android.widget.TextView", "Home"))
+    w.append(Widget("android.widget.TextView", "Home", attrs={"wallpaper": self.world["wallpaper"]}))
+    w.append(Widget("android.widget.TextView", f"{self.world['owner']}'s phone  Battery {self.world['battery']}%", 1,
+                    attrs={"resource-id": "owner_info"}))
+    on = [a for a in self.alarms if a["on"]]
+    now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
+    later = [a for a in on if a["time"] > f"{(now // 3600) % 24:02d}:{(now // 60) % 60:02d}"]
+    nxt = (later or on or [None])[0]  # the next one today, else the first tomorrow
+    w.append(Widget("android.widget.TextView", f"Next alarm {nxt['time']} {nxt['label']}" if nxt else "No alarms on",
+                    1, attrs={"resource-id": "alarm_widget"}))
+    favs = [c["name"] for c in self.contacts if c.get("favourite")]
+    if favs:
+      w.append(Widget("android.widget.TextView", "Favourites: " + ", ".join(favs), 1,
+                      attrs={"resource-id": "favourites_widget"}))
+    if self.notes:
+      w.append(Widget("android.widget.TextView", f"Pinned note: {self.notes[0]['title']}", 1,
+                      attrs={"resource-id": "notes_widget"}))
     for app in APPS:
       w.append(Widget("android.widget.ImageView", app, 1, on_tap=lambda a=app: self.push(a),
                       attrs={"content-desc": f"{app} app"}))
@@ -149,7 +200,7 @@ class AndroidEnv(ui.UiEnv):
       elif not re.fullmatch(r"\+?[\d ]{7,}", d["Phone"]):
         p["error"] = "Invalid phone number"
       else:
-        self.contacts.append({"name": d["Name"].strip(), "phone": d["Phone"]})
+        self.contacts.append({"name": d["Name"].strip(), "phone": d["Phone"], "favourite": False})
         self.contacts.sort(key=lambda c: c["name"])
         self.pop()
     self._form(w, d, save, p)
@@ -178,7 +229,7 @@ class AndroidEnv(ui.UiEnv):
 
   def _draw_settings(self, w: list[Widget], p: dict[str, Any]) -> None:
     w.append(Widget("android.widget.TextView", "Settings"))
-    for key in ("Wi-Fi", "Bluetooth", "Dark theme"):
+    for key in [k for k in self.settings if k != "brightness"]:
       w.append(Widget("android.widget.Switch", key, 1, on_tap=lambda k=key: self.settings.__setitem__(k, not self.settings[k]),
                       attrs={"checked": self.settings[key]}))
     b = self.settings["brightness"]

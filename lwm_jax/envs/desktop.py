@@ -1,6 +1,7 @@
 """The `os` environment: a deterministic model of a desktop over a real sandbox directory.
 
-A program that models a desktop session (not a real window system; `meta['model']` says so): a
+A program that models a desktop session (not a real window system; `meta['model']` says so) over
+the seed's generated home directory (`generate_world`: user, folders, files, settings): a
 file manager that lists, opens, creates, renames and deletes real files under a throwaway
 sandbox directory, a text editor that reads and saves those files, and a settings window. The
 screen is rendered as a UI tree with numbered interactive elements. Actions: `click(id)`,
@@ -9,6 +10,7 @@ screen is rendered as a UI tree with numbered interactive elements. Actions: `cl
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from typing import Any
 
@@ -23,7 +25,6 @@ One action per turn, Python call syntax:
   hotkey("ctrl+s")      keyboard shortcut: ctrl+s save, ctrl+w close window, alt+tab next window
   open_app("Name")      start Files, Text Editor or Settings from the dock
 Observation: the UI tree of the focused window plus the dock; interactive elements have [id]."""
-HOME_SHOWN = "/home/user"
 APPS = ("Files", "Text Editor", "Settings")
 TASKS = {"edit": "Open ~/{file} in the editor, add the line '{line}' and save it.",
          "mkdir": "Create a folder named {folder} in Documents.",
@@ -31,6 +32,87 @@ TASKS = {"edit": "Open ~/{file} in the editor, add the line '{line}' and save it
          "delete": "Delete ~/{file}.",
          "theme": "Switch the desktop theme to {theme} and lower the volume."}
 MAX_NAME_BYTES = 255  # the longest file name Linux file systems accept
+
+# -- the generated home directory ----------------------------------------------------------------------
+_USERS = ["sam", "ana", "lee", "maria", "tomek", "ines", "kwame", "yuki", "oliver", "priya", "noor", "jonas",
+          "elif", "marco", "hana", "dev"]
+_CHORES = ["call plumber", "renew passport", "book dentist", "pay council tax", "return library books",
+           "fix bike brake", "order printer ink", "water the ferns", "email landlord", "back up laptop"]
+_PEOPLE = ["Ms Okafor", "Mr Brandt", "Dr Ruiz", "Aunt Polly", "Mrs Hale", "Professor Lind"]
+_SONGS = ["morning_light", "slow_river", "city_rain", "blue_hour", "north_road", "paper_moon", "low_tide",
+          "late_train", "wild_thyme", "glass_house"]
+_WALLPAPERS = ["Hills", "Lake", "Dunes", "Nebula", "Plain blue", "Autumn"]
+_EXTRA_FOLDERS = ["Recipes", "Taxes", "Band", "Garden", "Thesis", "Invoices", "Travel"]
+
+
+def _text(kind: str, rng: random.Random, user: str) -> str:
+  """Contents of one generated text file of `kind`."""
+  if kind == "todo":
+    return "".join(f"- {c}\n" for c in rng.sample(_CHORES, rng.randint(2, 5)))
+  if kind == "report":
+    q = rng.randint(1, 4)
+    return (f"Q{q} report\nSales {rng.choice(['up', 'down'])} {rng.randint(1, 19)}%.\n"
+            f"New customers: {rng.randint(5, 400)}.\nNext review in week {rng.randint(1, 52)}.\n")
+  if kind == "letter":
+    return (f"Dear {rng.choice(_PEOPLE)},\n\nThank you for your note of {rng.randint(1, 28)} May. "
+            f"I will reply in full by {rng.choice(['Friday', 'Monday', 'the end of the month'])}.\n\n"
+            f"Best wishes,\n{user.title()}\n")
+  if kind == "notes":
+    return "".join(f"{rng.choice(['Idea', 'Remember', 'Ask', 'Check'])}: {c}\n"
+                   for c in rng.sample(_CHORES, rng.randint(1, 4)))
+  if kind == "csv":
+    months = rng.sample(["jan", "feb", "mar", "apr", "may", "jun"], rng.randint(2, 5))
+    return "month,amount\n" + "".join(f"{m},{rng.randint(20, 2400)}\n" for m in months)
+  if kind == "log":
+    steps = rng.sample(["unpacking", "checking disk space", "copying files", "writing config",
+                        "registering service", "cleaning up"], rng.randint(2, 5))
+    return "".join(f"[{i:02d}] {s}\n" for i, s in enumerate(steps, 1)) + rng.choice(["done\n", "failed: code 2\n"])
+  if kind == "m3u":
+    return "".join(f"{t}.mp3\n" for t in rng.sample(_SONGS, rng.randint(2, 6)))
+  raise ValueError(f"unknown file kind {kind!r}")
+
+
+# folder -> candidate files (name, kind); a kind of "bin" is a binary file of that many bytes.
+def _candidates(folder: str, rng: random.Random) -> list[tuple[str, str]]:
+  n = rng.randint(100, 999)
+  return {
+      "Documents": [("report.txt", "report"), ("todo.txt", "todo"), ("letter.txt", "letter"),
+                    ("budget.csv", "csv"), (f"minutes-{rng.randint(1, 12):02d}.txt", "notes"),
+                    ("ideas.txt", "notes"), (f"invoice-{n}.txt", "letter"), ("reading-list.txt", "todo")],
+      "Downloads": [("setup.log", "log"), (f"install-{rng.randint(1, 9)}.{rng.randint(0, 9)}.log", "log"),
+                    ("notes.txt", "notes"), ("manual.txt", "notes"), (f"IMG_{n}.jpg", "bin")],
+      "Pictures": [("cat.png", "bin"), ("beach.jpg", "bin"), (f"IMG_{n}.jpg", "bin"),
+                   (f"screenshot-{rng.randint(1, 28):02d}.png", "bin"), ("captions.txt", "notes")],
+      "Music": [("playlist.m3u", "m3u"), ("roadtrip.m3u", "m3u"), ("focus.m3u", "m3u"), ("lyrics.txt", "notes")],
+      "Videos": [("holiday.mp4", "bin"), ("recital.mp4", "bin"), ("subtitles.txt", "notes")],
+      "Recipes": [("lentil-soup.txt", "notes"), ("flatbread.txt", "notes"), ("shopping.txt", "todo")],
+      "Taxes": [("income.csv", "csv"), ("receipts.csv", "csv"), ("to-file.txt", "todo")],
+      "Band": [("setlist.txt", "todo"), ("gigs.csv", "csv"), ("demo.m3u", "m3u")],
+      "Garden": [("planting.txt", "todo"), ("harvest.csv", "csv"), ("shed-plan.png", "bin")],
+      "Thesis": [("chapter1.txt", "report"), ("references.txt", "notes"), ("results.csv", "csv")],
+      "Invoices": [(f"invoice-{n}.txt", "letter"), (f"invoice-{n + 1}.txt", "letter"), ("paid.csv", "csv")],
+      "Travel": [("itinerary.txt", "todo"), ("packing.txt", "todo"), ("costs.csv", "csv")],
+  }[folder]
+
+
+def generate_world(seed: int) -> dict[str, Any]:
+  """The desktop of world `seed`: user name, home folders and files (text contents, or the size of
+  binary files) and settings. JSON-serialisable; `reset` writes it into the sandbox."""
+  rng = random.Random(f"os-world-{seed}")
+  user = rng.choice(_USERS)
+  folders = ["Documents"] + sorted(rng.sample(["Downloads", "Pictures", "Music", "Videos"], rng.randint(1, 4))
+                                   + rng.sample(_EXTRA_FOLDERS, rng.randint(0, 2)))
+  files: dict[str, Any] = {}
+  for folder in folders:
+    cands = _candidates(folder, rng)
+    lo = 2 if folder == "Documents" else 1  # Documents always holds some text to work on
+    for name, kind in rng.sample(cands, rng.randint(lo, min(5, len(cands)))):
+      files[f"{folder}/{name}"] = rng.randint(2_000, 90_000) if kind == "bin" else _text(kind, rng, user)
+  if not any(r.startswith("Documents/") and r.endswith(".txt") for r in files):
+    files["Documents/todo.txt"] = _text("todo", rng, user)
+  return {"user": user, "folders": folders, "files": dict(sorted(files.items())),
+          "settings": {"theme": rng.choice(["Light", "Dark"]), "volume": rng.choice(range(10, 100, 10)),
+                       "wallpaper": rng.choice(_WALLPAPERS)}}
 
 
 class DesktopEnv(ui.UiEnv):
@@ -45,42 +127,42 @@ class DesktopEnv(ui.UiEnv):
 
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
+    world = generate_world(seed)
+    self._set_world(world)
+    self.world = world
     self._make_dir("lwm_os_")
     self.home = os.path.join(self.sandbox, "home")
-    files = {"Documents/report.txt": "Quarterly report\nSales up 4%.\n",
-             "Documents/todo.txt": "- call plumber\n- renew passport\n",
-             "Pictures/cat.png": "PNG", "Music/playlist.m3u": "song1.mp3\nsong2.mp3\n"}
-    for extra in rng.sample(["Documents/letter.txt", "Documents/budget.csv", "Downloads/setup.log",
-                             "Downloads/notes.txt", "Pictures/beach.jpg"], rng.randint(1, 4)):
-      files[extra] = f"{os.path.basename(extra)} contents {rng.randint(1, 99)}\n"
-    for rel, text in files.items():
-      full = os.path.join(self.home, rel)
-      os.makedirs(os.path.dirname(full), exist_ok=True)
-      with open(full, "w") as f:
-        f.write(text)
-    os.makedirs(os.path.join(self.home, "Downloads"), exist_ok=True)
+    self.home_shown = f"/home/{world['user']}"
+    for folder in world["folders"]:
+      os.makedirs(os.path.join(self.home, folder), exist_ok=True)
+    for rel, body in world["files"].items():
+      with open(os.path.join(self.home, rel), "wb") as f:  # a binary file: a header and its size in bytes
+        f.write(body.encode() if isinstance(body, str) else (b"\x89BIN\r\n" + bytes(body - 6)))
     self.windows: list[dict[str, Any]] = [{"app": "Files", "cwd": self.home, "sel": None, "rename": None}]
-    self.settings = {"theme": rng.choice(["Light", "Dark"]), "volume": rng.choice([20, 40, 60]),
-                     "wallpaper": "Hills"}
-    txts = sorted(r for r in files if r.endswith(".txt"))
+    self.settings = dict(world["settings"])
+    txts = sorted(r for r in world["files"] if r.endswith(".txt"))
     kind = rng.choice(["edit", "mkdir", "rename", "delete", "theme"])
+    file = rng.choice(txts)
+    taken = {os.path.basename(r) for r in world["files"] if r.startswith(os.path.dirname(file) + "/")}
+    docs = {r.split("/")[1] for r in world["files"] if r.startswith("Documents/")}
     g = self._set_goal(TASKS, {
-        "kind": kind, "file": rng.choice(txts), "folder": rng.choice(["Projects", "Archive", "Taxes"]),
-        "line": rng.choice(["Checked.", "Done by Friday.", "See attached."]),
-        "newname": rng.choice(["final.txt", "old.txt", "draft.txt"])},
+        "kind": kind, "file": file,
+        "folder": rng.choice([d for d in ["Projects", "Archive", "Taxes", "Receipts", "Drafts", "Scans"] if d not in docs]),
+        "line": rng.choice(["Checked.", "Done by Friday.", "See attached.", "Sent to accounts.", "Ask Sam."]),
+        "newname": rng.choice([n for n in ["final.txt", "old.txt", "draft.txt", "backup.txt", "v2.txt"] if n not in taken])},
         theme="Light" if self.settings["theme"] == "Dark" else "Dark")
     return self._ready(g["text"], ACTION_SPACE, self.current())
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "model": "deterministic program modelling a desktop "
             "(file manager over a real sandbox directory, editor, settings); not a real window system",
-            "normalised": ["sandbox path shown as /home/user"]}
+            "normalised": ["sandbox path shown as the world's /home/<user>"]}
 
   def close(self) -> None:
     self._remove_dir()
 
   def shown(self, path: str) -> str:
-    return HOME_SHOWN + path[len(self.home):]
+    return self.home_shown + path[len(self.home):]
 
   # -- actions ------------------------------------------------------------------------------------
   def key(self, name: str, kw: dict[str, Any]) -> None:
@@ -181,8 +263,8 @@ class DesktopEnv(ui.UiEnv):
     w.append(Widget("list", "", 0, attrs={"items": len(names)}))
     for n in names:
       full = os.path.join(win["cwd"], n)
-      kind = "folder" if os.path.isdir(full) else f"file {os.path.getsize(full)} B"
-      attrs = {"type": kind.split()[0]} if os.path.isdir(full) else {"size": f"{os.path.getsize(full)}B"}
+      attrs = ({"type": "folder", "items": len(os.listdir(full))} if os.path.isdir(full)
+               else {"size": f"{os.path.getsize(full)}B"})
       if n == win["sel"]:
         attrs["selected"] = "yes"
       w.append(Widget("listitem", n, 1, on_tap=lambda n=n: win.update(sel=n, rename=None),
@@ -208,6 +290,7 @@ class DesktopEnv(ui.UiEnv):
     s = self.settings
     w.append(Widget("title", "Settings"))
     w.append(Widget("group", "Appearance", 0))
+    w.append(Widget("label", f"Wallpaper: {s['wallpaper']}", 1))
     for theme in ("Light", "Dark"):
       w.append(Widget("radio", theme, 1, on_tap=lambda t=theme: s.update(theme=t),
                       attrs={"checked": "yes" if s["theme"] == theme else "no"}))
@@ -226,7 +309,7 @@ class DesktopAgent(base.PlanAgent):
     folder, fname = g["file"].split("/")
     s: list[Any] = []
     if r.random() < 0.25:
-      s += [("double_click", r.choice(["Pictures", "Music", "Downloads"])), ("click", "Up")]
+      s += [("double_click", r.choice(env.world["folders"])), ("click", "Up")]
     if r.random() < 0.15:
       s.append(r.choice(['hotkey("ctrl+q")', "click(50)", 'open_app("Terminal")', 'type(1, "x")']))
     k = g["kind"]

@@ -1,7 +1,8 @@
 """The `mcp` environment: a real MCP client talking over stdio to the shop tool server.
 
 The server (`lwm_jax.envs.mcp_server`) runs as a subprocess for the life of the env; `reset(seed)`
-rebuilds its SQLite database file, so episodes do not share state. The tools declared to the agent
+rebuilds its SQLite database file from the seed's generated world (`generate_world`: a fictional
+business with 300-500 rows over five related tables), so episodes do not share state. The tools declared to the agent
 in an episode (a seeded subset of the server's `tools/list`, always enough for the task) form the
 action space, with their real JSON schemas. An action is a JSON object
 `{"tool": NAME, "arguments": {...}}`; the observation is the tool result as the server sent it.
@@ -13,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -28,6 +30,142 @@ _TASK_TOOLS = {
     "report": (),
     "lookup": ("get_customer", "list_orders"),
 }
+
+
+# -- the generated business --------------------------------------------------------------------------
+# Each kind of business: (description, {category: {product noun: the modifiers that suit it}}).
+_TRADES = {
+    "electronics": ("an electronics accessories shop", {
+        "cables": {"Cable": "USB-C|HDMI|Braided USB-C|Lightning", "Adapter": "Travel|USB-C to HDMI|Ethernet"},
+        "desk": {"Laptop Stand": "Aluminium|Folding|Adjustable", "Desk Lamp": "LED|Clip-on|Dimmable"},
+        "input": {"Mouse": "Wireless|Ergonomic|Travel", "Keyboard": "Mechanical|Compact|Wireless"},
+        "audio": {"Headset": "Studio|Wireless|Gaming", "Speaker": "Bluetooth|Desk|Waterproof",
+                  "Microphone": "USB|Clip-on"},
+        "power": {"Charger": "Wall|Fast|Dual-port", "Power Bank": "Slim|20000mAh|Solar"},
+        "video": {"Webcam": "HD|4K|Wide-angle", "Monitor": "27in|24in|Portable"}}),
+    "outdoor": ("an outdoor gear retailer", {
+        "camping": {"Tent": "Two-person|Ultralight|Family", "Sleeping Bag": "Summer|Down|Three-season",
+                    "Stove": "Camp|Backpacking"},
+        "hiking": {"Backpack": "Trail|Daypack|Alpine", "Trekking Pole": "Carbon|Folding",
+                   "Water Filter": "Squeeze|Pump"},
+        "clothing": {"Rain Jacket": "Packable|Storm|Breathable", "Fleece": "Midweight|Grid",
+                     "Socks": "Wool|Hiking"},
+        "climbing": {"Harness": "Sport|Alpine", "Carabiner": "Locking|Wiregate", "Chalk Bag": "Canvas|Belt"},
+        "water": {"Dry Bag": "20L|10L|Roll-top", "Life Vest": "Touring|Kids"}}),
+    "coffee": ("a coffee roaster and cafe supplier", {
+        "beans": {"Espresso Blend": "House|Dark|Velvet", "Single Origin": "Ethiopian|Colombian|Kenyan",
+                  "Decaf": "Swiss Water|Mountain"},
+        "brewing": {"French Press": "Glass|Steel", "Pour-Over Kit": "Ceramic|Glass", "Moka Pot": "3-cup|6-cup"},
+        "grinders": {"Grinder": "Burr|Hand|Conical Burr"},
+        "cups": {"Mug": "Ceramic|Enamel|Stoneware", "Travel Cup": "Insulated|Bamboo"},
+        "tea": {"Green Tea": "Sencha|Jasmine", "Chai": "Spiced|Masala", "Herbal Tea": "Mint|Chamomile"}}),
+    "books": ("an independent bookshop", {
+        "fiction": {"Mystery": "Harbour|Winter|Locked Room", "Novel": "Debut|Historical|Coastal"},
+        "history": {"Atlas": "Historical|Ocean|World", "Biography": "Illustrated|Short"},
+        "science": {"Field Guide": "Bird|Mushroom|Seashore|Tree", "Primer": "Physics|Astronomy|Geology"},
+        "children": {"Picture Book": "Bedtime|Animal|Counting", "Activity Book": "Sticker|Puzzle"},
+        "cooking": {"Cookbook": "Vegetarian|Baking|Weeknight|Street Food"}}),
+    "pets": ("a pet supplies store", {
+        "dogs": {"Leash": "Reflective|Rope|Retractable", "Dog Bed": "Orthopedic|Cooling|Plush",
+                 "Chew Toy": "Rubber|Rope"},
+        "cats": {"Scratching Post": "Sisal|Tall", "Cat Tunnel": "Crinkle|Folding", "Litter Tray": "Hooded|Corner"},
+        "food": {"Kibble": "Grain-free|Senior|Puppy", "Treats": "Salmon|Chicken|Dental"},
+        "aquarium": {"Fish Tank": "20L|60L|Nano", "Water Pump": "Quiet|Mini"},
+        "grooming": {"Brush": "Slicker|Bristle|Deshedding", "Shampoo": "Oatmeal|Gentle"}}),
+    "bikes": ("a bicycle shop", {
+        "parts": {"Chain": "8-speed|11-speed", "Brake Pads": "Disc|Rim", "Inner Tube": "Road|Mountain|Gravel"},
+        "accessories": {"Bell": "Brass|Compact", "Bottle Cage": "Carbon|Alloy", "Pannier": "Waterproof|Commuter"},
+        "safety": {"Helmet": "Commuter|Road|Kids", "Rear Light": "USB|Radar", "Front Light": "800-lumen|Commuter"},
+        "tools": {"Pump": "Floor|Mini", "Multi Tool": "Compact|16-function", "Tyre Levers": "Plastic|Steel"},
+        "apparel": {"Gloves": "Winter|Fingerless", "Jersey": "Road|Merino"}}),
+    "stationery": ("a stationery and art supplies shop", {
+        "paper": {"Notebook": "Dotted|Recycled|Linen", "Sketchbook": "A4|Pocket|Watercolour",
+                  "Envelopes": "Kraft|Pastel"},
+        "pens": {"Fountain Pen": "Brass|Student|Pastel", "Gel Pen": "Fine|Retractable", "Fineliner": "Archival|0.3mm"},
+        "paint": {"Watercolour Set": "Travel|Studio", "Brush Set": "Synthetic|Sable", "Acrylic Paint": "Primary|Neon"},
+        "desk": {"Stapler": "Long-reach|Mini", "Desk Tray": "Bamboo|Steel"},
+        "cards": {"Greeting Card": "Birthday|Thank-you|Blank", "Postcards": "Vintage|Botanical"}}),
+    "home": ("a home and kitchen store", {
+        "kitchen": {"Skillet": "Cast Iron|Carbon Steel|Nonstick", "Cutting Board": "Oak|Bamboo|Walnut",
+                    "Knife Set": "Chef|Steak"},
+        "bath": {"Towel": "Cotton|Waffle|Linen", "Bath Mat": "Cotton|Cedar"},
+        "decor": {"Vase": "Stoneware|Glass|Bud", "Candle": "Beeswax|Soy|Pillar", "Picture Frame": "Oak|Brass"},
+        "storage": {"Basket": "Woven|Wire", "Jar Set": "Glass|Enamel"},
+        "textiles": {"Throw": "Wool|Linen|Knitted", "Cushion": "Velvet|Linen"}}),
+}
+_NAME_A = ["Larkspur", "Beacon", "Tidewater", "Copper Kettle", "Maple Row", "Bluestem", "Foxglove", "Granite",
+           "Saltmarsh", "Kestrel", "Orchard Lane", "Brightwater", "Ironbridge", "Wren & Finch", "Cedar Hill"]
+_NAME_B = ["Supply", "Trading Co.", "Goods", "Outfitters", "& Sons", "Collective", "Depot", "Market"]
+_FIRST = ["Ana", "Ben", "Chloe", "Dmitri", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
+          "Maya", "Nils", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Uma", "Viktor", "Wen", "Ximena",
+          "Yusuf", "Zara", "Aiko", "Bruno", "Carmen", "Dara", "Emeka", "Freya", "Goran", "Hana", "Idris"]
+_LAST = ["Silva", "Novak", "Okafor", "Berg", "Tanaka", "Moreau", "Khan", "Rossi", "Weber", "Lund", "Costa",
+         "Haddad", "Ivanova", "Jensen", "Kowalski", "Mendez", "Nakamura", "Olsen", "Petrov", "Quist", "Reyes",
+         "Sato", "Torres", "Varga", "Walsh"]
+_CITIES = ["Lisbon", "Oslo", "Lagos", "Kyoto", "Lyon", "Austin", "Pune", "Graz", "Porto", "Tartu", "Cork",
+           "Leeds", "Bergen", "Quito", "Perth", "Malmo", "Ghent", "Brno", "Denver", "Halifax", "Nantes", "Turku"]
+_MAIL = ["example.com", "mail.test", "post.example", "inbox.test"]
+_REFUND_REASONS = ["damaged item", "arrived late", "wrong size", "changed mind", "duplicate order",
+                   "missing parts"]
+_TABLES = ("customers", "products", "orders", "order_items", "refunds")
+MIN_ROWS, MAX_ROWS = 300, 500
+
+
+def generate_world(seed: int) -> dict[str, Any]:
+  """The fictional business database of world `seed`: a trade, a name and 300-500 rows over
+  customers, products, orders, order items and refunds whose foreign keys all resolve."""
+  rng = random.Random(f"mcp-world-{seed}")
+  trade = rng.choice(sorted(_TRADES))
+  desc, cats = _TRADES[trade]
+  business = f"{rng.choice(_NAME_A)} {rng.choice(_NAME_B)}"
+  people = rng.sample([f"{f} {l}" for f in _FIRST for l in _LAST], rng.randint(35, 70))
+  customers = [[i, name, f"{name.lower().replace(' ', '.')}@{rng.choice(_MAIL)}", rng.choice(_CITIES),
+                rng.choice(["basic", "basic", "basic", "silver", "silver", "gold"])]
+               for i, name in enumerate(people, 1)]
+  catalogue = [(f"{m} {n}", c) for c in sorted(cats) for n, mods in cats[c].items() for m in mods.split("|")]
+  pairs = rng.sample(catalogue, rng.randint(18, min(28, len(catalogue))))
+  products = [[i, name, cat, round(rng.uniform(4, 260), 2), rng.choice([0, 0, 3, 5, 12, 25, 40, 80])]
+              for i, (name, cat) in enumerate(sorted(pairs, key=lambda p: (p[1], p[0])), 1)]
+  weights = [rng.choice([1, 1, 2, 4]) for _ in customers]  # some customers order far more often
+  orders: list[list[Any]] = []
+  items: list[list[Any]] = []
+  refunds: list[list[Any]] = []
+  target = rng.randint(MIN_ROWS, MAX_ROWS - 10)
+  while len(customers) + len(products) + len(orders) + len(items) + len(refunds) < target:
+    oid = len(orders) + 1
+    cust = rng.choices(range(1, len(customers) + 1), weights)[0]
+    status = rng.choice(["pending", "paid", "paid", "shipped", "shipped", "refunded"])
+    month, day = rng.randint(1, 5), rng.randint(1, 28)
+    created = f"2024-{month:02d}-{day:02d}T{rng.randint(8, 20):02d}:{rng.choice(['00', '15', '30', '45'])}:00Z"
+    total = 0.0
+    for pid in sorted(rng.sample(range(1, len(products) + 1), rng.choice([1, 1, 1, 2, 2, 3]))):
+      qty, price = rng.choice([1, 1, 2, 3]), products[pid - 1][3]
+      items.append([oid, pid, qty, price])
+      total += qty * price
+    orders.append([oid, cust, status, round(total, 2), created])
+    if status == "refunded":
+      refunds.append([oid, round(total, 2), rng.choice(_REFUND_REASONS),
+                      f"2024-{min(month + 1, 5):02d}-{min(day + 3, 28):02d}T12:00:00Z"])
+  return {"business": business, "trade": trade, "description": desc,
+          "tables": {"customers": customers, "products": products, "orders": orders,
+                     "order_items": items, "refunds": refunds}}
+
+
+def write_database(path: str, world: dict[str, Any]) -> dict[str, int]:
+  """Writes `world`'s tables into a fresh SQLite file at `path` (the tool server's schema, foreign
+  keys enforced while loading); returns the row count of each table."""
+  con = sqlite3.connect(path)
+  try:
+    con.execute("PRAGMA foreign_keys = ON")
+    con.executescript(mcp_server._SCHEMA)
+    for table in _TABLES:
+      rows = world["tables"][table]
+      if rows:
+        con.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})", rows)
+    con.commit()
+    return {t: len(world["tables"][t]) for t in _TABLES}
+  finally:
+    con.close()
 
 
 class _Client:
@@ -93,7 +231,7 @@ class McpEnv(base.Env):
     super().__init__()
     self.tmp = tempfile.mkdtemp(prefix="lwm_mcp_")
     self.db_path = os.path.join(self.tmp, "shop.db")
-    mcp_server.build_database(self.db_path, 0)
+    write_database(self.db_path, generate_world(0))
     self.client: _Client | None = _Client(self.db_path)
     listed = self.client.call(lambda s: s.list_tools())
     self.all_tools = {t.name: {"name": t.name, "description": t.description,
@@ -105,14 +243,17 @@ class McpEnv(base.Env):
     rng = self._begin(seed, close=False)  # the server lives as long as the env
     if os.path.exists(self.db_path):
       os.remove(self.db_path)
-    counts = mcp_server.build_database(self.db_path, seed)
+    world = generate_world(seed)
+    counts = write_database(self.db_path, world)
+    self._set_world(world)
     kind = rng.choice(sorted(_TASK_TOOLS))
     extra = [t for t in self.all_tools if t not in _ALWAYS and t not in _TASK_TOOLS[kind]]
     chosen = set(_ALWAYS) | set(_TASK_TOOLS[kind]) | set(rng.sample(extra, rng.randint(0, len(extra))))
     self.tools = [self.all_tools[n] for n in self.all_tools if n in chosen]
     self.goal = self._make_goal(kind, rng, seed)
     self.goal["tools"] = [t["name"] for t in self.tools]
-    initial = ("Connected to MCP server 'shop-db' (SQLite shop database).\nRow counts: " +
+    initial = (f"Connected to MCP server 'shop-db' (SQLite database of {world['business']}, "
+               f"{world['description']}).\nRow counts: " +
                ", ".join(f"{k}={v}" for k, v in counts.items()))
     space = ("Call one tool per turn as a JSON object {\"tool\": NAME, \"arguments\": {...}}. "
              "Available tools (MCP tools/list):\n" + json.dumps(self.tools, indent=1))
@@ -152,7 +293,6 @@ class McpEnv(base.Env):
     shutil.rmtree(self.tmp, ignore_errors=True)
 
   def _make_goal(self, kind: str, rng: random.Random, seed: int) -> dict[str, Any]:
-    import sqlite3
     con = sqlite3.connect(self.db_path)
     try:
       custs = con.execute("SELECT id, name, email FROM customers ORDER BY id").fetchall()

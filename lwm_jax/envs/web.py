@@ -1,6 +1,7 @@
 """The `web` environment: a browser-like client for the local shop, seeing an accessibility tree.
 
-Each episode starts the real HTTP shop (`web_app.ShopServer`) on loopback; the client keeps a
+Each episode starts the real HTTP shop (`web_app.ShopServer`) on loopback over the seed's
+generated shop (`generate_world`: catalogue, accounts, past orders); the client keeps a
 cookie, follows redirects, and renders each HTML page as an accessibility-tree text in which
 interactive elements carry numeric ids. Actions: `click(id)`, `type(id, "text")`,
 `select(id, "option")`, `submit(id)`, `goto("/path")`, `back()`. URLs are shown on the fixed host
@@ -16,6 +17,7 @@ import urllib.parse
 from typing import Any
 
 from lwm_jax.envs import base, web_app
+from lwm_jax.envs.web_app import generate_world  # noqa: F401  (each env module offers its world generator)
 
 HOST = "http://shop.local"
 SIGNATURES = {"click": ("id",), "type": ("id", "text"), "select": ("id", "option"),
@@ -198,19 +200,21 @@ class WebEnv(base.Env):
   # -- env api -----------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
-    self.server = web_app.ShopServer(seed)
+    world = generate_world(seed)
+    self._set_world(world)
+    self.server = web_app.ShopServer(world)
     self.sid = ""
     self.history: list[str] = []
     self._request("GET", "/")
-    prods = self.server.state.products
+    prods = world["products"]
     kind = rng.choice(["buy", "cheapest", "account", "buy"])
-    user = rng.choice(sorted(web_app.USERS))
+    user = rng.choice(sorted(world["users"]))
     target = rng.choice(prods)
     cat = rng.choice(sorted({p["category"] for p in prods}))
     g = self._set_goal(TASKS, {
-        "kind": kind, "user": user, "password": web_app.USERS[user], "product": target["name"],
+        "kind": kind, "user": user, "password": world["users"][user]["password"], "product": target["name"],
         "category": cat, "qty": rng.choice([1, 1, 2, 3]), "shipping": rng.choice(["standard", "express"]),
-        "address": rng.choice(["12 Harbour Road, Bristol", "4 Elm Street, Leeds", "9 Mill Lane, York"])})
+        "address": world["users"][user]["address"]})
     return self._ready(g["text"], ACTION_SPACE, self.render())
 
   def episode_meta(self) -> dict[str, Any]:
@@ -332,7 +336,7 @@ class WebAgent(base.PlanAgent):
                 ("click", "button", "Add to cart"), ("click", "link", "Cart"), ("click", "link", "Checkout"),
                 ("type", "textbox", "Username", g["user"])]
       if r.random() < 0.3:
-        plan += [("type", "textbox", "Password", "letmein"), ("click", "button", "Sign in"),
+        plan += [("type", "textbox", "Password", web_app.PASSWORD_DECOY), ("click", "button", "Sign in"),
                   ("type", "textbox", "Username", g["user"])]
       plan += [("type", "textbox", "Password", g["password"]), ("click", "button", "Sign in")]
       if r.random() < 0.3:

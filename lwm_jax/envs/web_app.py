@@ -1,8 +1,9 @@
 """A small real web shop (sessions, forms, redirects) served by `http.server` on loopback.
 
-`ShopServer(seed)` starts a threaded HTTP server on 127.0.0.1 with a free port and seeded data:
-products with categories and stock, one user account, a cart and orders per session cookie.
-Session ids are counters, so a run repeats byte for byte.
+`ShopServer(world)` starts a threaded HTTP server on 127.0.0.1 with a free port over a generated
+shop (`generate_world(seed)`: name, departments, products with prices, stock and reviews, customer
+accounts and their past orders), with a cart per session cookie. Session ids are counters, so a
+run repeats byte for byte.
 """
 from __future__ import annotations
 
@@ -13,31 +14,111 @@ import threading
 import urllib.parse
 from typing import Any
 
-CATEGORIES = ["books", "kitchen", "garden", "toys", "music"]
-ITEMS = {"books": ["Atlas of Rivers", "Pocket Poems", "Night Sky Guide", "Bread Basics"],
-         "kitchen": ["Cast Iron Pan", "Tea Kettle", "Chef Knife", "Salad Bowl"],
-         "garden": ["Watering Can", "Seed Kit", "Pruning Shears", "Clay Pot"],
-         "toys": ["Wooden Train", "Puzzle Cube", "Kite", "Marble Run"],
-         "music": ["Ukulele", "Harmonica", "Drum Pad", "Guitar Strings"]}
-PER_PAGE = 4
-USERS = {"alice": "wonderland", "bob": "builder42"}
+# Departments a generated shop may carry: slug -> (price range, {noun: the modifiers that suit it}).
+DEPARTMENTS = {
+    "books": ((6, 40), {"Atlas": "World|River|Night Sky|Road", "Field Guide": "Bird|Mushroom|Seashore|Tree",
+                        "Cookbook": "Vegetarian|Baking|Street Food|Weeknight", "Poems": "Collected|Pocket|Selected"}),
+    "kitchen": ((8, 120), {"Pan": "Cast Iron|Copper|Carbon Steel|Nonstick", "Kettle": "Enamel|Copper|Stovetop",
+                           "Knife": "Santoku|Bread|Paring", "Bowl": "Stoneware|Bamboo|Mixing",
+                           "Cutting Board": "Walnut|Bamboo|Oak"}),
+    "garden": ((4, 90), {"Watering Can": "Galvanised|Indoor|Copper", "Seed Kit": "Herb|Wildflower|Tomato",
+                         "Shears": "Pruning|Hedge|Grass", "Planter": "Clay|Hanging|Balcony", "Trowel": "Steel|Narrow"}),
+    "toys": ((5, 70), {"Train": "Wooden|Wind-up|Electric", "Puzzle": "Wooden|Floor|Magnetic",
+                       "Kite": "Stunt|Diamond|Box", "Building Set": "Magnetic|Wooden|Castle", "Yo-yo": "Glow|Classic"}),
+    "music": ((6, 180), {"Ukulele": "Concert|Soprano|Tenor", "Harmonica": "Blues|Chromatic",
+                         "Guitar Strings": "Bronze|Nylon|Electric", "Metronome": "Digital|Clockwork",
+                         "Drum Pad": "Practice|Electronic"}),
+    "outdoors": ((9, 220), {"Tent": "Two-person|Ultralight|Family", "Lantern": "Solar|Folding|Camping",
+                            "Backpack": "Trail|Daypack|Alpine", "Water Bottle": "Insulated|Folding|Steel",
+                            "Hammock": "Travel|Double"}),
+    "stationery": ((2, 45), {"Notebook": "Dotted|Recycled|Linen|Pocket", "Fountain Pen": "Brass|Student|Pastel",
+                             "Planner": "Weekly|Daily|Academic", "Pencil Set": "Sketching|Coloured|Graphite"}),
+    "bath": ((3, 60), {"Towel": "Cotton|Waffle|Linen", "Soap": "Lavender|Oat|Cedar|Eucalyptus",
+                       "Bath Mat": "Cotton|Cedar|Woven", "Robe": "Waffle|Cotton|Hooded"}),
+    "lighting": ((12, 160), {"Desk Lamp": "Brass|Clip-on|Dimmable", "Floor Lamp": "Arched|Tripod|Paper",
+                             "String Lights": "Warm White|Solar|Fairy", "Night Light": "Plug-in|Dimmable"}),
+    "pets": ((3, 90), {"Leash": "Reflective|Rope|Retractable", "Pet Bed": "Orthopedic|Plush|Cooling",
+                       "Food Bowl": "Steel|Ceramic|Raised", "Chew Toy": "Rope|Rubber", "Cat Tree": "Tall|Corner"}),
+    "games": ((8, 75), {"Chess Set": "Travel|Walnut|Magnetic", "Card Game": "Family|Party|Strategy",
+                        "Board Game": "Family|Strategy|Cooperative", "Jigsaw": "1000-piece|500-piece|Panorama"}),
+    "tea": ((4, 50), {"Green Tea": "Jasmine|Loose Leaf|Sencha", "Black Tea": "Smoky|Breakfast|Earl Grey",
+                      "Chai": "Spiced|Vanilla", "Tea Strainer": "Steel|Bamboo", "Matcha Whisk": "Bamboo"}),
+}
+_SHOP_A = ["Harbour", "Juniper", "Bramble", "Lantern", "Pebble", "Thistle", "Meadow", "Quayside", "Sparrow",
+           "Willow", "Copper Fox", "Blue Door", "Saffron", "Nettle", "Orchard"]
+_SHOP_B = ["Shop", "Market", "Store", "Emporium", "Goods", "Trading Post", "Corner", "Supply"]
+_TAGLINES = ["Small batches, fair prices.", "Free returns within 30 days.", "Family run since 1998.",
+             "Things that last.", "Everyday goods, chosen with care.", "Local makers, shipped fast.",
+             "Orders before noon ship today.", "Independent and proud of it."]
+_FIRST = ["alice", "bob", "carmen", "dmitri", "elena", "farah", "gus", "hugo", "iris", "jamal", "kira",
+          "liam", "mona", "nadia", "oscar", "pavel", "rhea", "sami", "tove", "yuki"]
+_WORDS = ["wonderland", "builder", "harbour", "lantern", "maple", "orbit", "pepper", "quartz", "river",
+          "saffron", "tundra", "violet", "walrus", "zephyr"]
+_STREETS = ["Harbour Road", "Elm Street", "Mill Lane", "Station Road", "Church Walk", "Queen Street",
+            "Park Avenue", "Bridge Street", "Orchard Close", "High Street", "Canal Side", "Fox Lane"]
+_TOWNS = ["Bristol", "Leeds", "York", "Bath", "Derby", "Exeter", "Norwich", "Cardiff", "Dundee", "Lincoln",
+          "Galway", "Hull"]
+_REVIEWERS = ["Mira", "Tom", "Anouk", "Raj", "Lena", "Kofi", "Ines", "Paul", "Sana", "Ola", "Ben", "Yara"]
+_REVIEW_TEXT = {5: ["Exactly as described.", "Would buy again.", "Lovely quality for the price."],
+                4: ["Good, but shipping took a while.", "Solid and well made.", "Nice, slightly smaller than expected."],
+                3: ["Does the job.", "Average quality.", "Fine for occasional use."],
+                2: ["Arrived scratched.", "Colour differs from the photo."],
+                1: ["Broke after a week.", "Not what I ordered."]}
+PASSWORD_DECOY = "letmein"  # a wrong password the scripted agent tries; no account uses it
+
+
+def generate_world(seed: int) -> dict[str, Any]:
+  """The shop of world `seed`: its name, departments, catalogue (prices, stock, reviews), page
+  size, customer accounts with addresses and their past orders. JSON-serialisable."""
+  rng = random.Random(f"web-world-{seed}")
+  cats = sorted(rng.sample(sorted(DEPARTMENTS), rng.randint(3, 5)))
+  products: list[dict[str, Any]] = []
+  for cat in cats:
+    (lo, hi), kinds = DEPARTMENTS[cat]
+    names = rng.sample([f"{m} {n}" for n, mods in kinds.items() for m in mods.split("|")], rng.randint(2, 4))
+    for name in names:
+      stars = [rng.choice([5, 5, 4, 4, 4, 3, 2, 1]) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+      products.append({"name": name, "category": cat,
+                       "price": rng.randint(lo, hi) + rng.choice([0, 0.5, 0.99]),
+                       "stock": rng.choice([0, 1, 2, 3, 5, 8, 12, 20]),
+                       "reviews": [{"by": f"{rng.choice(_REVIEWERS)} {rng.choice('ABCDEFGHKLMNPRST')}.",
+                                    "stars": k, "text": rng.choice(_REVIEW_TEXT[k])} for k in stars]})
+  rng.shuffle(products)  # the catalogue lists products in the order they were added, not by department
+  for pid, x in enumerate(products, 1):
+    x["id"] = pid
+  users = {}
+  for name in rng.sample(_FIRST, rng.randint(2, 4)):
+    users[name] = {"password": f"{rng.choice(_WORDS)}{rng.randint(1, 99)}",
+                   "address": f"{rng.randint(1, 180)} {rng.choice(_STREETS)}, {rng.choice(_TOWNS)}"}
+  orders = []
+  for name in users:
+    for _ in range(rng.choice([0, 0, 1, 2, 3])):
+      items = sorted(rng.sample(range(1, len(products) + 1), rng.randint(1, 3)))
+      orders.append({"id": 1001 + len(orders), "user": name, "items": [[pid, rng.randint(1, 2)] for pid in items],
+                     "address": users[name]["address"], "shipping": rng.choice(["standard", "express"])})
+  return {"shop": f"{rng.choice(_SHOP_A)} {rng.choice(_SHOP_B)}", "tagline": rng.choice(_TAGLINES),
+          "categories": cats, "per_page": rng.choice([4, 5, 6]), "products": products, "users": users,
+          "orders": orders}
 
 
 class ShopState:
-  def __init__(self, seed: int) -> None:
-    rng = random.Random(seed * 13 + 3)
-    self.products = []
-    names = [(c, n) for c in CATEGORIES for n in ITEMS[c]]
-    for pid, (cat, name) in enumerate(rng.sample(names, rng.randint(9, 16)), 1):
-      self.products.append({"id": pid, "name": name, "category": cat,
-                            "price": rng.randint(3, 90) + rng.choice([0, 0.5, 0.99]),
-                            "stock": rng.choice([0, 1, 3, 8, 20])})
+  """The live state of one shop: the world's catalogue and orders, plus sessions."""
+
+  def __init__(self, world: dict[str, Any]) -> None:
+    self.world = world
+    self.name, self.tagline = world["shop"], world["tagline"]
+    self.categories, self.per_page = list(world["categories"]), world["per_page"]
+    self.products = [dict(x) for x in world["products"]]
+    self.users = {u: a["password"] for u, a in world["users"].items()}
     self.sessions: dict[str, dict[str, Any]] = {}
-    self.orders: list[dict[str, Any]] = []
+    self.orders: list[dict[str, Any]] = [
+        {"id": o["id"], "user": o["user"], "cart": {pid: q for pid, q in o["items"]}, "address": o["address"],
+         "shipping": o["shipping"]} for o in world["orders"]]
     self.lock = threading.Lock()
 
 
 def _page(title: str, body: str, user: str | None, notice: str = "") -> str:
+  """A whole HTML page with the site's navigation."""
   nav = ('<nav><a href="/">Home</a> <a href="/products">Products</a> <a href="/cart">Cart</a> '
          + (f'<a href="/account">Account ({html.escape(user)})</a> <a href="/logout">Log out</a>'
             if user else '<a href="/login">Log in</a>') + "</nav>")
@@ -87,11 +168,16 @@ def make_handler(state: ShopState) -> type:
       notice = s.pop("notice", "")
       p = url.path
       if p == "/":
-        body = ('<p>Welcome to the shop.</p><form action="/products" method="get">'
+        featured = sorted((x for x in state.products if x["stock"]), key=lambda x: (-len(x["reviews"]), x["id"]))[:3]
+        body = (f'<p>Welcome to {html.escape(state.name)}. {html.escape(state.tagline)}</p>'
+                '<form action="/products" method="get">'
                 '<label for="q">Search products</label><input id="q" name="q" type="text">'
                 '<button type="submit">Search</button></form>'
                 "<h2>Categories</h2><ul>" + "".join(
-                    f'<li><a href="/products?category={c}">{c.title()}</a></li>' for c in CATEGORIES) + "</ul>")
+                    f'<li><a href="/products?category={c}">{c.title()}</a></li>' for c in state.categories) + "</ul>"
+                "<h2>Featured</h2><ul>" + "".join(
+                    f'<li><a href="/product/{x["id"]}">{html.escape(x["name"])}</a> ${x["price"]:.2f}</li>'
+                    for x in featured) + "</ul>")
         return self._send(200, _page("Home", body, user, notice), sid)
       if p == "/products":
         items = state.products
@@ -104,10 +190,11 @@ def make_handler(state: ShopState) -> type:
           page = max(1, int(q.get("page", "1")))
         except ValueError:
           page = 1
-        pages = max(1, (len(items) + PER_PAGE - 1) // PER_PAGE)
-        shown = items[(page - 1) * PER_PAGE: page * PER_PAGE]
+        per = state.per_page
+        pages = max(1, (len(items) + per - 1) // per)
+        shown = items[(page - 1) * per: page * per]
         opts = "".join(f'<option value="{c}"{" selected" if c == cat else ""}>{c}</option>'
-                       for c in ["all"] + CATEGORIES)
+                       for c in ["all"] + state.categories)
         body = ('<form action="/products" method="get"><label for="q">Search products</label>'
                 f'<input id="q" name="q" type="text" value="{html.escape(term)}">'
                 f'<label for="cat">Category</label><select id="cat" name="category">{opts}</select>'
@@ -129,10 +216,16 @@ def make_handler(state: ShopState) -> type:
         if x is None:
           return self._send(404, _page("Not found", "<p>No such product.</p>", user), sid)
         opts = "".join(f'<option value="{k}">{k}</option>' for k in range(1, 6))
+        revs = x["reviews"]
+        rating = (f'<p>Rated {sum(r["stars"] for r in revs) / len(revs):.1f} of 5 ({len(revs)} '
+                  f'review{"s" if len(revs) > 1 else ""})</p><ul>' + "".join(
+                      f'<li>{html.escape(r["by"])} {r["stars"]}/5: {html.escape(r["text"])}</li>' for r in revs)
+                  + "</ul>") if revs else "<p>No reviews yet.</p>"
         body = (f'<p>Category: {x["category"]}</p><p>Price: ${x["price"]:.2f}</p>'
                 f'<p>In stock: {x["stock"]}</p><form action="/cart/add" method="post">'
                 f'<input type="hidden" name="product" value="{x["id"]}"><label for="qty">Quantity</label>'
-                f'<select id="qty" name="qty">{opts}</select><button type="submit">Add to cart</button></form>')
+                f'<select id="qty" name="qty">{opts}</select><button type="submit">Add to cart</button></form>'
+                + rating)
         return self._send(200, _page(x["name"], body, user, notice), sid)
       if p == "/cart/add" and method == "POST":
         x = next((x for x in state.products if str(x["id"]) == form.get("product")), None)
@@ -164,7 +257,7 @@ def make_handler(state: ShopState) -> type:
       if p == "/login":
         if method == "POST":
           name, pw = form.get("username", ""), form.get("password", "")
-          if USERS.get(name) == pw and pw:
+          if state.users.get(name) == pw and pw:
             s["user"] = name
             s["notice"] = f"Signed in as {name}."
             return self._send(303, "", sid, q.get("next", "/"))
@@ -191,7 +284,7 @@ def make_handler(state: ShopState) -> type:
             notice = "Please enter a full delivery address."
           else:
             with state.lock:
-              oid = len(state.orders) + 1001
+              oid = max((o["id"] for o in state.orders), default=1000) + 1
               state.orders.append({"id": oid, "user": user, "cart": dict(s["cart"]), "address": addr,
                                    "shipping": form.get("shipping", "standard")})
               for pid, qty in s["cart"].items():
@@ -210,8 +303,9 @@ def make_handler(state: ShopState) -> type:
           return self._send(303, "", sid, "/login?next=/account")
         mine = [o for o in state.orders if o["user"] == user]
         body = "<h2>Orders</h2><ul>" + "".join(
-            f'<li>Order #{o["id"]}: {sum(o["cart"].values())} item(s), {o["shipping"]} to '
-            f'{html.escape(o["address"])}</li>' for o in mine) + "</ul>" + ("" if mine else "<p>No orders yet.</p>")
+            f'<li>Order #{o["id"]}: {sum(o["cart"].values())} item(s) ('
+            + ", ".join(f'{html.escape(state.products[pid - 1]["name"])} x {q}' for pid, q in o["cart"].items())
+            + f'), {o["shipping"]} to {html.escape(o["address"])}</li>' for o in mine) + "</ul>" + ("" if mine else "<p>No orders yet.</p>")
         return self._send(200, _page("Account", body, user, notice), sid)
       return self._send(404, _page("Not found", f"<p>The page {html.escape(p)} does not exist.</p>", user), sid)
 
@@ -221,8 +315,8 @@ def make_handler(state: ShopState) -> type:
 class ShopServer:
   """The shop on 127.0.0.1:<free port>, serving from a daemon thread until `close()`."""
 
-  def __init__(self, seed: int) -> None:
-    self.state = ShopState(seed)
+  def __init__(self, world: dict[str, Any]) -> None:
+    self.state = ShopState(world)
     self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
     self.port = self.httpd.server_address[1]
     self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
