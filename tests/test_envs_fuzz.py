@@ -15,7 +15,8 @@ import pytest
 from lwm_jax.envs import ui
 from lwm_jax.envs.desktop import DesktopEnv
 from lwm_jax.envs.mcp_env import McpEnv
-from lwm_jax.envs.search import SearchEnv
+from lwm_jax.envs.search import MODULES, SearchEnv
+from lwm_jax.envs.search_worlds import generate_world
 from lwm_jax.envs.terminal import TerminalEnv
 from lwm_jax.envs.web import WebEnv
 
@@ -100,7 +101,8 @@ def test_terminal_output_flood_and_binary_are_bounded(term):
 @pytest.fixture(scope="module")
 def search():
   env = SearchEnv()
-  env.reset(0)
+  # A world whose collection has the json module's pages (worlds index a subset of modules).
+  env.reset(next(s for s in range(1000) if "json" in generate_world(s, tuple(MODULES))["modules"]))
   yield env
   env.close()
 
