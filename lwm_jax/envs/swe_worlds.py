@@ -408,3 +408,47 @@ def check_consistent(repo: Repo) -> list[str]:
   if repo.files[repo.path].count(repo.bad) != 1:
     problems.append("bug text not found exactly once")
   return problems
+
+
+def check_with_pytest(repo: Repo, workdir: str, python: str) -> list[str]:
+  """Runs the real test suite of `repo` in `workdir` (a fresh directory) with the bug and after
+  the fix; returns problems (empty when only the targeted test fails and the fix passes all)."""
+  import os
+  import subprocess
+  for rel, text in repo.files.items():
+    os.makedirs(os.path.join(workdir, os.path.dirname(rel)), exist_ok=True)
+    with open(os.path.join(workdir, rel), "w") as f:
+      f.write(text)
+  env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+  env.pop("PYTHONPATH", None)
+  cmd = [python, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "tests"]
+  problems = []
+  out = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True).stdout
+  failed = sorted(set(re.findall(r"^FAILED \S+::(\w+)", out, re.M)))
+  if failed != [repo.test]:
+    problems.append(f"with the bug, failing tests are {failed}, expected [{repo.test}]")
+  path = os.path.join(workdir, repo.path)
+  with open(path) as f:
+    text = f.read()
+  with open(path, "w") as f:
+    f.write(text.replace(repo.bad, repo.good, 1))
+  proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+  if proc.returncode != 0 or f"{len(repo.tests)} passed" not in proc.stdout:
+    problems.append(f"after the fix the suite does not pass:\n{proc.stdout[-800:]}")
+  return problems
+
+
+if __name__ == "__main__":
+  # python -m lwm_jax.envs.swe_worlds N: runs the real suites of worlds 0..N-1, buggy and fixed.
+  import sys
+  import tempfile
+  n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+  bad = 0
+  for seed in range(n):
+    with tempfile.TemporaryDirectory() as d:
+      problems = check_with_pytest(generate_world(seed), d, sys.executable)
+    if problems:
+      bad += 1
+      print(f"world {seed}: " + "; ".join(problems))
+  print(f"{n - bad} of {n} worlds: only the targeted test fails with the bug, all pass after the fix")
+  sys.exit(1 if bad else 0)
