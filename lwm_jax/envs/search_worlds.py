@@ -99,15 +99,15 @@ def wiki(r: random.Random) -> tuple[str, list[tuple[str, str, str]]]:
     on = [c for c, p in proj_info.items() if n in p["members"]]
     since = min([since] + [proj_info[c]["start"].year for c in on])  # joined before their projects
     body = (f"{_title(n)}\n\n{role.capitalize()} on the {team} team of {org} since {since}.\n"
-            + (f"Leads: " + ", ".join(f"[projects/{c}]" for c in led) + "\n" if led else "")
-            + (f"Works on: " + ", ".join(f"[projects/{c}]" for c in on) + "\n" if on else ""))
+            + ("Leads: " + ", ".join(f"[projects/{c}]" for c in led) + "\n" if led else "")
+            + ("Works on: " + ", ".join(f"[projects/{c}]" for c in on) + "\n" if on else ""))
     docs.append((_pid(n), f"{_title(n)}: {role}, {team}", body))
   return org, sorted(docs)
 
 
 def generate_world(seed: int, modules: tuple[str, ...]) -> dict[str, Any]:
-  """World `seed`: the indexed standard-library `modules` (a subset of `modules`), the wiki's
-  organisation and its documents, and the release notes (`release_facts`) tasks are drawn from."""
+  """World `seed` (pure): the standard-library modules it indexes (a seeded subset of `modules`),
+  the wiki's organisation and the wiki's documents as [doc_id, title, body]."""
   r = random.Random(f"search-world-{seed}")
   subset = sorted(r.sample(list(modules), r.randint(12, 30)))
   org, docs = wiki(r)
