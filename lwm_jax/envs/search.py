@@ -140,6 +140,11 @@ def parse_call(action: str) -> tuple[str, dict[str, Any]]:
   return base.parse_call(action, {"search": ("query", "page"), "open": ("doc_id", "page")})
 
 
+def generate_world(seed: int) -> dict[str, Any]:
+  """The document collection of world `seed` (see `search_worlds.generate_world`)."""
+  return search_worlds.generate_world(seed, tuple(MODULES))
+
+
 class SearchEnv(base.Env):
   domain = "search"
 
@@ -169,7 +174,7 @@ class SearchEnv(base.Env):
 
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
-    world = search_worlds.generate_world(seed, tuple(MODULES))
+    world = generate_world(seed)
     self._set_world(world)
     mods = set(world["modules"])
     std = [d for d in self.stdlib if d[0] in mods or d[0].rsplit(".", 1)[0] in mods]
