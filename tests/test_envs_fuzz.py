@@ -15,7 +15,8 @@ import pytest
 from lwm_jax.envs import ui
 from lwm_jax.envs.desktop import DesktopEnv
 from lwm_jax.envs.mcp_env import McpEnv
-from lwm_jax.envs.search import SearchEnv
+from lwm_jax.envs.search import MODULES, SearchEnv
+from lwm_jax.envs.search_worlds import generate_world
 from lwm_jax.envs.terminal import TerminalEnv
 from lwm_jax.envs.web import WebEnv
 
@@ -64,12 +65,13 @@ SHELL_KILLERS = [("exit", "the shell exited with status 0"), ("exit 3", "the she
 
 @pytest.mark.parametrize("cmd,note", SHELL_KILLERS)
 def test_terminal_lost_shell_is_restarted_with_a_note(term, cmd, note):
-  term.step("cd data; X=1")
+  term.step(f"cd {term.layout['data']}; X=1")
   obs = term.step(cmd)
   assert f"[{note}" in obs and "a new shell was started in ~]\n" in obs and _prompt_ok(obs), obs
   # The new shell works, starts in ~ and kept no state; the sandbox's files are still there.
-  obs = term.step("pwd; echo ${X:-unset}; ls logs/app.log")
-  assert obs.startswith("/home/user\nunset\nlogs/app.log\n") and _prompt_ok(obs), obs
+  log = term.layout["log"]
+  obs = term.step(f"pwd; echo ${{X:-unset}}; ls {log}")
+  assert obs.startswith(f"/home/user\nunset\n{log}\n") and _prompt_ok(obs), obs
 
 
 FORGERIES = ["printf '__LWM_DONE_7f3a__ 0 /\\n'; echo after",
@@ -99,7 +101,8 @@ def test_terminal_output_flood_and_binary_are_bounded(term):
 @pytest.fixture(scope="module")
 def search():
   env = SearchEnv()
-  env.reset(0)
+  # A world whose collection has the json module's pages (worlds index a subset of modules).
+  env.reset(next(s for s in range(1000) if "json" in generate_world(s, tuple(MODULES))["modules"]))
   yield env
   env.close()
 

@@ -184,7 +184,7 @@ def test_swe_tests_run_inside_the_sandbox(swe):
           f"print(open({os.path.join(REPO, 'setup.py')!r}).read())\\n")
   obs = swe.step(f'edit(path="tests/conftest.py", old="import os, sys", new="import os, sys\\n{code}")')
   assert obs.startswith("Edited tests/conftest.py.")
-  obs = swe.step('run_tests(target="tests/test_strings.py")')
+  obs = swe.step(f'run_tests(target="{swe.goal["test_path"]}")')
   assert "FileNotFoundError" in obs and "setup.py" in obs, obs  # the checkout is not there
   assert not os.path.exists(probe)
   assert _processes_with(f"sleep {tag}") == []

@@ -1,8 +1,11 @@
-"""The `search` environment: a real full-text search engine over the Python standard library docs.
+"""The `search` environment: a real full-text search engine over a per-world document collection.
 
-The collection is built at run time from this interpreter's own documentation (pydoc's plain-text
-rendering of a fixed list of modules; one document per module overview, function and class) into
-an SQLite FTS5 index in a cache directory; queries are ranked with FTS5's bm25. Actions:
+The standard-library part comes from this interpreter's own documentation (pydoc's plain-text
+rendering of a fixed list of modules; one document per module overview, function and class),
+rendered once into an SQLite FTS5 file in a cache directory. Each world (see `search_worlds`)
+indexes a seeded subset of those modules plus a generated company wiki (people, projects,
+releases, incidents) into its own small FTS5 file, built at reset in a few tens of milliseconds;
+queries are ranked with FTS5's bm25. Actions:
 `search(query="...", page=1)` returns ranked snippets five per page, `open(doc_id="...", page=1)`
 returns a page of the document. The collection depends on the Python version (kept in `meta`).
 """
@@ -20,7 +23,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from lwm_jax.envs import base
+from lwm_jax.envs import base, search_worlds
 
 MODULES = (
     "abc argparse array base64 bisect calendar collections colorsys contextlib copy csv dataclasses "
@@ -137,38 +140,89 @@ def parse_call(action: str) -> tuple[str, dict[str, Any]]:
   return base.parse_call(action, {"search": ("query", "page"), "open": ("doc_id", "page")})
 
 
+def generate_world(seed: int) -> dict[str, Any]:
+  """The document collection of world `seed` (see `search_worlds.generate_world`)."""
+  return search_worlds.generate_world(seed, tuple(MODULES))
+
+
 class SearchEnv(base.Env):
   domain = "search"
 
-  def __init__(self, cache_dir: str | None = None) -> None:
+  def __init__(self, cache_dir: str | None = None, root: str | None = None) -> None:
     super().__init__()
-    self.path = ensure_index(cache_dir)
+    self.root_parent = root
+    con = sqlite3.connect(f"file:{ensure_index(cache_dir)}?mode=ro", uri=True)
+    self.stdlib = con.execute("SELECT doc_id, title, body FROM docs ORDER BY doc_id").fetchall()
+    con.close()
+    self.con: sqlite3.Connection | None = None
+    self.path = ""  # the current world's index file
+    self.ids: list[str] = []
+
+  def _build(self, docs: list[tuple[str, str, str]]) -> None:
+    """Indexes the world's documents into a fresh FTS5 file in the episode directory."""
+    self.path = os.path.join(self._make_dir("lwm_search_"), "index.sqlite")
+    con = sqlite3.connect(self.path)
+    con.execute("PRAGMA journal_mode=OFF")
+    con.execute("PRAGMA synchronous=OFF")
+    con.execute("CREATE VIRTUAL TABLE docs USING fts5(doc_id UNINDEXED, title, body, "
+                "tokenize='porter unicode61')")
+    con.executemany("INSERT INTO docs VALUES (?,?,?)", docs)
+    con.commit()
+    con.close()
     self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-    self.ids = [r[0] for r in self.con.execute("SELECT doc_id FROM docs ORDER BY doc_id")]
+    self.ids = sorted(d[0] for d in docs)
 
   def reset(self, seed: int) -> str:
-    rng = self._begin(seed, close=False)  # the index stays open across episodes
-    funcs = [d for d in self.ids if "." in d and d.split(".")[-1][:1].islower()]
-    target = rng.choice(funcs)
-    title, body = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (target,)).fetchone()
-    words = [w for w in re.findall(r"[a-z]{4,}", title.split(":", 1)[-1].lower())
-             if w not in _STOP]
-    name = target.split(".")[-1]
-    what = re.sub(rf"\b{re.escape(name)}\b", "...", title.split(": ", 1)[-1])
-    self.goal = {"target": target, "words": words, "name": name,
-                 "module": target.rsplit(".", 1)[0],
-                 "text": f"Find the standard-library function or class documented as \"{what}\" "
-                         "and read its signature."}
-    initial = (f"Search engine over the Python {sys.version_info.major}.{sys.version_info.minor} "
-               f"standard library documentation: {len(self.ids)} documents indexed (modules, "
-               "classes, functions). No query has been run yet.")
+    rng = self._begin(seed)
+    world = generate_world(seed)
+    self._set_world(world)
+    mods = set(world["modules"])
+    std = [d for d in self.stdlib if d[0] in mods or d[0].rsplit(".", 1)[0] in mods]
+    wiki = [tuple(d) for d in world["wiki"]]
+    self._build(std + wiki)
+    self.world = world
+    if rng.random() < 0.5:
+      self.goal = self._stdlib_goal(rng, std)
+    else:
+      self.goal = self._wiki_goal(rng, world)
+    v = f"{sys.version_info.major}.{sys.version_info.minor}"
+    initial = (f"Search engine over {len(self.ids)} documents: {len(std)} pages of the Python {v} "
+               f"standard library documentation (modules {', '.join(world['modules'])}) and "
+               f"{len(wiki)} pages of the {world['org']} internal wiki (projects, people, releases, "
+               "incidents). No query has been run yet.")
     return self._ready(self.goal["text"], ACTION_SPACE, initial)
 
+  def _stdlib_goal(self, rng: Any, std: list[tuple[str, str, str]]) -> dict[str, Any]:
+    funcs = [d for d in std if "." in d[0] and d[0].split(".")[-1][:1].islower()]
+    target, title, _ = rng.choice(funcs)
+    words = [w for w in re.findall(r"[a-z]{4,}", title.split(":", 1)[-1].lower()) if w not in _STOP]
+    name = target.split(".")[-1]
+    what = re.sub(rf"\b{re.escape(name)}\b", "...", title.split(": ", 1)[-1])
+    return {"kind": "stdlib", "target": target, "words": words, "name": name,
+            "module": target.rsplit(".", 1)[0],
+            "text": f"Find the standard-library function or class documented as \"{what}\" "
+                    "and read its signature."}
+
+  def _wiki_goal(self, rng: Any, world: dict[str, Any]) -> dict[str, Any]:
+    rels = [d for d in world["wiki"] if d[0].startswith("releases/")]
+    target, title, body = rng.choice(rels)
+    feature = rng.choice(re.findall(r"^  - (.+) for ", body, re.M))
+    project = re.search(r"Project: \[(\S+)\]", body).group(1)
+    code = project.split("/")[1]
+    ask = rng.choice(["who managed it", "its release date", "which release it requires, if any"])
+    return {"kind": "wiki", "target": target, "words": feature.split() + [code], "name": code,
+            "module": project,
+            "text": f"In the {world['org']} wiki, find the release of {code.title()} that introduced "
+                    f"{feature} and read {ask}."}
+
   def episode_meta(self) -> dict[str, Any]:
-    return {"target_doc": self.goal.get("target"), "collection":
-            f"pydoc text of {len(MODULES)} stdlib modules, python {sys.version.split()[0]}"}
+    return {"target_doc": self.goal.get("target"), "task_kind": self.goal.get("kind"), "collection":
+            f"pydoc text of {len(self.world['modules'])} stdlib modules, python {sys.version.split()[0]}, "
+            f"and a generated wiki of {len(self.world['wiki'])} pages"}
 
   def step(self, action: str) -> str:
+    if self.con is None:
+      raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
     try:
       name, kw = parse_call(action)
@@ -217,7 +271,8 @@ class SearchEnv(base.Env):
   def close(self) -> None:
     if self.con is not None:
       self.con.close()
-      self.con = None  # type: ignore[assignment]
+      self.con = None
+    self._remove_dir()
 
 
 _STOP = {"return", "returns", "with", "from", "that", "this", "into", "given", "object", "objects",

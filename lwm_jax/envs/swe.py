@@ -1,7 +1,7 @@
 """The `swe` environment: a real git repository of a small Python package with one real bug.
 
-`reset(seed)` writes the package `textkit` and its pytest suite into a throwaway directory, injects
-one seeded bug, and commits it (fixed author, dates and identity, so hashes repeat). Actions view
+`reset(seed)` writes the generated package of world `seed` (see `swe_worlds`: modules, functions,
+tests and one injected bug, all drawn from the seed) into a throwaway directory and commits it (fixed author, dates and identity, so hashes repeat). Actions view
 files, grep, edit by exact string replacement, run pytest and show `git diff`; the observations are
 those tools' real output, with the sandbox path shown as `/repo` and pytest's run time fixed.
 Every tool (git, pytest and whatever code the agent puts in the tests) runs in the episode's
@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from lwm_jax.envs import base, sandbox
+from lwm_jax.envs.swe_worlds import generate_world
 
 REPO_SHOWN = "/repo"
 SIGNATURES = {"view": ("path", "start", "end"), "search": ("pattern", "path"),
@@ -29,134 +30,6 @@ One tool call per turn, Python call syntax with literal arguments:
   diff()                                      git diff of the working tree
 Observation: the real output of the tool (errors included)."""
 
-STRINGS = '''"""String helpers."""
-import re
-
-
-def slugify(text):
-  """Lower-case words joined by hyphens, punctuation dropped."""
-  words = re.findall(r"[a-z0-9]+", text.lower())
-  return "-".join(words)
-
-
-def truncate_words(text, limit):
-  """The first `limit` words of `text`, with '...' when words were cut."""
-  words = text.split()
-  if len(words) <= limit:
-    return text
-  return " ".join(words[:limit]) + "..."
-
-
-def count_vowels(text):
-  """Number of vowels (a, e, i, o, u) in `text`, any case."""
-  return sum(1 for ch in text.lower() if ch in "aeiou")
-
-
-def is_palindrome(text):
-  """True when the letters of `text` read the same both ways."""
-  letters = [ch.lower() for ch in text if ch.isalnum()]
-  return letters == letters[::-1]
-'''
-MATHX = '''"""Small numeric helpers."""
-
-
-def clamp(x, low, high):
-  """`x` limited to the closed interval [low, high]."""
-  if x < low:
-    return low
-  if x > high:
-    return high
-  return x
-
-
-def mean(values):
-  """Arithmetic mean; raises ValueError on an empty sequence."""
-  if not values:
-    raise ValueError("mean of empty sequence")
-  return sum(values) / len(values)
-
-
-def median(values):
-  """Middle value (mean of the two middle values for an even count)."""
-  s = sorted(values)
-  n = len(s)
-  mid = n // 2
-  if n % 2 == 1:
-    return s[mid]
-  return (s[mid - 1] + s[mid]) / 2
-
-
-def percent_change(old, new):
-  """Relative change from `old` to `new` in percent, rounded to 2 decimals."""
-  return round((new - old) / old * 100, 2)
-'''
-TEST_STRINGS = '''from textkit.strings import count_vowels, is_palindrome, slugify, truncate_words
-
-
-def test_slugify():
-  assert slugify("Hello, World!") == "hello-world"
-  assert slugify("  A  b  ") == "a-b"
-
-
-def test_truncate_words():
-  assert truncate_words("one two three", 2) == "one two..."
-  assert truncate_words("one two", 2) == "one two"
-
-
-def test_count_vowels():
-  assert count_vowels("Programming") == 3
-  assert count_vowels("AEIOU xyz") == 5
-
-
-def test_is_palindrome():
-  assert is_palindrome("A man, a plan, a canal: Panama")
-  assert not is_palindrome("python")
-'''
-TEST_MATHX = '''import pytest
-
-from textkit.mathx import clamp, mean, median, percent_change
-
-
-def test_clamp():
-  assert clamp(5, 0, 3) == 3
-  assert clamp(-1, 0, 3) == 0
-  assert clamp(2, 0, 3) == 2
-
-
-def test_mean():
-  assert mean([1, 2, 3, 4]) == 2.5
-  with pytest.raises(ValueError):
-    mean([])
-
-
-def test_median():
-  assert median([3, 1, 2]) == 2
-  assert median([4, 1, 3, 2]) == 2.5
-
-
-def test_percent_change():
-  assert percent_change(50, 75) == 50.0
-  assert percent_change(200, 150) == -25.0
-'''
-# (file, correct code, buggy code, test that fails, bug report)
-BUGS = [
-    ("textkit/mathx.py", "  if x > high:\n    return high", "  if x > high:\n    return x",
-     "test_clamp", "clamp(5, 0, 3) returns 5; it should return 3."),
-    ("textkit/mathx.py", "  return sum(values) / len(values)", "  return sum(values) / (len(values) + 1)",
-     "test_mean", "mean([1, 2, 3, 4]) gives 2.0 instead of 2.5."),
-    ("textkit/mathx.py", "  return (s[mid - 1] + s[mid]) / 2", "  return (s[mid] + s[mid + 1]) / 2",
-     "test_median", "median() of an even number of values raises IndexError or is wrong."),
-    ("textkit/mathx.py", "(new - old) / old * 100", "(new - old) / new * 100",
-     "test_percent_change", "percent_change(50, 75) reports 33.33 instead of 50.0."),
-    ("textkit/strings.py", 'return "-".join(words)', 'return "_".join(words)',
-     "test_slugify", "slugify('Hello, World!') gives 'hello_world'; slugs must use hyphens."),
-    ("textkit/strings.py", "  if len(words) <= limit:", "  if len(words) < limit:",
-     "test_truncate_words", "truncate_words('one two', 2) adds '...' although nothing was cut."),
-    ("textkit/strings.py", 'if ch in "aeiou")', 'if ch in "aeio")',
-     "test_count_vowels", "count_vowels('AEIOU xyz') returns 4, it misses the u."),
-    ("textkit/strings.py", "ch.lower() for ch in text if ch.isalnum()", "ch for ch in text if ch.isalnum()",
-     "test_is_palindrome", "is_palindrome('A man, a plan, a canal: Panama') is False."),
-]
 _GIT_ENV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
             "GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "dev@example.com",
             "GIT_AUTHOR_DATE": "2024-06-01T09:00:00+00:00",
@@ -187,31 +60,27 @@ class SweEnv(sandbox.SandboxedEnv):
     return (124, f"[timed out after {timeout:g} s]\n") if timed_out else (rc, out)
 
   def reset(self, seed: int) -> str:
-    rng = self._begin(seed)
+    self._begin(seed)
     self.inner_repo = os.path.join(self._open_dir("lwm_swe_"), "repo")
     self.repo = os.path.join(self.sandbox, "repo")
-    bug_idx = rng.randrange(len(BUGS))
-    path, good, bad, test, report = BUGS[bug_idx]
-    files = {"README.md": "# textkit\n\nSmall string and number helpers. Run `pytest` to test.\n",
-             "textkit/__init__.py": '"""textkit: small helpers."""\n', "textkit/strings.py": STRINGS,
-             "textkit/mathx.py": MATHX, "tests/test_strings.py": TEST_STRINGS,
-             "tests/test_mathx.py": TEST_MATHX, "setup.cfg": "[tool:pytest]\ntestpaths = tests\n",
-             "tests/conftest.py": "import os, sys\nsys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))\n"}
-    assert good in files[path]
-    files[path] = files[path].replace(good, bad)
+    world = generate_world(seed)
+    self.world = world
+    self._set_world(world.to_json())
+    files = world.files
     for rel, text in files.items():
       full = os.path.join(self.repo, rel)
       os.makedirs(os.path.dirname(full), exist_ok=True)
       with open(full, "w") as f:
         f.write(text)
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                ["git", "commit", "-q", "-m", "textkit: string and math helpers"]):
+                ["git", "commit", "-q", "-m", f"{world.package}: first version"]):
       rc, out = self._run(cmd)
       if rc:
         raise RuntimeError(f"{' '.join(cmd)} failed: {out}")
-    self.goal = {"bug": bug_idx, "path": path, "good": good, "bad": bad, "test": test,
-                 "func": test[len("test_"):],
-                 "text": f"Bug report: {report} Find the cause, fix it, and make the test suite pass."}
+    self.goal = {"bug": f"{world.func}: {world.bad.strip()}", "path": world.path, "good": world.good,
+                 "bad": world.bad, "test": world.test, "func": world.func,
+                 "test_path": world.test_path, "package": world.package,
+                 "text": f"Bug report: {world.report} Find the cause, fix it, and make the test suite pass."}
     _, head = self._run(["git", "log", "--oneline", "-1"])
     initial = (f"Repository {REPO_SHOWN} (git, branch main, HEAD {head.strip()}); "
                "working tree clean.\nFiles: " + ", ".join(sorted(files)))
@@ -317,24 +186,24 @@ class SweAgent(base.PlanAgent):
     r, g = self.rng, env.goal
     plan: list[Any] = []
     if r.random() < 0.5:
-      plan.append(r.choice(['ls()', 'ls(path="textkit")', 'view(path="README.md")', 'ls(path="tests")']))
+      plan.append(r.choice(['ls()', f'ls(path="{g["package"]}")', 'view(path="README.md")', 'ls(path="tests")']))
     if r.random() < 0.15:
-      plan.append(r.choice(['view(path="textkit/utils.py")', 'ls(path="src")', 'view("setup.py")']))
+      plan.append(r.choice([f'view(path="{g["package"]}/utils.py")', 'ls(path="src")', 'view("setup.py")']))
     plan.append(r.choice(['run_tests()', 'run_tests(target="tests")',
-                          f'run_tests(target="tests/test_{g["path"].split("/")[-1]}")']))
+                          f'run_tests(target="{g["test_path"]}")']))
     plan.append(f'search(pattern="def {g["func"]}")')
     plan.append(_view_definition)
     if r.random() < 0.3:
-      plan.append(f'view(path="tests/test_{g["path"].split("/")[-1]}")')
+      plan.append(f'view(path="{g["test_path"]}")')
     if r.random() < 0.35:  # a bad edit: text that is not in the file, or a wrong fix
       plan.append(repr_edit(g["path"], g["bad"].replace("  ", "    ", 1), g["good"]))
     if r.random() < 0.25:
       wrong = g["bad"].replace("return", "return  ", 1) if "return" in g["bad"] else g["bad"] + " "
-      plan += [repr_edit(g["path"], g["bad"], wrong), f'run_tests(target="tests/test_{g["path"].split("/")[-1]}::{g["test"]}")',
+      plan += [repr_edit(g["path"], g["bad"], wrong), f'run_tests(target="{g["test_path"]}::{g["test"]}")',
                repr_edit(g["path"], wrong, g["good"])]
     else:
       plan.append(repr_edit(g["path"], g["bad"], g["good"]))
-    plan.append(f'run_tests(target="tests/test_{g["path"].split("/")[-1]}::{g["test"]}")'
+    plan.append(f'run_tests(target="{g["test_path"]}::{g["test"]}")'
                 if r.random() < 0.4 else "run_tests()")
     if r.random() < 0.7:
       plan.append("diff()")

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from lwm_jax.envs import base, sandbox
+from lwm_jax.envs.terminal_worlds import generate_world
 
 HOME_SHOWN = "/home/user"
 _STATUS_FD, _OUT_FD = 87, 88  # the shell's private status pipe; a copy of its output pipe
@@ -39,53 +40,6 @@ working directory and variables between turns. Each command may run for at most 
 longer ones are killed. Observation: everything the command printed (stdout and stderr
 interleaved) followed by the next prompt `USER@sandbox:DIR$ ` (`#` for root)."""
 
-_REGIONS = ["north", "south", "east", "west", "central"]
-_PRODUCTS = ["widget", "gadget", "sprocket", "gizmo", "doohickey", "bracket"]
-_USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
-_FUNCS = ["parse_line", "load_config", "normalize", "retry_call", "format_row", "merge_maps",
-          "slugify", "checksum"]
-_LEVELS = ["INFO"] * 6 + ["WARN"] * 2 + ["ERROR"] * 2 + ["DEBUG"]
-_MSGS = ["request served", "cache miss", "db timeout", "user login", "disk usage high",
-         "retrying upstream", "config reloaded", "connection reset", "job finished"]
-
-
-def _build_tree(rng: random.Random) -> dict[str, str]:
-  """Seeded file tree: relative path -> content."""
-  files: dict[str, str] = {}
-  lines = []
-  for i in range(rng.randint(18, 40)):
-    t = f"2024-05-31T{8 + i // 6:02d}:{(i * 7) % 60:02d}:{(i * 13) % 60:02d}Z"
-    lines.append(f"{t} {rng.choice(_LEVELS)} [{rng.choice(_USERS)}] {rng.choice(_MSGS)}")
-  files["logs/app.log"] = "\n".join(lines) + "\n"
-  if rng.random() < 0.6:
-    files["logs/worker.log"] = "\n".join(
-        f"job {rng.randint(100, 999)} {rng.choice(['ok', 'ok', 'failed'])}"
-        for _ in range(rng.randint(4, 12))) + "\n"
-  rows = ["date,region,product,amount"]
-  for i in range(rng.randint(8, 20)):
-    rows.append(f"2024-05-{1 + i:02d},{rng.choice(_REGIONS)},{rng.choice(_PRODUCTS)},"
-                f"{rng.randint(5, 400)}")
-  files["data/sales.csv"] = "\n".join(rows) + "\n"
-  users = ["name,team,active"] + [f"{u},{rng.choice(['ops', 'web', 'data'])},"
-                                   f"{rng.choice(['yes', 'no'])}"
-                                   for u in rng.sample(_USERS, rng.randint(3, 7))]
-  files["data/users.csv"] = "\n".join(users) + "\n"
-  funcs = rng.sample(_FUNCS, 4)
-  files["src/utils.py"] = "".join(
-      f'def {f}(value):\n  """Helper {k}."""\n  return value\n\n\n' for k, f in enumerate(funcs[:2]))
-  files["src/main.py"] = (f"from utils import {funcs[0]}\n\n\ndef {funcs[2]}(rows):\n"
-                          f"  return [{funcs[0]}(r) for r in rows]\n\n\ndef {funcs[3]}():\n"
-                          f"  print('start')\n\n\nif __name__ == '__main__':\n  {funcs[3]}()\n")
-  files["notes/todo.txt"] = "\n".join(
-      f"- {x}" for x in rng.sample(["rotate logs", "fix flaky test", "update deps",
-                                    "write report", "archive sales", "ping bob"], 3)) + "\n"
-  for k in range(rng.randint(1, 3)):
-    files[f"notes/meeting-0{k + 1}.txt"] = f"Meeting {k + 1}\nattendees: " + ", ".join(
-        rng.sample(_USERS, 3)) + "\n"
-  files["README.md"] = "# sandbox project\n\nLogs in logs/, data in data/, code in src/.\n"
-  return files
-
-
 _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes", "top_users")
 
 
@@ -99,6 +53,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
     self.home = ""
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
+    self.layout: dict[str, Any] = {}  # where this world keeps its log, CSVs, code and notes
 
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
@@ -106,7 +61,9 @@ class TerminalEnv(sandbox.SandboxedEnv):
     # Paths as the shell sees them: the episode directory is /sandbox inside the sandbox.
     self.inner_home = os.path.join(self._open_dir("lwm_term_"), "home")
     self.home = os.path.join(self.sandbox, "home")
-    self.files = _build_tree(rng)
+    world = generate_world(seed)
+    self._set_world(world)
+    self.files, self.layout = world["files"], world["layout"]
     for rel, text in sorted(self.files.items()):
       path = os.path.join(self.home, rel)
       os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -327,25 +284,27 @@ class TerminalEnv(sandbox.SandboxedEnv):
 
   # -- tasks -----------------------------------------------------------------------------------
   def _make_goal(self, kind: str, rng: random.Random) -> dict[str, Any]:
+    lay = self.layout
+    goal: dict[str, Any] = {"kind": kind, **{k: lay[k] for k in ("log", "data", "sales", "src", "notes")}}
     if kind == "count_errors":
-      return {"kind": kind, "text": "Count the ERROR lines in logs/app.log and write the number "
-                                    "to report.txt in the home directory."}
-    if kind == "sum_region":
-      region = rng.choice(_REGIONS)
-      return {"kind": kind, "region": region,
-              "text": f"Compute the total amount of the '{region}' region in data/sales.csv."}
-    if kind == "find_def":
-      src = self.files["src/utils.py"] + self.files["src/main.py"]
-      func = rng.choice(re.findall(r"^def (\w+)", src, re.M))
-      return {"kind": kind, "func": func,
-              "text": f"Find the file that defines the function `{func}` and show its definition."}
-    if kind == "backup_csv":
-      return {"kind": kind, "text": "Copy every CSV file under data/ into a new directory "
-                                    "backup/ and check the copies."}
-    if kind == "rename_notes":
-      return {"kind": kind, "text": "Rename every .txt file in notes/ to the .md extension."}
-    return {"kind": kind, "text": "List the users that appear in logs/app.log with how often each "
-                                  "appears, most frequent first."}
+      goal["text"] = f"Count the ERROR lines in {lay['log']} and write the number to report.txt in the home directory."
+    elif kind == "sum_region":
+      goal["region"] = rng.choice(lay["regions"])
+      goal["text"] = (f"Compute the total {lay['amount']} of the '{goal['region']}' region in "
+                      f"{lay['sales']}.")
+    elif kind == "find_def":
+      goal["func"] = rng.choice(sorted(lay["functions"]))
+      goal["text"] = f"Find the file that defines the function `{goal['func']}` and show its definition."
+    elif kind == "backup_csv":
+      goal["backup"] = lay["backup"]
+      goal["text"] = (f"Copy every CSV file under {lay['data']}/ into a new directory {lay['backup']}/ "
+                      "and check the copies.")
+    elif kind == "rename_notes":
+      goal["text"] = f"Rename every .txt file in {lay['notes']}/ to the .md extension."
+    else:
+      goal["text"] = (f"List the users that appear in {lay['log']} with how often each appears, most "
+                      "frequent first.")
+    return goal
 
 
 class TerminalAgent(base.PlanAgent):
@@ -353,48 +312,56 @@ class TerminalAgent(base.PlanAgent):
 
   def make_plan(self, env: base.Env, initial_state: str) -> list[Any]:
     r, g = self.rng, env.goal
+    log, data, sales, src, notes = g["log"], g["data"], g["sales"], g["src"], g["notes"]
+    lay = getattr(env, "layout", {})
+    todo = lay.get("todo", f"{notes}/todo.txt")
     plan: list[Any] = []
-    explore = ["ls", "ls -la", "ls logs data", "cat README.md", "ls -R", "pwd", "head -n 5 logs/app.log",
-               "wc -l logs/app.log data/sales.csv", "cat notes/todo.txt", "date", "ls -l data",
-               "find . -name '*.py'", "tail -n 3 logs/app.log", "echo $HOME", "whoami"]
-    mistakes = ["cat logs/app.txt", "cd reports", "sl", "grep -c ERROR log/app.log", "gerp ERROR logs",
-                "python3 src/missing.py", "head -n five data/sales.csv", "ls /nonexistent",
-                "awk -F, '{print $9' data/sales.csv", "rm notes", "tail -f logs/app.log"]
+    explore = ["ls", "ls -la", f"ls {log.rsplit('/', 1)[0]} {data}", "cat README.md", "ls -R", "pwd",
+               f"head -n 5 {log}", f"wc -l {log} {sales}", f"cat {todo}", "date", f"ls -l {data}",
+               "find . -name '*.py'", f"tail -n 3 {log}", "echo $HOME", "whoami", f"ls {notes}"]
+    mistakes = [f"cat {log[:-4]}.txt", "cd reports_old", "sl", f"grep -c ERROR {log.split('/')[0]}x/app.log",
+                f"gerp ERROR {log}", f"python3 {src}/missing.py", f"head -n five {sales}", "ls /nonexistent",
+                f"awk -F, '{{print $9' {sales}", f"rm {notes}", f"tail -f {log}"]
     for _ in range(r.randint(1, 4)):
       plan.append(r.choice(explore))
     if r.random() < 0.6:
       plan.insert(r.randrange(len(plan) + 1), r.choice(mistakes))
     k = g["kind"]
     if k == "count_errors":
-      plan += ["grep -c ERROR logs/app.log", "grep -c ERROR logs/app.log > report.txt",
-               "cat report.txt"]
+      plan += [f"grep -c ERROR {log}", f"grep -c ERROR {log} > report.txt", "cat report.txt"]
       if r.random() < 0.5:
-        plan.insert(-2, "grep ERROR logs/app.log | head -n 5")
+        plan.insert(-2, f"grep ERROR {log} | head -n 5")
     elif k == "sum_region":
-      reg = g["region"]
-      plan += ["head -n 3 data/sales.csv", f"grep ',{reg},' data/sales.csv",
-               f"awk -F, '$2==\"{reg}\" {{s+=$4}} END {{print s+0}}' data/sales.csv"]
+      reg, cols = g["region"], lay["sales_columns"]
+      rc, ac = cols.index("region") + 1, cols.index(lay["amount"]) + 1
+      plan += [f"head -n 3 {sales}", f"grep ',{reg}' {sales}",
+               f"awk -F, '${rc}==\"{reg}\" {{s+=${ac}}} END {{print s+0}}' {sales}"]
     elif k == "find_def":
-      plan += [f"grep -rn 'def {g['func']}' src", _show_definition]
+      plan += [f"grep -rn 'def {g['func']}' {src}", _show_definition]
     elif k == "backup_csv":
-      plan += ["ls data", "mkdir backup", "cp data/*.csv backup/", "ls -l backup",
-               "diff data/sales.csv backup/sales.csv && echo same"]
+      bak, first = g["backup"], sales.rsplit("/", 1)[1]
+      plan += [f"ls {data}", f"mkdir {bak}", f"cp {data}/*.csv {bak}/", f"ls -l {bak}",
+               f"diff {sales} {bak}/{first} && echo same"]
       if r.random() < 0.4:
-        plan.insert(-3, "mkdir backup")  # a second mkdir fails: File exists
+        plan.insert(-3, f"mkdir {bak}")  # a second mkdir fails: File exists
     elif k == "rename_notes":
-      plan += ["ls notes", "cd notes", "for f in *.txt; do mv \"$f\" \"${f%.txt}.md\"; done",
-               "ls", "cd .."]
+      plan += [f"ls {notes}", f"cd {notes}", "for f in *.txt; do mv \"$f\" \"${f%.txt}.md\"; done",
+               "ls", "cd " + "/".join([".."] * (notes.count("/") + 1))]
     else:
-      plan += ["awk '{print $3}' logs/app.log | head -n 3",
-               "awk '{print $3}' logs/app.log | tr -d '[]' | sort | uniq -c | sort -rn"]
+      if lay.get("log_format") == "keyvalue":
+        plan += [f"awk '{{print $4}}' {log} | head -n 3",
+                 f"awk '{{print $4}}' {log} | cut -d= -f2 | sort | uniq -c | sort -rn"]
+      else:
+        plan += [f"awk '{{print $3}}' {log} | head -n 3",
+                 f"awk '{{print $3}}' {log} | tr -d '[]' | sort | uniq -c | sort -rn"]
     for _ in range(r.randint(0, 3)):
       plan.insert(r.randrange(len(plan) + 1), r.choice(explore))
     if r.random() < 0.3:
-      plan.append(r.choice(["ls", "date", "ls -l", "cat report.txt", "cat notes/todo.txt"]))
+      plan.append(r.choice(["ls", "date", "ls -l", "cat report.txt", f"cat {todo}"]))
     return plan
 
 
 def _show_definition(observation: str) -> str:
   """Prints the definition that the previous grep found (or greps again)."""
-  hit = base.first_hit(observation, r"src/\w+\.py")
-  return "grep -rn 'def ' src" if hit is None else f"sed -n '{hit[1]},{hit[1] + 2}p' {hit[0]}"
+  hit = base.first_hit(observation, r"[\w/]+\.py")
+  return "grep -rn 'def ' ." if hit is None else f"sed -n '{hit[1]},{hit[1] + 2}p' {hit[0]}"

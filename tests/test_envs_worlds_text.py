@@ -1,0 +1,158 @@
+"""Generated worlds of the text environments (terminal, swe, search): seeded, deterministic, varied
+and internally consistent, checked against the world itself (and, for swe, against real pytest)."""
+import ast
+import csv
+import io
+import re
+import sqlite3
+import sys
+
+from lwm_jax.envs import base, search, search_worlds, swe_worlds, terminal_worlds
+from lwm_jax.envs.search import SearchEnv
+from lwm_jax.envs.terminal import TerminalEnv
+
+SEEDS = range(40)
+
+
+# -- terminal ---------------------------------------------------------------------------------------
+def test_terminal_worlds_differ_by_seed_and_repeat_per_seed():
+  a, b = terminal_worlds.generate_world(1), terminal_worlds.generate_world(2)
+  assert base.world_id("terminal", a) != base.world_id("terminal", b)
+  assert sorted(a["files"]) != sorted(b["files"])  # the names differ, not only the values
+  assert terminal_worlds.generate_world(1) == a
+  names = {p for s in SEEDS for p in terminal_worlds.generate_world(s)["files"]}
+  assert len(names) > 100
+
+
+def test_terminal_world_is_consistent():
+  for s in SEEDS:
+    w = terminal_worlds.generate_world(s)
+    files, lay = w["files"], w["layout"]
+    assert terminal_worlds.check_consistent(w) == [], s
+    for key in ("log", "sales", "users_csv", "todo"):
+      assert lay[key] in files, (s, key)
+    # Every function the layout lists is defined in its file (read with Python's own parser),
+    # and every import of the main script names a module and function of this tree.
+    for func, path in lay["functions"].items():
+      defs = {n.name for n in ast.parse(files[path]).body if isinstance(n, ast.FunctionDef)}
+      assert func in defs, (s, func, path)
+    for path, text in files.items():
+      if path.endswith(".py"):
+        for node in ast.parse(text).body:
+          if isinstance(node, ast.ImportFrom):
+            mod = f"{lay['src']}/{node.module}.py"
+            assert mod in files and all(f"def {a.name}(" in files[mod] for a in node.names), (s, path)
+    rows = list(csv.DictReader(io.StringIO(files[lay["sales"]])))
+    assert sorted({r["region"] for r in rows}) == lay["regions"] and all(r[lay["amount"]].isdigit() for r in rows)
+    assert any(p.startswith(lay["notes"] + "/") and p.endswith(".txt") for p in files)
+    for line in files[lay["log"]].splitlines():
+      user = line.split()[3].split("=")[1] if lay["log_format"] == "keyvalue" else line.split()[2].strip("[]")
+      assert user.isalpha() and user in files[lay["log"]], (s, line)
+
+
+def test_terminal_reset_builds_the_world_and_repeats(tmp_path):
+  env = TerminalEnv(root=str(tmp_path), time_limit=2.0)
+  try:
+    first = env.reset(7)
+    wid = env.world_id
+    listing = env.step("find . -type f | sed 's|^./||' | sort")
+    assert listing.splitlines()[:-1] == sorted(terminal_worlds.generate_world(7)["files"])
+    task = env.goal
+    assert env.reset(7) == first and env.world_id == wid and env.goal == task
+    assert env.reset(8) != first and env.world_id != wid
+  finally:
+    env.close()
+
+
+# -- swe --------------------------------------------------------------------------------------------
+def test_swe_worlds_differ_by_seed_and_repeat_per_seed():
+  a, b = swe_worlds.generate_world(3), swe_worlds.generate_world(4)
+  assert base.world_id("swe", a.to_json()) != base.world_id("swe", b.to_json())
+  assert swe_worlds.generate_world(3) == a
+  bugs = {(w.func, w.bad) for w in map(swe_worlds.generate_world, SEEDS)}
+  assert len(bugs) > 25  # far more than a handful of fixed bug variants
+
+
+def test_swe_world_tests_reference_existing_functions():
+  for s in SEEDS:
+    repo = swe_worlds.generate_world(s)
+    assert swe_worlds.check_consistent(repo) == [], s
+    defined = {}
+    for path, text in repo.files.items():
+      if path.startswith(repo.package + "/"):
+        mod = path[:-3].replace("/", ".")
+        defined[mod] = {n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    for path, text in repo.files.items():
+      if not path.startswith("tests/test_"):
+        continue
+      tree = ast.parse(text)
+      imported = {}
+      for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+          assert node.module in defined, (s, path, node.module)
+          for a in node.names:
+            assert a.name in defined[node.module], (s, path, a.name)
+            imported[a.name] = node.module
+      calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+      assert calls and calls <= set(imported), (s, path, calls - set(imported))
+    assert repo.files[repo.path].count(repo.bad) == 1 and repo.good not in repo.files[repo.path]
+    assert f"def {repo.test}(" in repo.files[repo.test_path]
+
+
+def test_swe_bug_fails_only_its_test_and_the_fix_passes(tmp_path):
+  # Real pytest on a generated repository, with the bug and after the fix.
+  repo = swe_worlds.generate_world(5)
+  assert swe_worlds.check_with_pytest(repo, str(tmp_path), sys.executable) == []
+
+
+# -- search -----------------------------------------------------------------------------------------
+def _world(s):
+  return search_worlds.generate_world(s, tuple(search.MODULES))
+
+
+def test_search_worlds_differ_by_seed_and_repeat_per_seed():
+  a, b = _world(1), _world(2)
+  assert base.world_id("search", a) != base.world_id("search", b)
+  assert a["modules"] != b["modules"] and a["wiki"] != b["wiki"]
+  assert _world(1) == a
+
+
+def test_search_wiki_cross_references_resolve_and_dates_agree():
+  for s in SEEDS:
+    w = _world(s)
+    assert search_worlds.check_consistent(w) == [], s
+    docs = {d[0]: d[2] for d in w["wiki"]}
+    refs = [(i, ref) for i, body in docs.items() for ref in re.findall(r"\[([a-z]+/[^\]\s]+)\]", body)]
+    assert refs and all(ref in docs for _, ref in refs), [r for r in refs if r[1] not in docs]
+    for i, body in docs.items():
+      own = re.search(r"\d{4}-\d\d-\d\d", body)
+      if i.startswith("releases/"):
+        project = re.search(r"Project: \[(\S+)\]", docs[i]).group(1)
+        assert f"[{i}]" in docs[project]  # the project lists its release
+        start = re.search(r"Started: (\S+)", docs[project]).group(1)
+        assert start < own.group(0)
+        req = re.search(r"Requires .* \[(\S+)\]", body)
+        if req:
+          assert re.search(r"\d{4}-\d\d-\d\d", docs[req.group(1)]).group(0) <= own.group(0)
+      if i.startswith("projects/"):
+        lead = re.search(r"Lead: .* \[(\S+)\]", body).group(1)
+        assert f"[{i}]" in docs[lead]  # the lead's page names the project
+
+
+def test_search_reset_indexes_exactly_the_world(tmp_path):
+  env = SearchEnv(root=str(tmp_path))
+  try:
+    first = env.reset(12)
+    w, wid = env.world, env.world_id
+    con = sqlite3.connect(env.path)
+    ids = [r[0] for r in con.execute("SELECT doc_id FROM docs")]
+    con.close()
+    wiki = {d[0] for d in w["wiki"]}
+    mods = set(w["modules"])
+    assert wiki <= set(ids) and mods <= set(ids)
+    assert all(i in wiki or i in mods or i.rsplit(".", 1)[0] in mods for i in ids)
+    assert env.goal["target"] in ids
+    assert env.reset(12) == first and env.world_id == wid
+    assert env.reset(13) != first and env.world_id != wid
+  finally:
+    env.close()
