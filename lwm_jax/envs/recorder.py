@@ -6,7 +6,7 @@ import random
 from lwm_jax.data import schema
 from lwm_jax.envs import base
 
-ENV_VERSION = "1"
+ENV_VERSION = "2"
 
 
 def episode_seed(seed: int, index: int) -> int:
