@@ -39,5 +39,6 @@ def save_tiny_checkpoint(directory: str) -> str:
 
 
 def terminal_world(**kw) -> World:
-  return World(domain="terminal", task="Count the lines of notes.txt.",
-               action_space="One bash command per turn.", initial_state="user@box:~$ ", **kw)
+  fields = dict(domain="terminal", task="Count the lines of notes.txt.",
+                action_space="One bash command per turn.", initial_state="user@box:~$ ")
+  return World(**(fields | kw))
