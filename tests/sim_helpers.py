@@ -4,8 +4,6 @@ Batches of up to 4 episodes with prompts under 512 tokens share one compiled sha
 compiles the model about once (larger batches add a shape per power of two)."""
 from __future__ import annotations
 
-import os
-
 from flax import nnx
 
 from lwm_jax.data.tokenizer import load_tokenizer
@@ -31,10 +29,8 @@ def tiny_sampler() -> Sampler:
 
 def save_tiny_checkpoint(directory: str) -> str:
   """A Hugging Face folder (config, safetensors, the Qwen tokenizer) of the tiny random model."""
-  import shutil
   from lwm_jax import hf
-  hf.save_pretrained(tiny_model(), directory)
-  shutil.copy(qwen_tokenizer_path(), os.path.join(directory, "tokenizer.json"))
+  hf.save_pretrained(tiny_model(), directory, tokenizer=qwen_tokenizer_path())
   return directory
 
 
