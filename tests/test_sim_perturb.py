@@ -167,3 +167,28 @@ def test_mcp_server_cli_rejects_bad_perturb(tmp_path):
                          str(tmp_path / "x.db"), "--perturb", '{"error_kind": "boom"}'],
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and "--perturb.error_kind: must be one of" in proc.stderr
+
+
+def test_mcp_server_perturb_flag_over_stdio(tmp_path):
+  """The real server started as McpEnv starts it, with --perturb, seen by the mcp client."""
+  from mcp.client.session import ClientSession
+  from mcp.client.stdio import StdioServerParameters, stdio_client
+  db = str(tmp_path / "shop.db")
+  mcp_server.build_database(db, 1)
+  params = StdioServerParameters(
+      command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db, "--perturb",
+                                    json.dumps({"page_size": 2, "rate_limit": 2})],
+      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+  async def session():
+    with open(tmp_path / "server.log", "w") as errlog:
+      async with stdio_client(params, errlog=errlog) as (r, w):
+        async with ClientSession(r, w) as s:
+          await s.initialize()
+          return [await s.call_tool("query", {"sql": "SELECT id FROM customers ORDER BY id"})
+                  for _ in range(3)]
+
+  first, _, third = asyncio.run(asyncio.wait_for(session(), 60))
+  out = json.loads(first.content[0].text)
+  assert not first.is_error and out["rows"] == [[1], [2]] and out["truncated"]
+  assert third.is_error and "Rate limit exceeded (429)" in third.content[0].text
