@@ -13,7 +13,8 @@ Two ways to step:
   `truncated` when the turn limit (`max_turns`) is reached. `reward` is 0 until the episode ends,
   then the optional `verifier(trajectory)`'s value (0 without one). `info` carries the model's
   raw reply (thinking included), its reasoning, prompt and completion token counts, the
-  generation's finish reason and the latency in seconds.
+  generation's finish reason and the latency in seconds (of the engine call that produced it,
+  shared by the episodes stepped together).
 
 `step_many(envs, actions)` advances many episodes with ONE engine call per sampler (agent RL runs
 dozens at once); `SimulatedBatch` wraps a list of episodes that share a sampler.
