@@ -147,18 +147,19 @@ def test_mcp_rate_limit_and_stale_reads(tmp_path):
 
 def test_mcp_side_file_sets_each_episodes_perturbations(tmp_path):
   db, app = _server(tmp_path)
-  side = db + ".perturb.json"
-  with open(side, "w") as f:
-    json.dump({"rate_limit": 1}, f)
+  mcp_server.write_perturb_file(db, perturb.real_options("rate_limit:limit=1", "mcp", seed=1))
   assert not _call(app, "list_tables")[0] and _call(app, "list_tables")[0]
-  with open(side, "w") as f:
-    json.dump({"rate_limit": 1, "seed": 2}, f)  # rewritten: a new episode, counts start afresh
+  # Rewritten for the next episode: the counts start afresh.
+  mcp_server.write_perturb_file(db, perturb.real_options("rate_limit:limit=1", "mcp", seed=2))
   assert not _call(app, "list_tables")[0]
-  with open(side, "w") as f:
+  with pytest.raises(ValueError, match="perturb.error_rate: must be in"):
+    mcp_server.write_perturb_file(db, {"error_rate": 2})
+  with open(mcp_server.perturb_file(db), "w") as f:  # written by hand, badly
     f.write('{"error_rate": 2}')
   bad, text = _call(app, "list_tables")
   assert bad and "perturb.json.error_rate: must be in [0, 1]" in text
-  os.remove(side)
+  mcp_server.write_perturb_file(db, None)  # no perturbation any more
+  assert not os.path.exists(mcp_server.perturb_file(db))
   assert not _call(app, "list_tables")[0] and not _call(app, "list_tables")[0]
 
 

@@ -13,8 +13,9 @@ many rows (saying how many there were); `withhold` drops the named fields from e
 `rate_limit` (+ `retry_after`) rejects every call after the first `rate_limit`; `stale_refresh`
 serves reads from a snapshot of the database taken at the first call and renewed every that many
 calls (0: never), so writes do not show in later reads. A JSON file `PATH.perturb.json` next to
-the database, when present, replaces these options, and rewriting it starts the counts afresh:
-a client sets each episode's perturbations (and seed) that way without restarting the server.
+the database (`write_perturb_file`), when present, replaces these options, and rewriting it starts
+the counts afresh: a client sets each episode's perturbations (and seed) that way without
+restarting the server.
 Perturbations change nothing when none are given: the tools, their schemas and results stay as
 they are.
 """
@@ -142,6 +143,25 @@ def check_perturb(opts: Any, where: str = "perturb") -> dict[str, Any]:
   return out
 
 
+def perturb_file(db_path: str) -> str:
+  """The side file whose options the server follows for the database at `db_path`."""
+  return db_path + ".perturb.json"
+
+
+def write_perturb_file(db_path: str, opts: dict[str, Any] | None) -> None:
+  """Sets the perturbations of the next calls (one episode): `opts` checked and written
+  atomically next to the database; None or {} removes the file (no perturbation)."""
+  path = perturb_file(db_path)
+  if not opts:
+    if os.path.exists(path):
+      os.remove(path)
+    return
+  text = json.dumps(check_perturb(opts), sort_keys=True)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
 def draw(seed: int, call: int) -> float:
   """A uniform number in [0, 1) fixed by (seed, call number): the same in every process."""
   h = hashlib.blake2b(f"{seed}/{call}".encode(), digest_size=8).digest()
@@ -215,7 +235,7 @@ def make_server(db_path: str, perturb: dict[str, Any] | None = None) -> Any:
   from mcp.server.mcpserver.exceptions import ToolError
 
   app = MCPServer("shop-db", instructions="Tools over the shop's SQLite database.")
-  side = db_path + ".perturb.json"
+  side = perturb_file(db_path)
   state: dict[str, Any] = {"key": None, "perturber": None}
   base_opts = check_perturb(perturb) if perturb else None
   if base_opts:
