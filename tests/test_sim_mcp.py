@@ -109,3 +109,17 @@ def test_mcp_client_over_stdio_lists_calls_and_gets_errors(tmp_path):
   assert out["errors"][0].startswith("Unknown tool: drop_all")
   assert "'one' is not of type 'integer'" in out["errors"][1]
   assert out["again"] == "text"
+
+
+def test_a_generated_mcp_world_serves_the_real_declared_tools():
+  from lwm_jax.envs import base
+  env = base.make_env("mcp")
+  try:
+    world = World.from_env(env, seed=4)
+    tools = declared_tools(world)
+    # Reference: the tools the real environment declared to the agent in that episode.
+    assert [t["name"] for t in tools] == [t["name"] for t in env.tools]
+    assert [t["inputSchema"] for t in tools] == [t["inputSchema"] for t in env.tools]
+    assert world.task == env.goal["text"]
+  finally:
+    env.close()
