@@ -31,6 +31,8 @@ flags.DEFINE_float("window_ms", 20.0, "how long the batcher waits for steps to a
 flags.DEFINE_integer("max_tokens", 256, "default token budget of one observation (with thinking)")
 flags.DEFINE_integer("max_turns", 50, "default turn limit of an episode")
 flags.DEFINE_integer("max_episodes", 1024, "most episodes open at once")
+flags.DEFINE_string("trajectory_root", "", "folder whose trajectory files requests may name "
+                    "(default: the working directory)")
 flags.DEFINE_string("decode_layout", "auto", "rows, model or auto (as for serve.py)")
 flags.DEFINE_string("decode_dtype", "", "dtype of the rows copy, e.g. bfloat16")
 flags.mark_flags_as_required(["checkpoint"])
@@ -52,7 +54,8 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   api = create_app(sampler, max_batch=f.max_batch, window_ms=f.window_ms,
-                   max_tokens=f.max_tokens, max_turns=f.max_turns, max_episodes=f.max_episodes)
+                   max_tokens=f.max_tokens, max_turns=f.max_turns, max_episodes=f.max_episodes,
+                   trajectory_root=f.trajectory_root or None)
   logging.info("simulated environments on http://%s:%d (checkpoint %s)", f.host, f.port,
                f.checkpoint)
   uvicorn.run(api, host=f.host, port=f.port, log_level="warning")

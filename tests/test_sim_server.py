@@ -28,11 +28,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(tmp_path_factory):
   sampler = tiny_sampler()
   # Batches of at most 4 steps keep every engine call in the one compiled shape of these tests.
   app = create_app(sampler, max_batch=4, window_ms=100, max_tokens=GREEDY.max_new_tokens,
-                   max_turns=3, max_episodes=40)
+                   max_turns=3, max_episodes=40,
+                   trajectory_root=str(tmp_path_factory.getbasetemp()))
   port = _free_port()
   server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
   th = threading.Thread(target=server.run, daemon=True)
@@ -97,6 +98,10 @@ def test_bad_requests_are_4xx_and_the_server_keeps_serving(served, tmp_path):
       "max_turns: expected int")
   err(h.post("/v1/episodes", json={"trajectory_file": str(tmp_path / "none.jsonl")}), 400,
       "none.jsonl")
+  err(h.post("/v1/episodes", json={"trajectory_file": "/etc/passwd"}), 400,
+      "outside the server's trajectory root")
+  err(h.post("/v1/episodes", json={"trajectory_file": "../../etc/passwd"}), 400,
+      "outside the server's trajectory root")
   ep = h.post("/v1/episodes", json={"world": world, "max_turns": 1}).json()["episode_id"]
   err(h.post(f"/v1/episodes/{ep}/step", content=b"[]"), 400, "expected a JSON object")
   err(h.post(f"/v1/episodes/{ep}/step", json={"act": "ls"}), 400, "action: expected a string")

@@ -5,8 +5,8 @@ Endpoints (JSON in and out):
 - `GET /health`; `GET /v1/perturbations`: the perturbation catalogue.
 - `POST /v1/episodes`: a new episode. The world is one of `world` (the fields of
   `lwm_jax.sim.env.World`), `trajectory` (a trajectory record; its turns are ignored) or
-  `trajectory_file` (a JSONL file of trajectories on the server's disk, with `trajectory_id` or
-  `index`, default 0). Optional: `seed` (0), `perturb` (a spec such as
+  `trajectory_file` (a JSONL file of trajectories on the server's disk, under its
+  `trajectory_root`, default the working directory; with `trajectory_id` or `index`, default 0). Optional: `seed` (0), `perturb` (a spec such as
   `errors:rate=0.2,kind=timeout`, added to the simulation instruction), `max_turns`, `variant`
   (system prompt template), `temperature`, `max_tokens`, `sampling_seed`. Answers
   `{"episode_id", "observation", "world"}`.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -78,7 +79,15 @@ def _load_body(raw: bytes) -> dict:
   return body
 
 
-def world_from_request(body: dict) -> World:
+def _inside(root: str, path: str) -> str:
+  """`path` (relative to `root`) resolved; HttpError when it leads outside `root`."""
+  full = os.path.realpath(os.path.join(root, path))
+  if full != root and not full.startswith(root.rstrip(os.sep) + os.sep):
+    raise HttpError(400, f"trajectory_file: {path} is outside the server's trajectory root")
+  return full
+
+
+def world_from_request(body: dict, trajectory_root: str = ".") -> World:
   """The episode's world from a create request (see the module docstring)."""
   given = [k for k in ("world", "trajectory", "trajectory_file") if k in body]
   if len(given) != 1:
@@ -93,9 +102,10 @@ def world_from_request(body: dict) -> World:
         t = dict(t, turns=[{"action": "", "observation": ""}])  # a world needs no turns
       return World.from_trajectory(schema.Trajectory.from_dict(t))
     path = _field(body, "trajectory_file", str, None)
+    full = _inside(os.path.realpath(trajectory_root), path)
     want_id = _field(body, "trajectory_id", str, None)
     index = _field(body, "index", int, 0)
-    for i, traj in enumerate(schema.read_jsonl(path)):
+    for i, traj in enumerate(schema.read_jsonl(full)):
       if (want_id is not None and traj.id == want_id) or (want_id is None and i == index):
         return World.from_trajectory(traj)
     which = f"id '{want_id}'" if want_id is not None else f"index {index}"
@@ -111,8 +121,11 @@ class _Episode:
 
 
 def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0,
-               max_tokens: int = 256, max_turns: int = 50, max_episodes: int = 1024) -> FastAPI:
-  """The app; `max_tokens` and `max_turns` are the defaults a create request may override."""
+               max_tokens: int = 256, max_turns: int = 50, max_episodes: int = 1024,
+               trajectory_root: str | None = None) -> FastAPI:
+  """The app; `max_tokens` and `max_turns` are the defaults a create request may override;
+  `trajectory_file`s are read under `trajectory_root` only (default: the working directory)."""
+  root = os.path.realpath(trajectory_root or os.getcwd())
   batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
   episodes: dict[str, _Episode] = {}
 
@@ -153,7 +166,7 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
       raise HttpError(400, f"{unknown[0]}: unknown field (known: {', '.join(sorted(_CREATE_FIELDS))})")
     if len(episodes) >= max_episodes:
       raise HttpError(429, f"{max_episodes} episodes are open; close some first")
-    world = await asyncio.to_thread(world_from_request, body)
+    world = await asyncio.to_thread(world_from_request, body, root)
     spec = _field(body, "perturb", str, "")
     try:
       world = perturb_lib.apply(world, spec)
