@@ -2,12 +2,14 @@
 real environments, episode state (done, reward, info), batched stepping and misuse."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lwm_jax.data import bench_records as awb
 from lwm_jax.data import prompts
 from lwm_jax.data.reply import parse_prediction
-from lwm_jax.envs import base
+from lwm_jax.envs import base, recorder
 from lwm_jax.envs.search import SearchEnv
 from lwm_jax.sim.env import SimulatedBatch, SimulatedEnv, World, action_name, step_many
 from tests.sim_helpers import GREEDY, terminal_world, tiny_sampler
@@ -63,6 +65,21 @@ def test_world_from_a_real_env_describe(sampler, search_env):
   assert sim.reset(5) == search_env.describe().initial_state
   sim.step('search(query="signature")')
   assert sim.trajectory().turns[0].action == 'search(query="signature")'
+
+
+def test_a_real_envs_scripted_agent_plays_the_simulated_world(sampler, search_env):
+  world = World.from_env(search_env, seed=5)
+  assert world.goal == search_env.goal and "target" in world.goal
+  sim = SimulatedEnv(sampler, world, params=GREEDY, max_turns=4)
+  traj = recorder.run_episode(sim, base.make_agent("search", random.Random(5)), 5, "sim-5",
+                              max_turns=2)
+  assert traj.domain == "search" and traj.task == world.task and 1 <= len(traj.turns) <= 2
+  # Reference: the real episode; the agent plans its first action from the goal alone.
+  real = recorder.run_episode(search_env, base.make_agent("search", random.Random(5)), 5,
+                              "real-5", max_turns=1)
+  assert traj.turns[0].action == real.turns[0].action
+  # The goal (the answer) is never shown to the world model.
+  assert world.goal["target"] not in prompts.system_prompt(sim.trajectory(), 0)
 
 
 # -- what SimulatedEnv adds --------------------------------------------------------------------

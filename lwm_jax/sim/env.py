@@ -26,6 +26,7 @@ after `close`. A `World` comes from a trajectory, from any real environment's `d
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -75,6 +76,9 @@ class World:
   demonstrations: str = ""
   simulation_instruction: str = ""
   finish_actions: tuple[str, ...] | None = None  # None: the domain's default (FINISH_ACTIONS)
+  # The structured goal of a real env's episode (`Env.goal`), for scripted agents and verifiers;
+  # never shown to the world model.
+  goal: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.domain not in prompts.DOMAIN_INFO:
@@ -84,6 +88,8 @@ class World:
               "simulation_instruction"):
       if not isinstance(getattr(self, f), str):
         raise ValueError(f"world.{f}: must be a string, got {type(getattr(self, f)).__name__}")
+    if not isinstance(self.goal, dict):
+      raise ValueError(f"world.goal: must be an object, got {type(self.goal).__name__}")
     if self.finish_actions is None:
       self.finish_actions = finish_actions_for(self.domain)
     else:
@@ -103,8 +109,10 @@ class World:
 
   @classmethod
   def from_env(cls, env: base.Env, seed: int, **kw: Any) -> "World":
-    """The world of a real environment's episode `seed` (calls `env.reset(seed)`)."""
+    """The world of a real environment's episode `seed` (calls `env.reset(seed)`), with its
+    goal, so that the env's scripted agent can play the simulated episode too."""
     env.reset(seed)
+    kw.setdefault("goal", copy.deepcopy(env.goal))
     return cls.from_info(env.domain, env.describe(), **kw)
 
   @classmethod
@@ -122,7 +130,7 @@ class World:
     return cls(**d)
 
   def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
+    d = dataclasses.asdict(self)  # the goal must be JSON-serialisable to travel over HTTP
     d["finish_actions"] = list(self.finish_actions or ())
     return d
 
@@ -183,6 +191,7 @@ class SimulatedEnv(base.Env):
       raise TypeError(f"seed: expected an integer, got {seed!r}")
     self.turns, self.raw, self.seed = [], [], seed
     self.steps, self.started, self.done, self.last = 0, True, False, None
+    self.goal = copy.deepcopy(self.world.goal)
     w = self.world
     return self._ready(w.task, w.action_space, w.initial_state)
 
