@@ -23,6 +23,7 @@ RUNTIME = [
     "httpx",
     "jinja2",
     "mcp",
+    "gymnasium",
 ]
 
 setup(

@@ -1,62 +1,220 @@
 """A world model as an environment: the same reset/step/describe/close API as `lwm_jax.envs`.
 
-`SimulatedEnv` keeps the episode's history and, at each `step(action)`, asks the LWM for the next
-observation given the system prompt (task, action space, initial state, demonstrations, simulation
-instruction) and everything so far. An agent cannot tell it from a real environment by its API, which
-is what Sim RL needs. `simulation_instruction` steers the world (injected errors, pagination, ...).
+`SimulatedEnv` is a `base.Env`. It keeps the episode's history and, at each step, asks the LWM for
+the next observation given the system prompt (task, action space, initial state, demonstrations,
+simulation instruction) and everything so far, exactly as a benchmark record would show it.
+
+Two ways to step:
+
+- `step(action) -> str`, the Env contract: the observation only.
+- `step_result(action) -> StepResult(observation, done, reward, info)`: the episode's state too.
+  `done` is `terminated or truncated`: `terminated` when the action is one of the world's finish
+  actions (`World.finish_actions`; the world model is not asked, the observation is empty),
+  `truncated` when the turn limit (`max_turns`) is reached. `reward` is 0 until the episode ends,
+  then the optional `verifier(trajectory)`'s value (0 without one). `info` carries the model's
+  raw reply (thinking included), its reasoning, prompt and completion token counts, the
+  generation's finish reason and the latency in seconds (of the engine call that produced it,
+  shared by the episodes stepped together).
+
+`step_many(envs, actions)` advances many episodes with ONE engine call per sampler (agent RL runs
+dozens at once); `SimulatedBatch` wraps a list of episodes that share a sampler.
+
+Misuse raises RuntimeError with the reason: stepping before `reset`, after the episode ended, or
+after `close`. A `World` comes from a trajectory, from any real environment's `describe()` after
+`reset(seed)` (`World.from_env`, so every generated world can be simulated), or from a JSON dict
+(`World.from_dict`, what the HTTP server takes).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any
+import json
+import re
+import time
+from typing import Any, Callable, Sequence
 
 from lwm_jax.data import prompts
 from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory, Turn
+from lwm_jax.envs import base
 from lwm_jax.envs.base import EnvInfo
-from lwm_jax.sampling.params import SamplingParams
+from lwm_jax.sampling.params import Generation, SamplingParams
+
+# Action names that end an episode: `finish(...)`, `submit(answer="...")`, a bare `done`, or the
+# MCP form `{"tool": "finish", ...}`. The terminal's `exit` ends a shell session too.
+FINISH_ACTIONS = ("finish", "submit", "answer", "done", "stop")
+_DOMAIN_FINISH = {"terminal": FINISH_ACTIONS + ("exit", "logout")}
+
+Verifier = Callable[[Trajectory], float]
+
+
+def finish_actions_for(domain: str) -> tuple[str, ...]:
+  return _DOMAIN_FINISH.get(domain, FINISH_ACTIONS)
+
+
+def action_name(action: str) -> str:
+  """The name an action calls: `name(...)`, a bare word, or the `tool` of a JSON tool call."""
+  text = action.strip()
+  if text.startswith("{"):
+    try:
+      call = json.loads(text)
+    except json.JSONDecodeError:
+      return ""
+    name = call.get("tool", call.get("name")) if isinstance(call, dict) else None
+    return name if isinstance(name, str) else ""
+  m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?=\s|\(|$)", text)
+  return m.group(1) if m else ""
 
 
 @dataclasses.dataclass
 class World:
-  """What the simulated world is: the static parts of a system prompt."""
+  """What the simulated world is: the static parts of a system prompt, and how an episode ends."""
   domain: str
   task: str
   action_space: str
   initial_state: str
   demonstrations: str = ""
   simulation_instruction: str = ""
+  finish_actions: tuple[str, ...] | None = None  # None: the domain's default (FINISH_ACTIONS)
+  # The structured goal of a real env's episode (`Env.goal`), for scripted agents and verifiers;
+  # never shown to the world model.
+  goal: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if self.domain not in prompts.DOMAIN_INFO:
+      raise ValueError(f"world.domain: unknown domain '{self.domain}' (expected one of "
+                       f"{', '.join(prompts.DOMAIN_INFO)})")
+    for f in ("task", "action_space", "initial_state", "demonstrations",
+              "simulation_instruction"):
+      if not isinstance(getattr(self, f), str):
+        raise ValueError(f"world.{f}: must be a string, got {type(getattr(self, f)).__name__}")
+    if not isinstance(self.goal, dict):
+      raise ValueError(f"world.goal: must be an object, got {type(self.goal).__name__}")
+    if self.finish_actions is None:
+      self.finish_actions = finish_actions_for(self.domain)
+    else:
+      names = tuple(self.finish_actions)
+      if not all(isinstance(n, str) and n for n in names):
+        raise ValueError("world.finish_actions: must be non-empty strings")
+      self.finish_actions = names
 
   @classmethod
   def from_trajectory(cls, traj: Trajectory) -> "World":
     return cls(traj.domain, traj.task, traj.action_space, traj.initial_state,
                traj.demonstrations, traj.simulation_instruction)
 
+  @classmethod
+  def from_info(cls, domain: str, info: EnvInfo, **kw: Any) -> "World":
+    return cls(domain, info.task, info.action_space, info.initial_state, **kw)
 
-class SimulatedEnv:
+  @classmethod
+  def from_env(cls, env: base.Env, seed: int, **kw: Any) -> "World":
+    """The world of a real environment's episode `seed` (calls `env.reset(seed)`), with its
+    goal, so that the env's scripted agent can play the simulated episode too."""
+    env.reset(seed)
+    kw.setdefault("goal", copy.deepcopy(env.goal))
+    return cls.from_info(env.domain, env.describe(), **kw)
+
+  @classmethod
+  def from_dict(cls, d: Any) -> "World":
+    """From a JSON object with the field names above; unknown or missing fields are errors."""
+    if not isinstance(d, dict):
+      raise ValueError(f"world: expected a JSON object, got {type(d).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+      raise ValueError(f"world.{unknown[0]}: unknown field (known: {', '.join(names)})")
+    missing = [n for n in names[:4] if n not in d]
+    if missing:
+      raise ValueError(f"world.{missing[0]}: missing")
+    return cls(**d)
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)  # the goal must be JSON-serialisable to travel over HTTP
+    d["finish_actions"] = list(self.finish_actions or ())
+    return d
+
+  def replace(self, **kw: Any) -> "World":
+    return dataclasses.replace(self, **kw)
+
+  def is_finish(self, action: str) -> bool:
+    return action_name(action) in (self.finish_actions or ())
+
+
+@dataclasses.dataclass
+class StepResult:
+  """One step of a simulated episode (see the module docstring)."""
+  observation: str
+  terminated: bool
+  truncated: bool
+  reward: float
+  info: dict[str, Any]
+
+  @property
+  def done(self) -> bool:
+    return self.terminated or self.truncated
+
+
+class SimulatedEnv(base.Env):
   """An environment whose observations come from a Language World Model (a `Sampler`)."""
 
   def __init__(self, sampler: Any, world: World, *, variant: int = 0,
-               params: SamplingParams | None = None, max_turns: int = 50):
+               params: SamplingParams | None = None, max_turns: int = 50,
+               verifier: Verifier | None = None):
+    super().__init__()
+    if not isinstance(world, World):
+      raise TypeError(f"world: expected a World, got {type(world).__name__}")
+    if not isinstance(max_turns, int) or max_turns < 1:
+      raise ValueError(f"max_turns: must be a positive integer, got {max_turns!r}")
+    if not 0 <= variant < prompts.NUM_VARIANTS:
+      raise ValueError(f"variant: must be in 0..{prompts.NUM_VARIANTS - 1}, got {variant}")
     self.sampler = sampler
     self.world = world
+    self.domain = world.domain  # type: ignore[misc]  # per instance, unlike the real envs
     self.variant = variant
-    self.params = params or SamplingParams(temperature=0.0, max_new_tokens=256)
+    self.params = (params or SamplingParams(temperature=0.0, max_new_tokens=256)).validate()
     self.max_turns = max_turns
+    self.verifier = verifier
     self.turns: list[Turn] = []
     self.raw: list[str] = []          # the model's full replies (thinking included)
     self.seed = 0
+    self.started = False
+    self.done = False
+    self.closed = False
+    self.last: StepResult | None = None
 
-  @property
-  def domain(self) -> str:
-    return self.world.domain
-
+  # -- the Env API ------------------------------------------------------------------------------
   def reset(self, seed: int = 0) -> str:
+    if self.closed:
+      raise RuntimeError("simulated env is closed; make a new one")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+      raise TypeError(f"seed: expected an integer, got {seed!r}")
     self.turns, self.raw, self.seed = [], [], seed
-    return self.world.initial_state
+    self.steps, self.started, self.done, self.last = 0, True, False, None
+    self.goal = copy.deepcopy(self.world.goal)
+    w = self.world
+    return self._ready(w.task, w.action_space, w.initial_state)
 
-  def describe(self) -> EnvInfo:
-    return EnvInfo(self.world.task, self.world.action_space, self.world.initial_state)
+  def step(self, action: str) -> str:
+    return self.step_result(action).observation
+
+  def step_result(self, action: str) -> StepResult:
+    return step_many([self], [action])[0]
+
+  def close(self) -> None:
+    self.closed, self.started = True, False
+
+  # -- the parts step_many uses -----------------------------------------------------------------
+  def check_step(self, action: Any) -> None:
+    """Raises if this episode cannot take `action` now."""
+    if self.closed:
+      raise RuntimeError("simulated env is closed; make a new one")
+    if not self.started:
+      raise RuntimeError("call reset(seed) before step()")
+    if self.done:
+      raise RuntimeError(f"the episode is over ({len(self.turns)} turns); call reset(seed)")
+    if not isinstance(action, str):
+      raise TypeError(f"action: expected a string, got {type(action).__name__}")
 
   def trajectory(self, traj_id: str = "simulated") -> Trajectory:
     w = self.world
@@ -72,16 +230,93 @@ class SimulatedEnv:
     pending.turns.append(Turn(action, ""))
     return prompts.prompt_messages(pending, len(pending.turns) - 1, self.variant)
 
-  def step(self, action: str) -> str:
-    if len(self.turns) >= self.max_turns:
-      raise RuntimeError(f"simulated episode reached max_turns={self.max_turns}; call reset()")
-    params = dataclasses.replace(self.params, seed=self.params.seed + 1000 * self.seed +
-                                 len(self.turns))
-    gen = self.sampler.generate([self.messages_for(action)], params)[0]
-    observation = parse_prediction(gen.text)
-    self.raw.append(gen.text)
+  def params_for_turn(self) -> SamplingParams:
+    """This turn's sampling params: the seed follows (episode seed, turn), so a sampled episode
+    replays the same way whatever else shares its batch."""
+    return self.params.replace(seed=(self.params.seed + 1000 * self.seed + len(self.turns))
+                               % (2 ** 31 - 1))
+
+  def record(self, action: str, gen: Generation | None, latency_s: float) -> StepResult:
+    """Adds the turn (`gen` None for a finish action) and returns its StepResult."""
+    terminated = gen is None
+    observation = "" if gen is None else parse_prediction(gen.text)
+    self.raw.append("" if gen is None else gen.text)
     self.turns.append(Turn(action, observation))
-    return observation
+    self.steps = len(self.turns)
+    truncated = not terminated and len(self.turns) >= self.max_turns
+    self.done = terminated or truncated
+    info: dict[str, Any] = {"turn": len(self.turns), "finish_action": terminated,
+                            "latency_s": latency_s}
+    if gen is not None:
+      info.update(raw=gen.text, reasoning=gen.reasoning, prompt_tokens=gen.prompt_tokens,
+                  completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason)
+    reward = 0.0
+    if self.done and self.verifier is not None:
+      reward = float(self.verifier(self.trajectory()))
+      info["verified"] = True
+    self.last = StepResult(observation, terminated, truncated, reward, info)
+    return self.last
+
+
+def step_many(envs: Sequence[SimulatedEnv], actions: Sequence[str]) -> list[StepResult]:
+  """Advances each episode by its action; the world model runs once per distinct sampler for all
+  of them (finish actions need no generation). Every episode is checked before anything runs,
+  so a misuse raises without advancing any episode."""
+  if len(envs) != len(actions):
+    raise ValueError(f"step_many: {len(envs)} episodes but {len(actions)} actions")
+  if len({id(e) for e in envs}) != len(envs):
+    raise ValueError("step_many: an episode appears twice in one call")
+  for i, (env, action) in enumerate(zip(envs, actions)):
+    try:
+      env.check_step(action)
+    except (RuntimeError, TypeError) as e:
+      raise type(e)(f"episode {i}: {e}") from None
+  results: list[StepResult | None] = [None] * len(envs)
+  groups: dict[int, list[int]] = {}
+  for i, (env, action) in enumerate(zip(envs, actions)):
+    if env.world.is_finish(action):
+      results[i] = env.record(action, None, 0.0)
+    else:
+      groups.setdefault(id(env.sampler), []).append(i)
+  for idx in groups.values():
+    sampler = envs[idx[0]].sampler
+    chats = [envs[i].messages_for(actions[i]) for i in idx]
+    t0 = time.perf_counter()
+    gens = sampler.generate(chats, [envs[i].params_for_turn() for i in idx])
+    latency = time.perf_counter() - t0
+    for i, gen in zip(idx, gens):
+      results[i] = envs[i].record(actions[i], gen, latency)
+  return results  # type: ignore[return-value]
+
+
+class SimulatedBatch:
+  """Many episodes of one sampler stepped together: `reset(seeds)`, `step(actions)`."""
+
+  def __init__(self, sampler: Any, worlds: Sequence[World], **env_kw: Any):
+    self.envs = [SimulatedEnv(sampler, w, **env_kw) for w in worlds]
+
+  def __len__(self) -> int:
+    return len(self.envs)
+
+  def reset(self, seeds: Sequence[int]) -> list[str]:
+    if len(seeds) != len(self.envs):
+      raise ValueError(f"reset: {len(seeds)} seeds for {len(self.envs)} episodes")
+    return [e.reset(s) for e, s in zip(self.envs, seeds)]
+
+  def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+    """Steps the episodes whose action is not None (None: leave that episode as it is)."""
+    if len(actions) != len(self.envs):
+      raise ValueError(f"step: {len(actions)} actions for {len(self.envs)} episodes")
+    live = [i for i, a in enumerate(actions) if a is not None]
+    out: list[StepResult | None] = [None] * len(self.envs)
+    for i, r in zip(live, step_many([self.envs[i] for i in live], [actions[i] for i in live])):
+      out[i] = r
+    return out
+
+  @property
+  def done(self) -> list[bool]:
+    return [e.done for e in self.envs]
 
   def close(self) -> None:
-    self.turns = []
+    for e in self.envs:
+      e.close()

@@ -1,0 +1,195 @@
+"""The perturbation catalogue (specs, rendering into the system prompt) and its real counterpart
+in the MCP tool server (errors at a seeded rate, pages, withheld fields, rate limit, stale reads)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from lwm_jax.data import prompts
+from lwm_jax.data.schema import Trajectory, Turn
+from lwm_jax.envs import mcp_server
+from lwm_jax.sim import perturb
+from tests.sim_helpers import terminal_world
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+def test_parse_spec_and_round_trip():
+  perts = perturb.parse("errors:rate=0.2,kind=timeout; page_size:size=3;withhold:fields=email+city")
+  assert [p.name for p in perts] == ["errors", "page_size", "withhold"]
+  assert perts[0].params == {"rate": 0.2, "kind": "timeout"}
+  assert perts[2].params == {"fields": ["email", "city"]}
+  assert perturb.parse(";".join(p.spec() for p in perts)) == perts
+  assert perturb.parse("stale")[0].params == {"refresh": 0}  # defaults
+  assert perturb.parse("") == []
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("erors:rate=0.2", "perturbation 'erors': unknown"),
+    ("errors:rate=1.5", "perturbation 'errors': rate must be in \\[0, 1\\], got 1.5"),
+    ("errors:rate=lots", "perturbation 'errors': rate must be float, got 'lots'"),
+    ("errors:kind=explode", "perturbation 'errors': kind must be one of timeout"),
+    ("errors:speed=2", "perturbation 'errors': unknown parameter 'speed'"),
+    ("errors:rate", "perturbation 'errors': expected key=value, got 'rate'"),
+    ("errors:rate=0.1,rate=0.2", "parameter 'rate' given twice"),
+    ("page_size:size=0", "perturbation 'page_size': size must be >= 1, got 0"),
+    ("withhold:fields=", "perturbation 'withhold': fields must name at least one field"),
+    ("stale;stale", "perturbation 'stale': given twice"),
+])
+def test_bad_specs_name_the_fault(spec, msg):
+  with pytest.raises(ValueError, match=msg):
+    perturb.parse(spec)
+
+
+def test_instruction_lands_in_the_prompts_simulation_instruction_section():
+  world = perturb.apply(terminal_world(simulation_instruction="The disk is nearly full."),
+                        "errors:rate=0.25,kind=server_error;page_size:size=4")
+  text = world.simulation_instruction
+  assert text.startswith("The disk is nearly full.\n- Intermittent failures: about 25% of")
+  assert "internal server error (status 500)" in text and "more than 4 items" in text
+  traj = Trajectory("t", "terminal", world.task, world.action_space, world.initial_state,
+                    [Turn("ls", "")], simulation_instruction=text)
+  for variant in (0, 3, 7):  # plain, XML and prose layouts all carry it in that section
+    sp = prompts.system_prompt(traj, variant)
+    assert "about 25% of the agent's calls" in sp
+  assert "<simulation_instruction>\nThe disk is nearly full.\n- Intermittent" in \
+      prompts.system_prompt(traj, 3)
+
+
+def test_real_options_for_the_mcp_server_and_the_hook_for_others():
+  opts = perturb.real_options("errors:rate=0.1,kind=unavailable;withhold:fields=email", "mcp",
+                              seed=9)
+  assert opts == {"seed": 9, "error_rate": 0.1, "error_kind": "unavailable", "withhold": ["email"]}
+  assert mcp_server.check_perturb(opts) == opts
+  with pytest.raises(NotImplementedError, match="'partial' is not implemented by the real 'mcp'"):
+    perturb.real_options("partial:rate=0.5", "mcp")
+  with pytest.raises(NotImplementedError, match="'search' environment"):
+    perturb.real_options("page_size:size=2", "search")
+
+
+# -- the real MCP server --------------------------------------------------------------------
+def _server(tmp_path, perturb_opts=None, seed=3):
+  db = str(tmp_path / "shop.db")
+  if not os.path.exists(db):
+    mcp_server.build_database(db, seed)
+  return db, mcp_server.make_server(db, perturb_opts)
+
+
+def _call(app, name, **args):
+  """(is_error, text) of one tool call, through the MCP server's own call path."""
+  from mcp.server.mcpserver.exceptions import ToolError
+  try:
+    result = asyncio.run(app.call_tool(name, args))
+  except ToolError as e:
+    return True, str(e)
+  text = "\n".join(c.text for c in result.content)
+  return bool(getattr(result, "is_error", False)), text
+
+
+def test_mcp_errors_follow_the_rate_on_a_fixed_seed(tmp_path):
+  n, rate = 300, 0.2
+  _, app = _server(tmp_path, {"error_rate": rate, "error_kind": "timeout", "seed": 11})
+  outcomes = [_call(app, "get_customer", customer_id=1) for _ in range(n)]
+  errors = [t for bad, t in outcomes if bad]
+  assert all(t.endswith(mcp_server.ERROR_MESSAGES["timeout"]) for t in errors)
+  sd = math.sqrt(n * rate * (1 - rate))
+  assert abs(len(errors) - n * rate) < 3.5 * sd, len(errors)  # binomial, 3.5 sigma
+  # The same seed gives the same failing calls; another seed, other ones.
+  _, again = _server(tmp_path, {"error_rate": rate, "error_kind": "timeout", "seed": 11})
+  assert [_call(again, "get_customer", customer_id=1)[0] for _ in range(n)] == \
+      [bad for bad, _ in outcomes]
+  _, other = _server(tmp_path, {"error_rate": rate, "error_kind": "timeout", "seed": 12})
+  assert [_call(other, "get_customer", customer_id=1)[0] for _ in range(n)] != \
+      [bad for bad, _ in outcomes]
+  ok = [t for bad, t in outcomes if not bad][0]
+  assert json.loads(ok)["id"] == 1  # the calls that pass are untouched
+
+
+def test_mcp_page_size_and_withheld_fields(tmp_path):
+  db, app = _server(tmp_path, {"page_size": 3, "withhold": ["email", "total"]})
+  con = sqlite3.connect(db)
+  n_items = con.execute("SELECT COUNT(*) FROM order_items").fetchone()[0]
+  con.close()
+  assert n_items > 3
+  bad, text = _call(app, "query", sql="SELECT * FROM order_items")
+  out = json.loads(text)
+  assert not bad and len(out["rows"]) == 3 and out["truncated"]
+  assert out["rows_not_shown"] == n_items - 3
+  bad, text = _call(app, "get_customer", customer_id=2)
+  cust = json.loads(text)
+  assert not bad and "email" not in cust and set(cust) == {"id", "name", "city", "tier"}
+  out = json.loads(_call(app, "query", sql="SELECT id, email, city FROM customers")[1])
+  assert out["columns"] == ["id", "city"] and all(len(r) == 2 for r in out["rows"])
+  # Without perturbations the server answers as before.
+  _, plain = _server(tmp_path)
+  assert "email" in json.loads(_call(plain, "get_customer", customer_id=2)[1])
+
+
+def test_mcp_rate_limit_and_stale_reads(tmp_path):
+  _, app = _server(tmp_path, {"rate_limit": 2, "retry_after": 7})
+  assert not _call(app, "list_tables")[0] and not _call(app, "list_tables")[0]
+  bad, text = _call(app, "list_tables")
+  assert bad and "Rate limit exceeded (429)" in text and "retry after 7 s" in text
+  _, stale = _server(tmp_path, {"stale_refresh": 0})
+  city = json.loads(_call(stale, "get_customer", customer_id=1)[1])["city"]
+  bad, text = _call(stale, "update_customer", customer_id=1, city="Atlantis")
+  assert not bad and json.loads(text)["customer"]["city"] == "Atlantis"  # the write happened
+  assert json.loads(_call(stale, "get_customer", customer_id=1)[1])["city"] == city  # stale
+  _, fresh = _server(tmp_path)
+  assert json.loads(_call(fresh, "get_customer", customer_id=1)[1])["city"] == "Atlantis"
+
+
+def test_mcp_side_file_sets_each_episodes_perturbations(tmp_path):
+  db, app = _server(tmp_path)
+  mcp_server.write_perturb_file(db, perturb.real_options("rate_limit:limit=1", "mcp", seed=1))
+  assert not _call(app, "list_tables")[0] and _call(app, "list_tables")[0]
+  # Rewritten for the next episode: the counts start afresh.
+  mcp_server.write_perturb_file(db, perturb.real_options("rate_limit:limit=1", "mcp", seed=2))
+  assert not _call(app, "list_tables")[0]
+  with pytest.raises(ValueError, match="perturb.error_rate: must be in"):
+    mcp_server.write_perturb_file(db, {"error_rate": 2})
+  with open(mcp_server.perturb_file(db), "w") as f:  # written by hand, badly
+    f.write('{"error_rate": 2}')
+  bad, text = _call(app, "list_tables")
+  assert bad and "perturb.json.error_rate: must be in [0, 1]" in text
+  mcp_server.write_perturb_file(db, None)  # no perturbation any more
+  assert not os.path.exists(mcp_server.perturb_file(db))
+  assert not _call(app, "list_tables")[0] and not _call(app, "list_tables")[0]
+
+
+def test_mcp_server_cli_rejects_bad_perturb(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.mcp_server", "--db",
+                         str(tmp_path / "x.db"), "--perturb", '{"error_kind": "boom"}'],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and "--perturb.error_kind: must be one of" in proc.stderr
+
+
+def test_mcp_server_perturb_flag_over_stdio(tmp_path):
+  """The real server started as McpEnv starts it, with --perturb, seen by the mcp client."""
+  from mcp.client.session import ClientSession
+  from mcp.client.stdio import StdioServerParameters, stdio_client
+  db = str(tmp_path / "shop.db")
+  mcp_server.build_database(db, 1)
+  params = StdioServerParameters(
+      command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db, "--perturb",
+                                    json.dumps({"page_size": 2, "rate_limit": 2})],
+      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+  async def session():
+    with open(tmp_path / "server.log", "w") as errlog:
+      async with stdio_client(params, errlog=errlog) as (r, w):
+        async with ClientSession(r, w) as s:
+          await s.initialize()
+          return [await s.call_tool("query", {"sql": "SELECT id FROM customers ORDER BY id"})
+                  for _ in range(3)]
+
+  first, _, third = asyncio.run(asyncio.wait_for(session(), 60))
+  out = json.loads(first.content[0].text)
+  assert not first.is_error and out["rows"] == [[1], [2]] and out["truncated"]
+  assert third.is_error and "Rate limit exceeded (429)" in third.content[0].text

@@ -1,0 +1,139 @@
+"""The simulated-environment HTTP server on a real uvicorn server and a tiny random model: 16
+concurrent episodes batched onto one engine (answers equal to stepping each episode alone in
+Python), the Python client and RemoteEnv, and bad requests answered with 4xx while it keeps
+serving."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from lwm_jax.data import schema
+from lwm_jax.sim.client import RemoteEnv, SimClient, SimServerError
+from lwm_jax.sim.env import SimulatedEnv
+from lwm_jax.sim.server import create_app
+from tests.sim_helpers import GREEDY, terminal_world, tiny_sampler
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  sampler = tiny_sampler()
+  # Batches of at most 4 steps keep every engine call in the one compiled shape of these tests.
+  app = create_app(sampler, max_batch=4, window_ms=100, max_tokens=GREEDY.max_new_tokens,
+                   max_turns=3, max_episodes=40,
+                   trajectory_root=str(tmp_path_factory.getbasetemp()))
+  port = _free_port()
+  server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+  th = threading.Thread(target=server.run, daemon=True)
+  th.start()
+  for _ in range(400):
+    if server.started:
+      break
+    time.sleep(0.05)
+  yield sampler, app, f"http://127.0.0.1:{port}"
+  server.should_exit = True
+  th.join(timeout=10)
+
+
+def _world(i: int) -> dict:
+  return terminal_world(task=f"t{i}").to_dict()
+
+
+def test_sixteen_concurrent_episodes_are_batched_and_match_python(served):
+  sampler, app, base = served
+  client = SimClient(base)
+  batches0 = app.state.batcher.batches
+
+  def play(i: int):
+    ep = client.create(_world(i), seed=i, max_tokens=GREEDY.max_new_tokens)
+    out = [ep.step(f"wc -l file{i}.txt"), ep.step("ls")]
+    ep.close()
+    return out
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    results = list(pool.map(play, range(16)))
+  steps = 32
+  assert app.state.batcher.batches - batches0 < steps  # steps shared engine calls
+  for i in (0, 7, 15):  # reference: the same episode stepped alone through the Python API
+    env = SimulatedEnv(sampler, terminal_world(task=f"t{i}"), params=GREEDY, max_turns=3)
+    env.reset(i)
+    for r, action in zip(results[i], [f"wc -l file{i}.txt", "ls"]):
+      ref = env.step_result(action)
+      assert r.info["raw"] == ref.info["raw"] and r.observation == ref.observation
+  assert client.health()["episodes"] == 0  # every episode was closed
+
+
+def test_bad_requests_are_4xx_and_the_server_keeps_serving(served, tmp_path):
+  _, _, base = served
+  h = httpx.Client(base_url=base, timeout=60)
+  world = _world(0)
+
+  def err(r, status, text):
+    assert r.status_code == status, r.text
+    assert text in r.json()["error"]["message"], r.json()
+
+  err(h.post("/v1/episodes/ep-nope/step", json={"action": "ls"}), 404, "no such episode")
+  err(h.delete("/v1/episodes/ep-nope"), 404, "no such episode")
+  err(h.post("/v1/episodes", content=b"{not json"), 400, "body: not valid JSON")
+  err(h.post("/v1/episodes", json=[1, 2]), 400, "expected a JSON object")
+  err(h.post("/v1/episodes", json={}), 400, "give exactly one of world, trajectory")
+  err(h.post("/v1/episodes", json={"world": world, "colour": 1}), 400, "colour: unknown field")
+  err(h.post("/v1/episodes", json={"world": dict(world, domain="moon")}), 400,
+      "world.domain: unknown domain 'moon'")
+  err(h.post("/v1/episodes", json={"world": world, "perturb": "errors:rate=3"}), 400,
+      "perturbation 'errors': rate must be in [0, 1]")
+  err(h.post("/v1/episodes", json={"world": world, "max_turns": "ten"}), 400,
+      "max_turns: expected int")
+  err(h.post("/v1/episodes", json={"trajectory_file": str(tmp_path / "none.jsonl")}), 400,
+      "none.jsonl")
+  err(h.post("/v1/episodes", json={"trajectory_file": "/etc/passwd"}), 400,
+      "outside the server's trajectory root")
+  err(h.post("/v1/episodes", json={"trajectory_file": "../../etc/passwd"}), 400,
+      "outside the server's trajectory root")
+  ep = h.post("/v1/episodes", json={"world": world, "max_turns": 1}).json()["episode_id"]
+  err(h.post(f"/v1/episodes/{ep}/step", content=b"[]"), 400, "expected a JSON object")
+  err(h.post(f"/v1/episodes/{ep}/step", json={"act": "ls"}), 400, "action: expected a string")
+  r = h.post(f"/v1/episodes/{ep}/step", json={"action": "ls"}).json()
+  assert r["done"] and r["truncated"]
+  err(h.post(f"/v1/episodes/{ep}/step", json={"action": "ls"}), 409, "is over")
+  assert h.delete(f"/v1/episodes/{ep}").json()["closed"]
+  err(h.post(f"/v1/episodes/{ep}/step", json={"action": "ls"}), 404, "no such episode")
+  assert h.get("/health").json()["status"] == "ok"  # still up
+
+
+def test_trajectory_file_perturbation_and_remote_env(served, tmp_path):
+  _, _, base = served
+  traj = schema.Trajectory("demo-1", "mcp", "Refund order 3.", "{\"tool\": ...}",
+                           "Connected to shop-db.", [schema.Turn("x", "y")])
+  path = tmp_path / "t.jsonl"
+  path.write_text(json.dumps(traj.to_dict()) + "\n")
+  client = SimClient(base)
+  ep = client.create(trajectory_file=str(path), trajectory_id="demo-1",
+                     perturb="errors:rate=0.5,kind=unavailable")
+  assert ep.initial_state == "Connected to shop-db."
+  assert "about 50% of the agent's calls fail because the service is temporarily unavailable" \
+      in ep.world["simulation_instruction"]
+  done = ep.step('{"tool": "finish", "arguments": {}}')
+  assert done.terminated and done.observation == ""
+  assert ep.state()["trajectory"]["turns"][0]["action"].startswith('{"tool": "finish"')
+  ep.close()
+  with pytest.raises(SimServerError) as e:
+    client.create(trajectory_file=str(path), trajectory_id="nope")
+  assert e.value.status == 400 and "no trajectory with id 'nope'" in e.value.message
+  env = RemoteEnv(client, terminal_world(), max_turns=2)
+  assert env.reset(3) == "user@box:~$ " and env.describe().task == terminal_world().task
+  assert isinstance(env.step("ls"), str) and env.step_result("pwd").truncated
+  env.close()
+  assert client.health()["episodes"] == 0
