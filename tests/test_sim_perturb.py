@@ -14,7 +14,7 @@ import pytest
 
 from lwm_jax.data import prompts
 from lwm_jax.data.schema import Trajectory, Turn
-from lwm_jax.envs import mcp_server
+from lwm_jax.envs import mcp_env, mcp_server
 from lwm_jax.sim import perturb
 from tests.sim_helpers import terminal_world
 
@@ -77,7 +77,7 @@ def test_real_options_for_the_mcp_server_and_the_hook_for_others():
 def _server(tmp_path, perturb_opts=None, seed=3):
   db = str(tmp_path / "shop.db")
   if not os.path.exists(db):
-    mcp_server.build_database(db, seed)
+    mcp_env.write_database(db, mcp_env.generate_world(seed))
   return db, mcp_server.make_server(db, perturb_opts)
 
 
@@ -114,10 +114,12 @@ def test_mcp_errors_follow_the_rate_on_a_fixed_seed(tmp_path):
 def test_mcp_page_size_and_withheld_fields(tmp_path):
   db, app = _server(tmp_path, {"page_size": 3, "withhold": ["email", "total"]})
   con = sqlite3.connect(db)
-  n_items = con.execute("SELECT COUNT(*) FROM order_items").fetchone()[0]
+  # A query under the server's own 50-row cap, so every row not shown is one the page cut.
+  where = "WHERE order_id <= 8"
+  n_items = con.execute(f"SELECT COUNT(*) FROM order_items {where}").fetchone()[0]
   con.close()
-  assert n_items > 3
-  bad, text = _call(app, "query", sql="SELECT * FROM order_items")
+  assert 3 < n_items <= 50
+  bad, text = _call(app, "query", sql=f"SELECT * FROM order_items {where}")
   out = json.loads(text)
   assert not bad and len(out["rows"]) == 3 and out["truncated"]
   assert out["rows_not_shown"] == n_items - 3
@@ -175,7 +177,7 @@ def test_mcp_server_perturb_flag_over_stdio(tmp_path):
   from mcp.client.session import ClientSession
   from mcp.client.stdio import StdioServerParameters, stdio_client
   db = str(tmp_path / "shop.db")
-  mcp_server.build_database(db, 1)
+  mcp_env.write_database(db, mcp_env.generate_world(1))
   params = StdioServerParameters(
       command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db, "--perturb",
                                     json.dumps({"page_size": 2, "rate_limit": 2})],

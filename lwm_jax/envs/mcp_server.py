@@ -2,7 +2,7 @@
 
 Run as `python -m lwm_jax.envs.mcp_server --db PATH`; it speaks MCP (JSON-RPC 2.0) over stdio
 through the `mcp` package. Every call opens the database afresh, so the client may rebuild the
-file between episodes (see `build_database`) and keep the server process. Errors are real: SQLite
+file between episodes (`mcp_env.write_database`) and keep the server process. Errors are real: SQLite
 constraint violations, unknown ids, bad arguments (validated by the MCP server from the schemas).
 
 Perturbations (`--perturb JSON` or `make_server(db, perturb={...})`, the options that
@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import sqlite3
 import time
 from typing import Any
@@ -50,54 +49,6 @@ CREATE TABLE refunds (
   order_id INTEGER PRIMARY KEY REFERENCES orders(id), amount REAL NOT NULL, reason TEXT NOT NULL,
   created_at TEXT NOT NULL);
 """
-FIRST = ["Ana", "Ben", "Chloe", "Dmitri", "Elif", "Farid", "Greta", "Hiro", "Ines", "Jonas",
-         "Kemi", "Luca", "Maya", "Nils", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
-LAST = ["Silva", "Novak", "Okafor", "Berg", "Tanaka", "Moreau", "Khan", "Rossi", "Weber", "Lund"]
-CITIES = ["Lisbon", "Oslo", "Lagos", "Kyoto", "Lyon", "Austin", "Pune", "Graz"]
-PRODUCTS = [("USB-C cable", "cables"), ("HDMI cable", "cables"), ("Laptop stand", "desk"),
-            ("Desk lamp", "desk"), ("Wireless mouse", "input"), ("Mechanical keyboard", "input"),
-            ("Webcam", "video"), ("Monitor 27in", "video"), ("Headset", "audio"),
-            ("Speaker", "audio"), ("Power bank", "power"), ("Wall charger", "power"),
-            ("Mouse pad", "desk"), ("Trackpad", "input"), ("Microphone", "audio")]
-
-
-def build_database(path: str, seed: int) -> dict[str, Any]:
-  """Writes a fresh seeded shop database to `path`; returns a summary for the initial state."""
-  rng = random.Random(seed * 31 + 5)
-  con = sqlite3.connect(path)
-  con.executescript(_SCHEMA)
-  n_cust = rng.randint(6, 14)
-  names = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], n_cust)
-  for i, name in enumerate(names, 1):
-    email = name.lower().replace(" ", ".") + "@example.com"
-    con.execute("INSERT INTO customers VALUES (?,?,?,?,?)",
-                (i, name, email, rng.choice(CITIES), rng.choice(["basic", "basic", "silver", "gold"])))
-  prods = rng.sample(PRODUCTS, rng.randint(7, 12))
-  for i, (name, cat) in enumerate(prods, 1):
-    con.execute("INSERT INTO products VALUES (?,?,?,?,?)",
-                (i, name, cat, round(rng.uniform(5, 300), 2), rng.choice([0, 2, 5, 12, 30, 60])))
-  for oid in range(1, rng.randint(5, 16) + 1):
-    cust = rng.randint(1, n_cust)
-    items = rng.sample(range(1, len(prods) + 1), rng.randint(1, 3))
-    total = 0.0
-    con.execute("INSERT INTO orders VALUES (?,?,?,?,?)",
-                (oid, cust, rng.choice(["pending", "paid", "paid", "shipped", "refunded"]), 0,
-                 f"2024-05-{rng.randint(1, 30):02d}T{rng.randint(8, 20):02d}:00:00Z"))
-    for pid in items:
-      qty = rng.randint(1, 3)
-      price = con.execute("SELECT price FROM products WHERE id=?", (pid,)).fetchone()[0]
-      con.execute("INSERT INTO order_items VALUES (?,?,?,?)", (oid, pid, qty, price))
-      total += qty * price
-    con.execute("UPDATE orders SET total=? WHERE id=?", (round(total, 2), oid))
-  for (oid, total) in con.execute("SELECT id, total FROM orders WHERE status='refunded'").fetchall():
-    con.execute("INSERT INTO refunds VALUES (?,?,?,?)", (oid, total, "damaged item", "2024-05-31T12:00:00Z"))
-  con.commit()
-  counts = {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-            for t in ("customers", "products", "orders", "order_items", "refunds")}
-  con.close()
-  return counts
-
-
 def _rows(cur: sqlite3.Cursor, limit: int = 50) -> str:
   cols = [d[0] for d in cur.description or []]
   rows = cur.fetchmany(limit + 1)
