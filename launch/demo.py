@@ -25,7 +25,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import stages  # noqa: E402  (launch/stages.py: shared with launch/reproduce.py)
-from lwm_jax.eval.metrics import edit_similarity  # noqa: E402
 from lwm_jax.eval.teacher_forced import observation_accuracy, world_coverage  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
 
@@ -88,7 +87,7 @@ def main(_):
         f"{sft.get('tokens_per_s', 0):.0f} tokens/s; checkpoint {wd}/sft/checkpoints")
 
   _banner("4. Held-out next-observation token accuracy (teacher forcing)")
-  from lwm_jax.sampling import Sampler, SamplingParams  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   held = test_trajs[::max(1, len(test_trajs) // FLAGS.eval_trajectories)]
   coverage = world_coverage(held, train_trajs)
   train_worlds = {t.meta["world"] for t in train_trajs if t.meta.get("world")}
@@ -117,50 +116,20 @@ def main(_):
 
   _banner("5. A simulated terminal episode (the SFT model answers a real episode's actions; its "
           "own earlier answers are its history)")
-  from lwm_jax.sim.env import SimulatedEnv, World  # pylint: disable=import-outside-toplevel
   episode = next(t for t in test_trajs if t.domain == "terminal")
-  env = SimulatedEnv(sampler, World.from_trajectory(episode), variant=2,
-                     params=SamplingParams(temperature=0.0, max_new_tokens=120))
-  env.reset(seed=0)
-  sims = []
-  for i, turn in enumerate(episode.turns[:3]):
-    predicted = env.step(turn.action)
-    sims.append(edit_similarity(predicted, turn.observation))
-    print(f"--- turn {i + 1}: $ {turn.action}")
-    print(_beside(predicted, turn.observation))
-    print(f"edit similarity {sims[-1]:.3f}")
-  mean_sim = sum(sims) / len(sims)
-  print(f"mean edit similarity of the simulated observations to the real ones: {mean_sim:.3f} "
-        f"over {len(sims)} turns")
+  sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
                           "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens},
              "worlds": {"evaluated": coverage.worlds, "seen_in_train": coverage.seen_in_train,
                         "without_world_id": coverage.missing},
-             "simulated_episode": {"model": "sft", "trajectory": episode.id, "turns": len(sims),
-                                   "edit_similarity": sims, "mean_edit_similarity": mean_sim}}
+             "simulated_episode": {"model": "sft (this demo's SFT run)", **sim}}
   with open(os.path.join(wd, "demo_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"\ndone in {summary['seconds']:.0f} s; summary in {wd}/demo_summary.json")
   if not beats:
     sys.exit(1)
-
-
-def _beside(simulated: str, real: str, width: int = 48, limit: int = 14) -> str:
-  """Two columns, simulated | real, each line cut at `width` characters, at most `limit` lines."""
-  cut = lambda text: [ln if len(ln) <= width else ln[:width - 3] + "..."
-                      for ln in (text.splitlines() or [""])]
-  left, right = cut(simulated), cut(real)
-  rows = max(len(left), len(right))
-  lines = [f"    {'simulated':<{width}} | real", f"    {'-' * width} | {'-' * width}"]
-  for i in range(min(rows, limit)):
-    a = left[i] if i < len(left) else ""
-    b = right[i] if i < len(right) else ""
-    lines.append(f"    {a:<{width}} | {b}")
-  if rows > limit:
-    lines.append(f"    ... {rows - limit} more lines")
-  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,11 @@ def resolve(values: dict[str, Any]) -> Settings:
                   fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0))
 
 
+def settings_from_flags() -> Settings:
+  return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "knowledge", "rl",
+                                              "seed", *SIZE_FLAGS)})
+
+
 @dataclasses.dataclass
 class RunSpec:
   """One training run: its stage, its switches and the run it starts from."""
@@ -277,7 +282,7 @@ def _evaluate(name: str, wd: str, selection, s: Settings):
   print(flush=True)
   free_running.write_predictions(selection.cases, preds,
                                  os.path.join(wd, "predictions", f"{name}.jsonl"))
-  return preds, stats
+  return preds, stats, sampler
 
 
 def main(argv):
@@ -285,8 +290,7 @@ def main(argv):
   logging.getLogger().setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)
   t0 = time.time()
-  s = resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "knowledge", "rl",
-                                            "seed", *SIZE_FLAGS)})
+  s = settings_from_flags()
   runs = plan(s)
   if s.fast_compile:  # read when the XLA backend starts, which is later (first computation)
     flags_now = os.environ.get("XLA_FLAGS", "").split()
@@ -348,17 +352,29 @@ def main(argv):
   _banner("Free-running evaluation on the test split")
   selection = free_running.select_cases(corpus.test, s.eval_max_turns or None, s.seed)
   print(selection.describe())
-  preds, gen = {}, {}
+  preds, gen, main_sampler = {}, {}, None
   for r in runs:
-    p, gen[r.name] = _evaluate(r.name, wd, selection, s)
+    p, gen[r.name], sampler = _evaluate(r.name, wd, selection, s)
     preds[r.name] = {k: v["prediction"] for k, v in p.items()}
     rows[r.name]["cut_per_domain"] = _cut_per_domain(selection, p)
+    if r.main and r.stage == "sft":
+      main_sampler = sampler
   res = free_running.results(selection, preds, gen, train=corpus.train)
   paths = free_running.write_report(res, wd, title="Free-running evaluation (test split)")
 
+  simulated = None
+  episode = next((t for t in corpus.test if t.domain == "terminal"), None)
+  if main_sampler is not None and episode is not None:
+    _banner(f"A simulated terminal episode ({runs[1].name} plays the environment)")
+    lines: list[str] = []
+    out = lambda text: (print(text), lines.append(text))
+    simulated = stages.simulated_episode(main_sampler, episode, turns=3,
+                                         max_new_tokens=s.eval_max_new_tokens, out=out)
+    simulated.update(model=runs[1].name, transcript="\n".join(lines))
+
   import reproduce_report  # pylint: disable=import-outside-toplevel  (launch/reproduce_report.py)
   report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),
-                                  round(time.time() - t0, 1), paths)
+                                  round(time.time() - t0, 1), paths, simulated)
   reproduce_report.write(report, wd)
   print(reproduce_report.summary(report))
   print(f"\ndone in {time.time() - t0:.0f} s; report in {wd}/report.md")

@@ -28,8 +28,8 @@ def verdict(res: dict[str, Any], system: str, rows: dict[str, Any]) -> dict[str,
 
 
 def build(header: dict[str, Any], rows: dict[str, Any], res: dict[str, Any],
-          pairs: list[tuple[str, str, str]], seconds: float, paths: dict[str, str]
-          ) -> dict[str, Any]:
+          pairs: list[tuple[str, str, str]], seconds: float, paths: dict[str, str],
+          simulated: dict[str, Any] | None = None) -> dict[str, Any]:
   main_sft = next((n for n, r in rows.items() if r["main"] and r["stage"] == "sft"), None)
   ablations = []
   for what, a, b in pairs:
@@ -42,7 +42,7 @@ def build(header: dict[str, Any], rows: dict[str, Any], res: dict[str, Any],
                         "steps": rows[name]["steps"]})
   return {**header, "seconds": seconds, "stages": rows, "free_running": res,
           "verdict": verdict(res, main_sft, rows) if main_sft else None,
-          "ablations": ablations, "files": paths}
+          "ablations": ablations, "simulated_episode": simulated, "files": paths}
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -99,6 +99,17 @@ def _ablation_table(ablations: list[dict[str, Any]]) -> list[str]:
   return out
 
 
+def _simulated_lines(sim: dict[str, Any] | None) -> list[str]:
+  if not sim:
+    return []
+  return ["## A simulated terminal episode", "",
+          f"`{sim['model']}` plays the environment of test trajectory `{sim['trajectory']}` for "
+          f"{sim['turns']} turns (greedy, its own earlier answers as history): mean edit "
+          f"similarity {sim['mean_edit_similarity']:.3f} to the real observations (per turn: "
+          + ", ".join(f"{x:.3f}" for x in sim["edit_similarity"]) + ").", "", "```",
+          sim.get("transcript", ""), "```", ""]
+
+
 def markdown(rep: dict[str, Any]) -> str:
   s, c = rep["settings"], rep["corpus"]
   know = rep.get("knowledge")
@@ -125,7 +136,7 @@ def markdown(rep: dict[str, Any]) -> str:
            "its loss curve is its `loss.png`.", "",
            "## Ablations (equal compute: same model, steps, batch and sequence length)", "",
            *_ablation_table(rep["ablations"]), "", "## Free-running evaluation (test split)", "",
-           free_md.strip(), "", "## Files", "",
+           free_md.strip(), "", *_simulated_lines(rep.get("simulated_episode")), "## Files", "",
            "- `free_running.md`, `free_running.json`: the evaluation table alone",
            "- " + ", ".join(f"`{os.path.basename(p)}`" for k, p in rep["files"].items()
                             if k.startswith("png")) + ": one chart per metric",

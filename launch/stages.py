@@ -95,3 +95,45 @@ def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int,
   c.export_hf = export_hf
   c.export_hf_dir = os.path.join(workdir, "hf")
   return c
+
+
+def simulated_episode(sampler, episode: schema.Trajectory, turns: int = 3,
+                      max_new_tokens: int = 120, variant: int = 0, out=print) -> dict:
+  """Lets the world model (a `Sampler`) play the environment for a real episode's first `turns`
+  actions, its own earlier answers as history (`lwm_jax.sim.env.SimulatedEnv`), and prints each
+  simulated observation beside the real one with their edit similarity. Returns the trajectory id,
+  the per-turn similarities and their mean."""
+  from lwm_jax.eval.metrics import edit_similarity  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.params import SamplingParams  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sim.env import SimulatedEnv, World  # pylint: disable=import-outside-toplevel
+  env = SimulatedEnv(sampler, World.from_trajectory(episode), variant=variant,
+                     params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+  env.reset(seed=0)
+  sims = []
+  for i, turn in enumerate(episode.turns[:turns]):
+    predicted = env.step(turn.action)
+    sims.append(edit_similarity(predicted, turn.observation))
+    out(f"--- turn {i + 1}: {turn.action}")
+    out(beside(predicted, turn.observation))
+    out(f"edit similarity {sims[-1]:.3f}")
+  mean = sum(sims) / len(sims) if sims else 0.0
+  out(f"mean edit similarity of the simulated observations to the real ones: {mean:.3f} over "
+      f"{len(sims)} turns")
+  return {"trajectory": episode.id, "turns": len(sims), "edit_similarity": sims,
+          "mean_edit_similarity": mean}
+
+
+def beside(simulated: str, real: str, width: int = 48, limit: int = 14) -> str:
+  """Two columns, simulated | real, each line cut at `width` characters, at most `limit` lines."""
+  cut = lambda text: [ln if len(ln) <= width else ln[:width - 3] + "..."
+                      for ln in (text.splitlines() or [""])]
+  left, right = cut(simulated), cut(real)
+  rows = max(len(left), len(right))
+  lines = [f"    {'simulated':<{width}} | real", f"    {'-' * width} | {'-' * width}"]
+  for i in range(min(rows, limit)):
+    a = left[i] if i < len(left) else ""
+    b = right[i] if i < len(right) else ""
+    lines.append(f"    {a:<{width}} | {b}")
+  if rows > limit:
+    lines.append(f"    ... {rows - limit} more lines")
+  return "\n".join(lines)
