@@ -242,6 +242,21 @@ def _rl_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
   return c
 
 
+def masking_coverage(trajs) -> dict[str, Any]:
+  """How many training turns the information-theoretic mask keeps in the CPT loss (seed 0), and
+  the turn classes: what separates --masking=it from --masking=full on this corpus."""
+  from lwm_jax.data import masking  # pylint: disable=import-outside-toplevel
+  classes: dict[str, int] = {}
+  kept = total = 0
+  for t in trajs:
+    for k, turn in enumerate(t.turns):
+      c = masking.classify_turn(turn.action, turn.observation).value
+      classes[c] = classes.get(c, 0) + 1
+      kept += masking.keep_turn(t.id, k, turn.action, turn.observation, 0)
+      total += 1
+  return {"turns": total, "kept": kept, "classes": dict(sorted(classes.items()))}
+
+
 # --- running ----------------------------------------------------------------------------------
 def _banner(text: str) -> None:
   print(f"\n=== {text} ===", flush=True)
@@ -308,7 +323,8 @@ def main(argv):
             "corpus": {"folder": corpus.folder, "sha256": corpus.digest(),
                        "train_trajectories": len(corpus.train),
                        "test_trajectories": len(corpus.test)},
-            "runs": [dataclasses.asdict(r) for r in runs]}
+            "runs": [dataclasses.asdict(r) for r in runs],
+            "masking": masking_coverage(corpus.train)}
   print(f"corpus: {len(corpus.train)} training trajectories, {len(corpus.test)} held out; "
         f"runs: {', '.join(r.name for r in runs)}")
 

@@ -110,6 +110,15 @@ def _simulated_lines(sim: dict[str, Any] | None) -> list[str]:
           sim.get("transcript", ""), "```", ""]
 
 
+def _masking_line(m: dict[str, Any] | None) -> str:
+  if not m:
+    return ""
+  return (f"Loss masking (`--masking=it`) keeps {m['kept']} of the training split's {m['turns']} "
+          "observation turns in the CPT loss (turn classes: "
+          + ", ".join(f"{k} {v}" for k, v in m["classes"].items())
+          + "); `--masking=full` keeps all of them.")
+
+
 def markdown(rep: dict[str, Any]) -> str:
   s, c = rep["settings"], rep["corpus"]
   know = rep.get("knowledge")
@@ -130,6 +139,7 @@ def markdown(rep: dict[str, Any]) -> str:
            + (f"at most {s['eval_max_turns']} turn(s) per domain" if s["eval_max_turns"]
               else "every turn")
            + f", {s['eval_batch']} turns per batch.",
+           _masking_line(rep.get("masking")),
            f"Total time: {rep['seconds']:.0f} s.", "", "## Verdict", "",
            *_verdict_lines(rep["verdict"]), "", "## Stages", "", *_stage_table(rep["stages"]),
            "", "Each run's resolved config is its `config.json` (and `plan.json` holds them all); "
