@@ -95,7 +95,7 @@ def _ablation_table(ablations: list[dict[str, Any]]) -> list[str]:
   for a in ablations:
     out.append(f"| {a['ablation']} | {a['run']}{' (main)' if a['main'] else ''} | "
                + " | ".join(_f(a[m], ".2f") for m, _ in METRICS)
-               + f" | {a['domains_ahead']} | {a['steps']} | {a['tokens'] if a['tokens'] is not None else '-'} |")
+               + f" | {a['domains_ahead']} | {a['steps']} | {_f(a['tokens'], 'd')} |")
   return out
 
 

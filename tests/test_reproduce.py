@@ -1,5 +1,6 @@
 """launch/reproduce.py's argument plumbing, without training: budgets and overrides, the runs an
-ablation adds, each run's config, and the simulated episode (launch/stages.py) on a stand-in model."""
+ablation adds, each run's config, and the simulated episode (launch/stages.py) on a stand-in
+model."""
 import importlib.util
 import os
 import sys
