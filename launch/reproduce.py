@@ -331,8 +331,9 @@ def main(argv):
   knowledge_jsonl, knowledge_info, extra_texts = "", None, []
   if s.knowledge:
     from lwm_jax.data import documents  # pylint: disable=import-outside-toplevel
+    from lwm_jax.envs import knowledge  # pylint: disable=import-outside-toplevel
     _banner(f"1. Knowledge text ({', '.join(s.knowledge)}) at {s.knowledge_share:.0%} of CPT")
-    docs = documents.knowledge_documents(sources=s.knowledge)
+    docs = knowledge.knowledge_documents(sources=s.knowledge)
     knowledge_jsonl = os.path.join(wd, "knowledge.jsonl.gz")
     documents.write_documents(docs, knowledge_jsonl)
     knowledge_info = {"file": knowledge_jsonl, "documents": len(docs),

@@ -148,7 +148,8 @@ def test_mix_config_errors(tok, tmp_path, trajs):
 
 
 def test_action_space_documents():
-  docs = {d.id: d for d in documents.action_spaces()}
+  from lwm_jax.envs import knowledge
+  docs = {d.id: d for d in knowledge.action_spaces()}
   assert "action_space/search" in docs and "action_space/terminal" in docs
   assert "search(query=" in docs["action_space/search"].text
   assert "{limit}" not in docs["action_space/terminal"].text

@@ -10,11 +10,9 @@ closing marker included. A document longer than `seq_len` is cut into consecutiv
 `seq_len - 1` tokens, each opened by the marker again (no text is lost, the cuts are counted in
 `n_split`).
 
-`knowledge_documents()` gathers the knowledge text of the bundled environments: the pages the
-search environment indexes (read back from its index, so they are byte for byte what its episodes
-show) and each environment's action-space description. `write_documents` saves them as a document
-file for `data.pipeline.knowledge_jsonl`; `pipeline.make_train_iterator` then mixes them into CPT at
-`knowledge_share` of the tokens (docs/reproduce.md).
+`lwm_jax/envs/knowledge.py` gathers the knowledge text of the bundled environments; `write_documents`
+saves documents as a file for `data.pipeline.knowledge_jsonl`, and `pipeline.make_train_iterator`
+mixes them into CPT at `knowledge_share` of the tokens (docs/reproduce.md).
 """
 from __future__ import annotations
 
@@ -138,50 +136,3 @@ def document_samples(doc: Document, tok: Tokenizer, seq_len: int) -> list[dict[s
                 "n_dropped": stat(0), "n_cut": stat(0), "n_split": stat(int(i > 0)),
                 "n_overlong": stat(0), "n_knowledge": stat(n)})
   return out
-
-
-# --- the bundled environments' knowledge text ---------------------------------------------------
-def search_collection(cache_dir: str | None = None) -> list[Document]:
-  """Every page the search environment indexes (module overviews, functions, classes), read from
-  its SQLite index (built on first use by `lwm_jax.envs.search.ensure_index`)."""
-  import sqlite3  # pylint: disable=import-outside-toplevel
-  from lwm_jax.envs import search  # pylint: disable=import-outside-toplevel
-  path = search.ensure_index(cache_dir)
-  con = sqlite3.connect(path)
-  try:
-    rows = con.execute("SELECT doc_id, title, body FROM docs ORDER BY doc_id").fetchall()
-  finally:
-    con.close()
-  return [Document(f"search/{i}", body, title) for i, title, body in rows]
-
-
-def action_spaces() -> list[Document]:
-  """Each bundled environment's action-space description, as its episodes' prompts carry it."""
-  import importlib  # pylint: disable=import-outside-toplevel
-  import inspect  # pylint: disable=import-outside-toplevel
-  docs = []
-  for name in ("terminal", "swe", "search", "web", "android", "desktop"):
-    mod = importlib.import_module(f"lwm_jax.envs.{name}")
-    text = getattr(mod, "ACTION_SPACE", "")
-    if "{limit}" in text:  # the terminal's time limit, filled in as its episodes show it
-      limit = inspect.signature(mod.TerminalEnv).parameters["time_limit"].default
-      text = text.format(limit=limit)
-    if text.strip():
-      docs.append(Document(f"action_space/{name}", text, f"Actions of the {name} environment"))
-  return docs
-
-
-def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = ("search",
-                                                                               "actions")
-                        ) -> list[Document]:
-  """The knowledge text of `sources`: 'search' (the search collection), 'actions' (action
-  spaces)."""
-  unknown = sorted(set(sources) - {"search", "actions"})
-  if unknown:
-    raise ValueError(f"unknown knowledge source {unknown[0]!r} (expected search or actions)")
-  docs: list[Document] = []
-  if "search" in sources:
-    docs += search_collection(cache_dir)
-  if "actions" in sources:
-    docs += action_spaces()
-  return docs
