@@ -46,8 +46,8 @@ BUDGETS: dict[str, dict[str, Any]] = {
                  eval_batch=8, rl_steps=4, validate=False, fast_compile=True),
     # the 60-minute reproduction on 2 CPU cores (docs/reproduce.md)
     "full": dict(preset="demo", vocab=2048, seq_len=1024, batch=8, cpt_steps=240, sft_steps=120,
-                 knowledge_share=0.1, ablations="masking,thinking", eval_max_turns=24,
-                 eval_max_new_tokens=192, eval_batch=16, rl_steps=24, validate=True,
+                 knowledge_share=0.1, ablations="masking,thinking", eval_max_turns=20,
+                 eval_max_new_tokens=320, eval_batch=16, rl_steps=24, validate=True,
                  fast_compile=False),
 }
 # LLVM at -O0 and the classic CPU emitters: about 3x cheaper compiles, slower steps (tests use it)
