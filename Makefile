@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test bench corpus fixtures clean sandbox-tool
+.PHONY: demo test bench corpus fixtures clean sandbox-tool reproduce
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,14 @@ test: $(VENV)/.installed sandbox-tool
 
 demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py
+
+# The recipe end to end with every stage evaluated free-running (docs/reproduce.md): about 60
+# minutes on 2 CPU cores. `make reproduce BUDGET=tiny` is the few-minute smoke run; more flags
+# (e.g. --ablations=masking) go in REPRODUCE_FLAGS. The report lands in runs/reproduce_$(BUDGET)/.
+BUDGET ?= full
+REPRODUCE_FLAGS ?=
+reproduce: $(VENV)/.installed
+	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/model_step.py

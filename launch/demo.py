@@ -4,13 +4,13 @@
   2. CPT of a small MoE world model with information-theoretic loss masking (then exported to HF)
   3. SFT in thinking mode, starting from the CPT model's Hugging Face export
   4. held-out next-observation token accuracy of both models beside a copy-previous baseline
-  5. one simulated terminal episode: the world model answers a real episode's actions
+  5. one simulated terminal episode: the SFT model answers a real episode's actions, each simulated
+     observation printed beside the real one with its edit similarity (and their mean)
 
   python launch/demo.py [--workdir=runs/demo] [--cpt_steps=N] [--sft_steps=N]
 """
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -24,8 +24,7 @@ from absl import logging as absl_logging
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from configs import cpt as cpt_config, sft as sft_config  # noqa: E402
-from lwm_jax.data import prompts, schema, tokenizer as tok_lib  # noqa: E402
+import stages  # noqa: E402  (launch/stages.py: shared with launch/reproduce.py)
 from lwm_jax.eval.teacher_forced import observation_accuracy, world_coverage  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
 
@@ -39,28 +38,14 @@ flags.DEFINE_integer("seq_len", 1024, "tokens per packed row")
 flags.DEFINE_integer("batch", 8, "rows per batch")
 flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the accuracy table")
 
-STAGE_CONFIGS = {"cpt": cpt_config, "sft": sft_config}
-
-
 def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
             valid: str, init_from_hf: str = ""):
-  """The `demo` preset of the stage's config (configs/common.py) with this run's data, steps,
-  vocabulary and shapes."""
-  c = STAGE_CONFIGS[stage].get_config("demo")
-  c.model.vocab_size = vocab
-  c.train.update(dict(num_steps=steps, batch_size=FLAGS.batch, seq_len=FLAGS.seq_len,
-                      eval_every=steps))
-  c.checkpoint.every = steps
-  c.data.source, c.data.tokenizer = "pipeline", tokenizer
-  c.data.pipeline.jsonl, c.data.eval_jsonl = train, valid
-  # The recipe drops SFT samples over the token limit; at this CPU-sized 1,024-token row about 9
-  # in 10 of the corpus's SFT samples are longer, so the demo keeps them by dropping their
-  # oldest history instead (a deliberate departure, see docs/recipe.md).
-  c.data.pipeline.overlong = "truncate_history"
-  c.init_from_hf = init_from_hf
-  c.export_hf = stage == "cpt"
-  c.export_hf_dir = os.path.join(workdir, "hf")
-  return c
+  """The `demo` preset of the stage's config with this run's data, steps, vocabulary and shapes
+  (launch/stages.py)."""
+  return stages.stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=FLAGS.batch,
+                             seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
+                             train=train, valid=valid, init_from_hf=init_from_hf,
+                             export_hf=stage == "cpt")
 
 
 def _banner(text: str) -> None:
@@ -74,26 +59,15 @@ def main(_):
   wd = FLAGS.workdir
   shutil.rmtree(wd, ignore_errors=True)
   os.makedirs(wd)
-  train = sorted(glob.glob(os.path.join(FLAGS.corpus, "*_train.jsonl.gz")))
-  valid = sorted(glob.glob(os.path.join(FLAGS.corpus, "*_validation.jsonl.gz")))
-  test = sorted(glob.glob(os.path.join(FLAGS.corpus, "*_test.jsonl.gz")))
-  if not train:
-    raise SystemExit(f"no corpus under {FLAGS.corpus} (run `make corpus`)")
-  train_trajs = [t for p in train for t in schema.read_jsonl(p)]
-  test_trajs = [t for p in test for t in schema.read_jsonl(p)]
+  corpus = stages.load_corpus(FLAGS.corpus)
+  train, valid = corpus.train_files, corpus.valid_files
+  train_trajs, test_trajs = corpus.train, corpus.test
   print(f"corpus: {len(train_trajs)} training trajectories in {len(train)} domains, "
         f"{len(test_trajs)} held out")
 
   _banner("1. SentencePiece tokenizer")
-  texts = []
-  for traj in train_trajs:
-    texts.append(prompts.system_prompt(traj, 1))
-    for turn in traj.turns:
-      texts += [turn.action, turn.observation]
-  sp = tok_lib.train_sentencepiece(texts, FLAGS.vocab, os.path.join(wd, "tokenizer"))
-  tok = tok_lib.load_tokenizer(sp)
+  sp, tok, vocab = stages.train_tokenizer(train_trajs, FLAGS.vocab, os.path.join(wd, "tokenizer"))
   print(f"{sp}: {tok.vocab_size} pieces")
-  vocab = -(-tok.vocab_size // 128) * 128
 
   results = {}
   _banner(f"2. CPT with loss masking ({FLAGS.cpt_steps} steps)")
@@ -113,7 +87,7 @@ def main(_):
         f"{sft.get('tokens_per_s', 0):.0f} tokens/s; checkpoint {wd}/sft/checkpoints")
 
   _banner("4. Held-out next-observation token accuracy (teacher forcing)")
-  from lwm_jax.sampling import Sampler, SamplingParams  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   held = test_trajs[::max(1, len(test_trajs) // FLAGS.eval_trajectories)]
   coverage = world_coverage(held, train_trajs)
   train_worlds = {t.meta["world"] for t in train_trajs if t.meta.get("world")}
@@ -140,33 +114,22 @@ def main(_):
   print(f"SFT model {'beats' if beats else 'does NOT beat'} the copy-previous baseline "
         f"({a_sft.model:.3f} vs {a_sft.copy_previous:.3f})")
 
-  _banner("5. A simulated terminal episode (the model answers a real episode's actions)")
-  from lwm_jax.sim.env import SimulatedEnv, World  # pylint: disable=import-outside-toplevel
+  _banner("5. A simulated terminal episode (the SFT model answers a real episode's actions; its "
+          "own earlier answers are its history)")
   episode = next(t for t in test_trajs if t.domain == "terminal")
-  env = SimulatedEnv(sampler, World.from_trajectory(episode), variant=2,
-                     params=SamplingParams(temperature=0.0, max_new_tokens=120))
-  env.reset(seed=0)
-  for i, turn in enumerate(episode.turns[:3]):
-    predicted = env.step(turn.action)
-    print(f"--- turn {i + 1}: $ {turn.action}")
-    print("simulated:\n" + _indent(predicted))
-    print("real:\n" + _indent(turn.observation))
+  sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
                           "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens},
              "worlds": {"evaluated": coverage.worlds, "seen_in_train": coverage.seen_in_train,
-                        "without_world_id": coverage.missing}}
+                        "without_world_id": coverage.missing},
+             "simulated_episode": {"model": "sft (this demo's SFT run)", **sim}}
   with open(os.path.join(wd, "demo_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"\ndone in {summary['seconds']:.0f} s; summary in {wd}/demo_summary.json")
   if not beats:
     sys.exit(1)
-
-
-def _indent(text: str, limit: int = 600) -> str:
-  text = text if len(text) <= limit else text[:limit] + " ..."
-  return "\n".join("    " + line for line in text.splitlines() or [""])
 
 
 if __name__ == "__main__":

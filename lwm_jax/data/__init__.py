@@ -11,5 +11,6 @@
   tokenizer    SentencePiece and Hugging Face tokenizers with ChatML and per-token loss weights
   lengths      fitting samples into seq_len (CPT windows, over-long SFT/RL policy)
   pipeline     Grain pipelines for cpt, sft and rl-prompts with exact resume
+  documents    plain documents (knowledge text) for CPT with full loss, mixed in at a token share
   tfds_trajectories  the ArrayRecord dataset built by `launch/data.py build`
 """

@@ -23,6 +23,12 @@ weight 1 on the assistant target. Over-long SFT samples and RL prompts are dropp
 `overlong='drop'`, the recipe) or, with `overlong='truncate_history'`, lose their oldest history
 turns (then the system prompt's tail). Every drop and cut is counted in `DataIterator.stats`.
 
+CPT knowledge text: with `knowledge_jsonl` (plain documents, `lwm_jax/data/documents.py`) the CPT
+sample stream interleaves whole-document samples with FULL loss so that they make up
+`knowledge_share` of the tokens (`TokenShareMix`: the stream that is furthest behind its share gives
+the next sample, so the measured share tracks the target within one sample); the documents repeat
+and reshuffle as often as needed, the trajectories end the stream.
+
 rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation header, right-padded),
 `lengths` int32 [batch], and object arrays `ids`, `domains`, `ground_truths`, `turns`, `prompts`
 (the chat messages as JSON).
@@ -40,6 +46,7 @@ import numpy as np
 
 from lwm_jax.data import hygiene as hygiene_lib
 from lwm_jax.data import demos as demos_lib
+from lwm_jax.data import documents as documents_lib
 from lwm_jax.data import importers, lengths, masking, prompts
 from lwm_jax.data.bench_records import format_observation
 from lwm_jax.data.schema import Trajectory
@@ -47,7 +54,8 @@ from lwm_jax.data.tokenizer import Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
 _OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
-_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong")
+_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong",
+               "n_knowledge")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -78,13 +86,16 @@ def default_data_config() -> ml_collections.ConfigDict:
   num_packing_bins: rows the packer fills at once (more bins, denser packing, more latency)
   worker_count: Grain worker processes (0: everything in this process)
   worker_buffer_size: batches each worker prepares ahead
+  knowledge_jsonl: CPT only: comma-separated plain-document files (knowledge text, full loss);
+                empty: none
+  knowledge_share: CPT only: the share of tokens (0 <= share < 1) the knowledge documents take
   """
   return ml_collections.ConfigDict(dict(
       jsonl="", tfds_dir="", split="train", validation="strict", hygiene=True,
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
       loss_masking=True, thinking=True, overlong="drop", long_prompts=True, demo_jsonl="",
       demo_pool_size=8, demo_chars=1500, num_packing_bins=8, worker_count=0,
-      worker_buffer_size=2))
+      worker_buffer_size=2, knowledge_jsonl="", knowledge_share=0.0))
 
 
 # --- sources ----------------------------------------------------------------------------------
@@ -130,7 +141,7 @@ def _arr(ids: list[int], weights: list[float], dropped: int = 0, cut: int = 0, s
   stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)
   return {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32),
           "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split),
-          "n_overlong": stat(0)}
+          "n_overlong": stat(0), "n_knowledge": stat(0)}
 
 
 def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
@@ -260,7 +271,77 @@ def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collect
   if stage == "rl-prompts":
     return lengths.SkipMarked(ds.map(lambda t: rl_prompt_sample(t, tok, cfg)).to_iter_dataset(),
                               shard)
-  return grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _CptFlatMap(tok, cfg))
+  ds = grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _CptFlatMap(tok, cfg))
+  if cfg.get("knowledge_jsonl"):
+    ds = TokenShareMix(ds, knowledge_dataset(tok, cfg, process_index, process_count),
+                       float(cfg.knowledge_share))
+  return ds
+
+
+class _DocFlatMap(grain.experimental.FlatMapTransform):
+  max_fan_out = 4096
+
+  def __init__(self, tok: Tokenizer, seq_len: int):
+    self.tok, self.seq_len = tok, seq_len
+
+  def flat_map(self, doc: documents_lib.Document) -> list[dict[str, np.ndarray]]:
+    return documents_lib.document_samples(doc, self.tok, self.seq_len)
+
+
+def knowledge_dataset(tok: Tokenizer, cfg: ml_collections.ConfigDict, process_index: int = 0,
+                      process_count: int = 1) -> grain.IterDataset:
+  """Full-loss samples of the knowledge documents, this process's share, reshuffled and repeated
+  forever."""
+  docs = documents_lib.read_documents(cfg.knowledge_jsonl)
+  if not docs:
+    raise ValueError(f"data config field 'knowledge_jsonl': no documents in {cfg.knowledge_jsonl}")
+  ds = grain.MapDataset.source(docs)[process_index % len(docs)::process_count]
+  ds = ds.shuffle(seed=cfg.seed + 1).repeat(None)
+  # The documents sit in memory: read them in this thread (no prefetch threads to feed).
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  return grain.experimental.FlatMapIterDataset(ds, _DocFlatMap(tok, cfg.seq_len))
+
+
+class _TokenShareMixIterator(grain.DatasetIterator):
+
+  def __init__(self, main: grain.DatasetIterator, extra: grain.DatasetIterator, share: float):
+    super().__init__([main, extra])
+    self._main, self._extra, self._share = main, extra, share
+    self._tokens = [0, 0]  # tokens given so far from (main, extra)
+
+  def __next__(self) -> dict[str, Any]:
+    total = self._tokens[0] + self._tokens[1]
+    if self._share > 0 and self._tokens[1] < self._share * total:
+      x = next(self._extra)
+      self._tokens[1] += len(x["tokens"])
+      return x
+    x = next(self._main)
+    self._tokens[0] += len(x["tokens"])
+    return x
+
+  def get_state(self) -> dict[str, Any]:
+    return {"main": self._main.get_state(), "extra": self._extra.get_state(),
+            "tokens": list(self._tokens)}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._main.set_state(state["main"])
+    self._extra.set_state(state["extra"])
+    self._tokens = [int(v) for v in state["tokens"]]
+
+
+class TokenShareMix(grain.IterDataset):
+  """Interleaves `extra` into `main` so that `extra`'s samples hold `share` of the tokens: the next
+  sample comes from `extra` while its token count is below `share` of all tokens given. The
+  stream ends with `main`; `extra` must not run out (repeat it)."""
+
+  def __init__(self, main: grain.IterDataset, extra: grain.IterDataset, share: float):
+    if not 0.0 <= share < 1.0:
+      raise ValueError(f"data config field 'knowledge_share' must be in [0, 1), got {share}")
+    super().__init__([main, extra])
+    self._main, self._extra, self._share = main, extra, share
+
+  def __iter__(self) -> _TokenShareMixIterator:
+    return _TokenShareMixIterator(self._main.__iter__(), self._extra.__iter__(), self._share)
 
 
 def _rl_batch(tok: Tokenizer, seq_len: int):
@@ -284,7 +365,7 @@ def _finish_packed(tok: Tokenizer):
     return {"tokens": tokens, "positions": x["tokens_positions"].astype(np.int32),
             "segment_ids": seg, "loss_weights": x["loss_weights"].astype(np.float32),
             "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"],
-            "n_overlong": x["n_overlong"]}
+            "n_overlong": x["n_overlong"], "n_knowledge": x["n_knowledge"]}
   return fn
 
 
@@ -314,7 +395,8 @@ class DataIterator:
   `stats` counts, since the start (restored with the state): batches, documents, tokens,
   loss_tokens (weight > 0), overlong_dropped (SFT/RL samples over seq_len, dropped),
   dropped_turns (history turns removed to fit), cut (samples truncated at seq_len),
-  split_docs (extra CPT documents from long trajectories).
+  split_docs (extra CPT documents from long trajectories), knowledge_tokens (CPT tokens from
+  knowledge documents).
   """
 
   def __init__(self, dataset: grain.IterDataset, stage: str):
@@ -337,6 +419,7 @@ class DataIterator:
       s["tokens"] += int(b["lengths"].sum())
     else:
       s["split_docs"] += int(np.sum(b.pop("n_split")))
+      s["knowledge_tokens"] += int(np.sum(b.pop("n_knowledge")))
       s["documents"] += int(np.sum(b["positions"] == 0) - np.sum(
           (b["positions"] == 0) & (b["segment_ids"] == 0)))
       s["tokens"] += int(np.sum(b["segment_ids"] > 0))
@@ -385,3 +468,12 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
                      f"got '{cfg.validation}'")
   if cfg.num_epochs == 0 or cfg.num_epochs < -1:
     raise ValueError(f"data config field 'num_epochs' must be >= 1 or -1, got {cfg.num_epochs}")
+  share, docs = float(cfg.get("knowledge_share", 0.0)), cfg.get("knowledge_jsonl", "")
+  if not 0.0 <= share < 1.0:
+    raise ValueError(f"data config field 'knowledge_share' must be in [0, 1), got {share}")
+  if docs and stage != "cpt":
+    raise ValueError(f"data config field 'knowledge_jsonl' is for the cpt stage only (this is "
+                     f"{stage}); leave it empty")
+  if bool(docs) != (share > 0):
+    raise ValueError("data config fields 'knowledge_jsonl' and 'knowledge_share' go together: "
+                     f"got knowledge_jsonl={docs!r} and knowledge_share={share}")

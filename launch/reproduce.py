@@ -1,0 +1,409 @@
+"""The recipe end to end on the bundled corpus at CPU scale, every stage evaluated free-running
+(`make reproduce`; docs/reproduce.md).
+
+  1. knowledge text: the pages the search environment indexes and the environments' action spaces,
+     as plain documents (full loss) mixed into CPT at --knowledge_share of its tokens
+  2. a SentencePiece tokenizer on the training split (and the knowledge text)
+  3. CPT with information-theoretic loss masking (--masking=it) or full loss on every observation
+     (--masking=full), exported to Hugging Face
+  4. SFT from the CPT export, thinking targets on or off (--thinking=on|off)
+  5. (--rl, off by default) GSPO from the SFT export
+  6. free-running evaluation of every trained model on the test split beside copy-previous and
+     empty; report.md, report.json and PNGs in the run folder
+
+--ablations=masking,thinking also trains the opposite setting of each switch at equal compute (same
+model, steps, batch and sequence length) and reports it as a row. --budget picks the defaults
+(tiny: an end-to-end smoke run in minutes; full: the 60-minute reproduction); every flag below
+overrides its budget's value. --plan_only writes plan.json (the resolved settings and each run's
+config) and stops before training.
+
+  python launch/reproduce.py --budget=tiny --workdir=runs/reproduce_tiny
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stages  # noqa: E402  (launch/stages.py: shared with launch/demo.py)
+
+ROOT = stages.ROOT
+BUDGETS: dict[str, dict[str, Any]] = {
+    # end to end in a few minutes on 2 CPU cores: proves the plumbing, not the recipe. Compiling
+    # dominates such a run, so it compiles with XLA's cheap settings (FAST_COMPILE) and skips the
+    # training runs' validation pass.
+    "tiny": dict(preset="tiny", vocab=1024, seq_len=512, batch=4, cpt_steps=8, sft_steps=4,
+                 knowledge_share=0.1, ablations="", eval_max_turns=1, eval_max_new_tokens=16,
+                 eval_batch=8, rl_steps=4, validate=False, fast_compile=True),
+    # the 60-minute reproduction on 2 CPU cores (docs/reproduce.md)
+    "full": dict(preset="demo", vocab=2048, seq_len=1024, batch=8, cpt_steps=240, sft_steps=120,
+                 knowledge_share=0.1, ablations="masking,thinking", eval_max_turns=20,
+                 eval_max_new_tokens=320, eval_batch=16, rl_steps=24, validate=True,
+                 fast_compile=False),
+}
+# LLVM at -O0 and the classic CPU emitters: about 3x cheaper compiles, slower steps (tests use it)
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+ABLATIONS = ("masking", "thinking")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "reproduce"), "run folder (replaced)")
+flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "bundled corpus folder")
+flags.DEFINE_enum("budget", "full", list(BUDGETS), "defaults of every size flag below")
+flags.DEFINE_string("preset", None, "model preset of configs/common.py (demo, tiny, small)")
+flags.DEFINE_integer("vocab", None, "SentencePiece vocabulary size")
+flags.DEFINE_integer("seq_len", None, "tokens per packed row")
+flags.DEFINE_integer("batch", None, "rows per batch")
+flags.DEFINE_integer("cpt_steps", None, "CPT steps")
+flags.DEFINE_integer("sft_steps", None, "SFT steps")
+flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
+                  "full loss on every observation")
+flags.DEFINE_enum("thinking", "on", ["on", "off"], "SFT targets with or without a <think> block")
+flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CPT: search "
+                    "(the search environment's pages), actions (action spaces); '' for none")
+flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
+flags.DEFINE_string("ablations", None, "comma list of masking, thinking: also train the other "
+                    "setting of each at equal compute")
+flags.DEFINE_bool("rl", False, "add the GSPO stage after SFT (needs the RL stage's rollouts)")
+flags.DEFINE_integer("rl_steps", None, "GSPO steps (with --rl)")
+flags.DEFINE_integer("eval_max_turns", None, "test-split turns evaluated per domain (0: all)")
+flags.DEFINE_integer("eval_max_new_tokens", None, "generated tokens per turn at most")
+flags.DEFINE_integer("eval_batch", None, "turns generated together")
+flags.DEFINE_integer("seed", 0, "seed of the turn sample")
+flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
+
+SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "cpt_steps", "sft_steps", "knowledge_share",
+              "ablations", "eval_max_turns", "eval_max_new_tokens", "eval_batch", "rl_steps")
+
+
+@dataclasses.dataclass
+class Settings:
+  budget: str
+  preset: str
+  vocab: int
+  seq_len: int
+  batch: int
+  cpt_steps: int
+  sft_steps: int
+  masking: str
+  thinking: str
+  knowledge: tuple[str, ...]
+  knowledge_share: float
+  ablations: tuple[str, ...]
+  rl: bool
+  rl_steps: int
+  eval_max_turns: int
+  eval_max_new_tokens: int
+  eval_batch: int
+  validate: bool = True          # validation loss at the end of each training run
+  fast_compile: bool = False     # FAST_COMPILE XLA flags
+  seed: int = 0
+
+
+def resolve(values: dict[str, Any]) -> Settings:
+  """Settings from flag values: each size flag left at None takes its budget's value."""
+  budget = values.get("budget") or "full"
+  if budget not in BUDGETS:
+    raise ValueError(f"--budget: {budget!r} is not one of {', '.join(BUDGETS)}")
+  v = dict(BUDGETS[budget])
+  v.update({k: values[k] for k in SIZE_FLAGS if values.get(k) is not None})
+  ablations = tuple(a for a in str(v["ablations"]).split(",") if a.strip())
+  bad = [a for a in ablations if a not in ABLATIONS]
+  if bad:
+    raise ValueError(f"--ablations: {bad[0]!r} is not one of {', '.join(ABLATIONS)}")
+  knowledge = tuple(k for k in str(values.get("knowledge", "")).split(",") if k.strip())
+  bad = [k for k in knowledge if k not in ("search", "actions")]
+  if bad:
+    raise ValueError(f"--knowledge: {bad[0]!r} is not one of search, actions")
+  share = float(v["knowledge_share"]) if knowledge else 0.0
+  if not 0.0 <= share < 1.0:
+    raise ValueError(f"--knowledge_share must be in [0, 1), got {share}")
+  for k in ("vocab", "seq_len", "batch", "cpt_steps", "sft_steps", "eval_max_new_tokens",
+            "eval_batch", "rl_steps"):
+    if int(v[k]) < 1:
+      raise ValueError(f"--{k} must be >= 1, got {v[k]}")
+  if int(v["eval_max_turns"]) < 0:
+    raise ValueError(f"--eval_max_turns must be >= 0 (0: every turn), got {v['eval_max_turns']}")
+  return Settings(budget=budget, preset=str(v["preset"]), vocab=int(v["vocab"]),
+                  seq_len=int(v["seq_len"]), batch=int(v["batch"]),
+                  cpt_steps=int(v["cpt_steps"]), sft_steps=int(v["sft_steps"]),
+                  masking=values.get("masking") or "it", thinking=values.get("thinking") or "on",
+                  knowledge=knowledge if share > 0 else (), knowledge_share=share,
+                  ablations=ablations, rl=bool(values.get("rl")), rl_steps=int(v["rl_steps"]),
+                  eval_max_turns=int(v["eval_max_turns"]),
+                  eval_max_new_tokens=int(v["eval_max_new_tokens"]),
+                  eval_batch=int(v["eval_batch"]), validate=bool(v["validate"]),
+                  fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0))
+
+
+def settings_from_flags() -> Settings:
+  return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "knowledge", "rl",
+                                              "seed", *SIZE_FLAGS)})
+
+
+@dataclasses.dataclass
+class RunSpec:
+  """One training run: its stage, its switches and the run it starts from."""
+  name: str
+  stage: str                  # cpt | sft | rl
+  masking: str
+  thinking: str
+  init_from: str = ""         # the run whose Hugging Face export this one starts from
+  main: bool = False          # on the main pipeline (the flags' settings), not an ablation
+
+
+def _flip(value: str, a: str, b: str) -> str:
+  return b if value == a else a
+
+
+def plan(s: Settings) -> list[RunSpec]:
+  """The runs in order: the main pipeline, then each ablation's extra runs (no run twice)."""
+  cpt = lambda m: f"cpt_{m}"
+  sft = lambda m, t: f"sft_{m}_{'think' if t == 'on' else 'nothink'}"
+  runs = [RunSpec(cpt(s.masking), "cpt", s.masking, s.thinking, main=True),
+          RunSpec(sft(s.masking, s.thinking), "sft", s.masking, s.thinking, cpt(s.masking),
+                  main=True)]
+  if s.rl:
+    runs.append(RunSpec("rl_" + runs[1].name, "rl", s.masking, s.thinking, runs[1].name,
+                        main=True))
+  if "masking" in s.ablations:
+    m = _flip(s.masking, "it", "full")
+    runs += [RunSpec(cpt(m), "cpt", m, s.thinking),
+             RunSpec(sft(m, s.thinking), "sft", m, s.thinking, cpt(m))]
+  if "thinking" in s.ablations:
+    t = _flip(s.thinking, "on", "off")
+    runs.append(RunSpec(sft(s.masking, t), "sft", s.masking, t, cpt(s.masking)))
+  return runs
+
+
+def ablation_pairs(s: Settings, runs: list[RunSpec]) -> list[tuple[str, str, str]]:
+  """(ablation, main run, its counterpart) for the report's ablation rows."""
+  names = {r.name for r in runs}
+  main_cpt, main_sft = runs[0].name, runs[1].name
+  pairs = []
+  if "masking" in s.ablations:
+    m = _flip(s.masking, "it", "full")
+    pairs += [("masking (CPT model)", main_cpt, f"cpt_{m}"),
+              ("masking (after SFT)", main_sft, main_sft.replace(f"_{s.masking}_", f"_{m}_"))]
+  if "thinking" in s.ablations:
+    other = main_sft.rsplit("_", 1)[0] + ("_nothink" if s.thinking == "on" else "_think")
+    pairs.append(("thinking (SFT)", main_sft, other))
+  if s.rl:
+    pairs.append(("GSPO after SFT", main_sft, "rl_" + main_sft))
+  return [p for p in pairs if p[1] in names and p[2] in names]
+
+
+def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
+               corpus: stages.Corpus, knowledge_jsonl: str, wants_export: bool):
+  """The training config of one run (launch/stages.py builds CPT and SFT)."""
+  if spec.stage == "rl":
+    return _rl_config(spec, s, wd, tokenizer, vocab, corpus)
+  c = stages.stage_config(
+      spec.stage, preset=s.preset, vocab=vocab,
+      steps=s.cpt_steps if spec.stage == "cpt" else s.sft_steps, batch=s.batch,
+      seq_len=s.seq_len, workdir=os.path.join(wd, spec.name), tokenizer=tokenizer,
+      train=corpus.train_jsonl, valid=corpus.valid_jsonl,
+      init_from_hf=os.path.join(wd, spec.init_from, "hf") if spec.init_from else "",
+      export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
+      knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
+  if not s.validate:
+    c.train.eval_every = 0
+  return c
+
+
+def rl_available() -> str:
+  """'' when this checkout's RL stage trains on rollouts of the corpus, else why not."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from configs import rl as rl_cfg  # pylint: disable=import-outside-toplevel
+  if importlib.util.find_spec("lwm_jax.rl.stage") is None:
+    return "lwm_jax/rl/stage.py (the rollout source) is not in this checkout"
+  if rl_cfg.get_config("demo").data.source != "rollouts":
+    return "configs/rl.py's demo preset does not train on rollouts in this checkout"
+  return ""
+
+
+def _rl_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
+               corpus: stages.Corpus):
+  from configs import rl as rl_cfg  # pylint: disable=import-outside-toplevel
+  c = rl_cfg.get_config("demo")
+  c.model.vocab_size = vocab
+  c.data.tokenizer, c.data.pipeline.jsonl = tokenizer, corpus.train_jsonl
+  c.train.update(dict(num_steps=s.rl_steps, seq_len=s.seq_len, eval_every=s.rl_steps))
+  c.checkpoint.every = s.rl_steps
+  c.init_from_hf = os.path.join(wd, spec.init_from, "hf")
+  return c
+
+
+def masking_coverage(trajs) -> dict[str, Any]:
+  """How many training turns the information-theoretic mask keeps in the CPT loss (seed 0), and
+  the turn classes: what separates --masking=it from --masking=full on this corpus."""
+  from lwm_jax.data import masking  # pylint: disable=import-outside-toplevel
+  classes: dict[str, int] = {}
+  kept = total = 0
+  for t in trajs:
+    for k, turn in enumerate(t.turns):
+      c = masking.classify_turn(turn.action, turn.observation).value
+      classes[c] = classes.get(c, 0) + 1
+      kept += masking.keep_turn(t.id, k, turn.action, turn.observation, 0)
+      total += 1
+  return {"turns": total, "kept": kept, "classes": dict(sorted(classes.items()))}
+
+
+# --- running ----------------------------------------------------------------------------------
+def _banner(text: str) -> None:
+  print(f"\n=== {text} ===", flush=True)
+
+
+def _train(spec: RunSpec, c, wd: str) -> dict[str, Any]:
+  """Trains one run on its configured data; returns the report's row (data counts included)."""
+  from lwm_jax.train import run_config as rc, sources as src  # pylint: disable=C0415
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  out = os.path.join(wd, spec.name)
+  t0 = time.time()
+  if spec.stage == "rl":
+    from lwm_jax.rl import stage as rl_stage  # pylint: disable=import-outside-toplevel
+    summary = trainer.train(c, out, source=rl_stage.rollout_source(c))
+    stats: dict[str, Any] = {}
+  else:
+    source, evals, _ = src.pipeline_source(c, rc.validate_config(c), c.stage)
+    summary = trainer.train(c, out, source=source, eval_source=evals)
+    stats = dict(source.it.stats)
+  losses = summary.get("losses") or [float("nan")]
+  return {"name": spec.name, "stage": spec.stage, "from": spec.init_from or "(random init)",
+          "masking": spec.masking, "thinking": spec.thinking, "main": spec.main,
+          "steps": summary.get("final_step"), "batch": c.train.batch_size,
+          "seq_len": c.train.seq_len, "data": stats, "loss_first": losses[0],
+          "loss_last": losses[-1], "eval": summary.get("eval"),
+          "tokens_per_s": summary.get("tokens_per_s"), "seconds": round(time.time() - t0, 1),
+          "loss_png": summary.get("loss_png"), "export_hf": summary.get("export_hf"),
+          "config": c.to_dict()}
+
+
+def _evaluate(name: str, wd: str, selection, s: Settings):
+  from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
+  sampler = Sampler.from_checkpoint(os.path.join(wd, name))
+  done = lambda i, n: print(f"\r  {name}: {i}/{n} turns", end="", flush=True)
+  preds, stats = free_running.generate(sampler, selection.cases, s.eval_max_new_tokens,
+                                       s.eval_batch, progress=done)
+  print(flush=True)
+  free_running.write_predictions(selection.cases, preds,
+                                 os.path.join(wd, "predictions", f"{name}.jsonl"))
+  return preds, stats, sampler
+
+
+def main(argv):
+  del argv
+  logging.getLogger().setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  t0 = time.time()
+  s = settings_from_flags()
+  runs = plan(s)
+  if s.fast_compile:  # read when the XLA backend starts, which is later (first computation)
+    flags_now = os.environ.get("XLA_FLAGS", "").split()
+    os.environ["XLA_FLAGS"] = " ".join(flags_now + [f for f in FAST_COMPILE if f.split("=")[0]
+                                                    not in {x.split("=")[0] for x in flags_now}])
+  if s.rl:
+    why = rl_available()
+    if why:
+      raise SystemExit(f"--rl: the RL stage cannot run here: {why}")
+  wd = FLAGS.workdir
+  shutil.rmtree(wd, ignore_errors=True)
+  os.makedirs(wd)
+  corpus = stages.load_corpus(FLAGS.corpus)
+  header = {"command": " ".join(sys.argv), "settings": dataclasses.asdict(s),
+            "corpus": {"folder": corpus.folder, "sha256": corpus.digest(),
+                       "train_trajectories": len(corpus.train),
+                       "test_trajectories": len(corpus.test)},
+            "runs": [dataclasses.asdict(r) for r in runs],
+            "masking": masking_coverage(corpus.train)}
+  print(f"corpus: {len(corpus.train)} training trajectories, {len(corpus.test)} held out; "
+        f"runs: {', '.join(r.name for r in runs)}")
+
+  knowledge_jsonl, knowledge_info, extra_texts = "", None, []
+  if s.knowledge:
+    from lwm_jax.data import documents  # pylint: disable=import-outside-toplevel
+    from lwm_jax.envs import knowledge  # pylint: disable=import-outside-toplevel
+    _banner(f"1. Knowledge text ({', '.join(s.knowledge)}) at {s.knowledge_share:.0%} of CPT")
+    docs = knowledge.knowledge_documents(sources=s.knowledge)
+    knowledge_jsonl = os.path.join(wd, "knowledge.jsonl.gz")
+    documents.write_documents(docs, knowledge_jsonl)
+    knowledge_info = {"file": knowledge_jsonl, "documents": len(docs),
+                      "characters": sum(len(d.full_text()) for d in docs)}
+    extra_texts = [d.full_text() for d in docs]
+    print(f"{len(docs)} documents, {knowledge_info['characters']} characters")
+
+  _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
+  sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
+                                          extra_texts)
+  print(f"{sp}: {tok.vocab_size} pieces")
+  exports = {r.init_from for r in runs if r.init_from}
+  configs = {r.name: run_config(r, s, wd, sp, vocab, corpus, knowledge_jsonl, r.name in exports)
+             for r in runs}
+  header.update(knowledge=knowledge_info, tokenizer=sp,
+                configs={k: c.to_dict() for k, c in configs.items()})
+  with open(os.path.join(wd, "plan.json"), "w") as f:
+    json.dump(header, f, indent=2, default=str)
+  if FLAGS.plan_only:
+    print(f"plan written to {wd}/plan.json (--plan_only: nothing trained)")
+    return
+
+  rows = {}
+  for i, r in enumerate(runs, 3):
+    _banner(f"{i}. {r.stage.upper()} {r.name} ({configs[r.name].train.num_steps} steps"
+            + (f", from {r.init_from})" if r.init_from else ")"))
+    rows[r.name] = _train(r, configs[r.name], wd)
+    row = rows[r.name]
+    print(f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}; "
+          f"{row['tokens_per_s'] or 0:.0f} tokens/s; {row['seconds']:.0f} s")
+
+  from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  _banner("Free-running evaluation on the test split")
+  selection = free_running.select_cases(corpus.test, s.eval_max_turns or None, s.seed)
+  print(selection.describe())
+  preds, gen, main_sampler = {}, {}, None
+  for r in runs:
+    p, gen[r.name], sampler = _evaluate(r.name, wd, selection, s)
+    preds[r.name] = {k: v["prediction"] for k, v in p.items()}
+    rows[r.name]["cut_per_domain"] = _cut_per_domain(selection, p)
+    if r.main and r.stage == "sft":
+      main_sampler = sampler
+  res = free_running.results(selection, preds, gen, train=corpus.train)
+  paths = free_running.write_report(res, wd, title="Free-running evaluation (test split)")
+
+  simulated = None
+  episode = next((t for t in corpus.test if t.domain == "terminal"), None)
+  if main_sampler is not None and episode is not None:
+    _banner(f"A simulated terminal episode ({runs[1].name} plays the environment)")
+    lines: list[str] = []
+    out = lambda text: (print(text), lines.append(text))
+    simulated = stages.simulated_episode(main_sampler, episode, turns=3,
+                                         max_new_tokens=s.eval_max_new_tokens, out=out)
+    simulated.update(model=runs[1].name, transcript="\n".join(lines))
+
+  import reproduce_report  # pylint: disable=import-outside-toplevel  (launch/reproduce_report.py)
+  report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),
+                                  round(time.time() - t0, 1), paths, simulated)
+  reproduce_report.write(report, wd)
+  print(reproduce_report.summary(report))
+  print(f"\ndone in {time.time() - t0:.0f} s; report in {wd}/report.md")
+
+
+def _cut_per_domain(selection, preds) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for c in selection.cases:
+    if preds[c.key]["finish_reason"] == "length":
+      out[c.domain] = out.get(c.domain, 0) + 1
+  return out
+
+
+if __name__ == "__main__":
+  app.run(main)

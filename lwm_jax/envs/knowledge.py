@@ -1,0 +1,59 @@
+"""The bundled environments' knowledge text as plain documents for CPT (full loss).
+
+The pages the search environment indexes (module overviews, functions and classes of the standard
+library, read back from its index so they are byte for byte what its episodes show) and each
+environment's action-space description. `lwm_jax/data/documents.py` reads, writes and tokenizes
+documents; docs/reproduce.md describes how CPT mixes them in.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sqlite3
+from typing import Sequence
+
+from lwm_jax.data.documents import Document
+from lwm_jax.envs import search
+
+SOURCES = ("search", "actions")
+
+
+def search_collection(cache_dir: str | None = None) -> list[Document]:
+  """Every page the search environment indexes (module overviews, functions, classes), read from
+  its SQLite index (built on first use by `lwm_jax.envs.search.ensure_index`)."""
+  path = search.ensure_index(cache_dir)
+  con = sqlite3.connect(path)
+  try:
+    rows = con.execute("SELECT doc_id, title, body FROM docs ORDER BY doc_id").fetchall()
+  finally:
+    con.close()
+  return [Document(f"search/{i}", body, title) for i, title, body in rows]
+
+
+def action_spaces() -> list[Document]:
+  """Each bundled environment's action-space description, as its episodes' prompts carry it."""
+  docs = []
+  for name in ("terminal", "swe", "search", "web", "android", "desktop"):
+    mod = importlib.import_module(f"lwm_jax.envs.{name}")
+    text = getattr(mod, "ACTION_SPACE", "")
+    if "{limit}" in text:  # the terminal's time limit, filled in as its episodes show it
+      limit = inspect.signature(mod.TerminalEnv).parameters["time_limit"].default
+      text = text.format(limit=limit)
+    if text.strip():
+      docs.append(Document(f"action_space/{name}", text, f"Actions of the {name} environment"))
+  return docs
+
+
+def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = SOURCES
+                        ) -> list[Document]:
+  """The knowledge text of `sources`: 'search' (the search collection), 'actions' (action
+  spaces)."""
+  unknown = sorted(set(sources) - set(SOURCES))
+  if unknown:
+    raise ValueError(f"unknown knowledge source {unknown[0]!r} (expected search or actions)")
+  docs: list[Document] = []
+  if "search" in sources:
+    docs += search_collection(cache_dir)
+  if "actions" in sources:
+    docs += action_spaces()
+  return docs

@@ -1,0 +1,154 @@
+"""launch/reproduce.py's argument plumbing, without training: budgets and overrides, the runs an
+ablation adds, each run's config, and the simulated episode (launch/stages.py) on a stand-in
+model."""
+import importlib.util
+import os
+import sys
+import types
+
+import pytest
+
+from lwm_jax.data.schema import Trajectory, Turn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "launch", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[name] = mod
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="module")
+def rp():
+  return _load("reproduce")
+
+
+@pytest.fixture
+def parsed(rp):
+  def parse(*args):
+    rp.FLAGS.unparse_flags()
+    rp.FLAGS(["reproduce.py", *args])
+    return rp.settings_from_flags()
+  yield parse
+  rp.FLAGS.unparse_flags()
+
+
+def test_tiny_budget_and_overrides_from_the_command_line(rp, parsed):
+  s = parsed("--budget=tiny")
+  tiny = rp.BUDGETS["tiny"]
+  assert (s.preset, s.vocab, s.seq_len, s.batch, s.cpt_steps, s.sft_steps) == (
+      tiny["preset"], tiny["vocab"], tiny["seq_len"], tiny["batch"], tiny["cpt_steps"],
+      tiny["sft_steps"])
+  assert s.fast_compile and not s.validate and s.ablations == () and not s.rl
+  assert s.knowledge == ("search", "actions") and s.knowledge_share == tiny["knowledge_share"]
+  s = parsed("--budget=tiny", "--cpt_steps=3", "--seq_len=256", "--masking=full",
+             "--thinking=off", "--ablations=thinking", "--knowledge=search",
+             "--knowledge_share=0.25", "--eval_max_turns=0")
+  assert (s.cpt_steps, s.seq_len, s.sft_steps) == (3, 256, tiny["sft_steps"])
+  assert (s.masking, s.thinking, s.ablations) == ("full", "off", ("thinking",))
+  assert (s.knowledge, s.knowledge_share, s.eval_max_turns) == (("search",), 0.25, 0)
+  assert parsed("--budget=tiny", "--knowledge=").knowledge_share == 0.0
+  full = parsed()
+  assert full.budget == "full" and full.ablations == ("masking", "thinking") and full.validate
+
+
+def test_bad_values_are_refused_by_name(rp):
+  with pytest.raises(ValueError, match="--ablations: 'rl' is not one of masking, thinking"):
+    rp.resolve({"budget": "tiny", "ablations": "masking,rl"})
+  with pytest.raises(ValueError, match="--knowledge: 'web'"):
+    rp.resolve({"budget": "tiny", "knowledge": "web"})
+  with pytest.raises(ValueError, match=r"--knowledge_share must be in \[0, 1\)"):
+    rp.resolve({"budget": "tiny", "knowledge": "search", "knowledge_share": 1.5})
+  with pytest.raises(ValueError, match="--cpt_steps must be >= 1"):
+    rp.resolve({"budget": "tiny", "cpt_steps": 0})
+
+
+def _names(runs):
+  return [(r.name, r.stage, r.init_from, r.main) for r in runs]
+
+
+def test_plan_main_pipeline_and_ablations(rp):
+  s = rp.resolve({"budget": "tiny", "knowledge": "search,actions"})
+  assert _names(rp.plan(s)) == [("cpt_it", "cpt", "", True),
+                                ("sft_it_think", "sft", "cpt_it", True)]
+  s = rp.resolve({"budget": "tiny", "ablations": "masking,thinking", "knowledge": ""})
+  runs = rp.plan(s)
+  assert _names(runs) == [("cpt_it", "cpt", "", True), ("sft_it_think", "sft", "cpt_it", True),
+                          ("cpt_full", "cpt", "", False),
+                          ("sft_full_think", "sft", "cpt_full", False),
+                          ("sft_it_nothink", "sft", "cpt_it", False)]
+  assert rp.ablation_pairs(s, runs) == [
+      ("masking (CPT model)", "cpt_it", "cpt_full"),
+      ("masking (after SFT)", "sft_it_think", "sft_full_think"),
+      ("thinking (SFT)", "sft_it_think", "sft_it_nothink")]
+  # the flags choose the main pipeline; an ablation trains the other setting
+  s = rp.resolve({"budget": "tiny", "masking": "full", "thinking": "off",
+                  "ablations": "masking,thinking"})
+  runs = rp.plan(s)
+  assert [r.name for r in runs] == ["cpt_full", "sft_full_nothink", "cpt_it", "sft_it_nothink",
+                                    "sft_full_think"]
+  assert rp.ablation_pairs(s, runs)[-1] == ("thinking (SFT)", "sft_full_nothink",
+                                            "sft_full_think")
+  s = rp.resolve({"budget": "tiny", "rl": True})
+  assert _names(rp.plan(s))[-1] == ("rl_sft_it_think", "rl", "sft_it_think", True)
+
+
+def test_run_configs_carry_the_switches(rp, tmp_path):
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz", "b_train.jsonl.gz"], ["a_validation.jsonl.gz"],
+                         [], [], [])
+  s = rp.resolve({"budget": "tiny", "ablations": "masking,thinking", "cpt_steps": 5,
+                  "sft_steps": 3, "knowledge": "search"})
+  runs = {r.name: r for r in rp.plan(s)}
+  wd = str(tmp_path)
+  exports = {r.init_from for r in runs.values() if r.init_from}
+  cfg = {n: rp.run_config(r, s, wd, "tok.model", 1024, corpus, "k.jsonl", n in exports)
+         for n, r in runs.items()}
+  it, full = cfg["cpt_it"], cfg["cpt_full"]
+  assert it.data.pipeline.loss_masking and not full.data.pipeline.loss_masking
+  assert it.data.pipeline.knowledge_jsonl == "k.jsonl" and it.data.pipeline.knowledge_share == 0.1
+  assert it.train.num_steps == full.train.num_steps == 5       # equal compute
+  assert (it.train.batch_size, it.train.seq_len) == (s.batch, s.seq_len)
+  assert it.model.vocab_size == 1024 and it.model_preset == "tiny"
+  assert it.data.pipeline.jsonl == "a_train.jsonl.gz,b_train.jsonl.gz"
+  assert it.export_hf and full.export_hf and not cfg["sft_it_think"].export_hf
+  think, nothink = cfg["sft_it_think"], cfg["sft_it_nothink"]
+  assert think.data.pipeline.thinking and not nothink.data.pipeline.thinking
+  assert think.init_from_hf == nothink.init_from_hf == os.path.join(wd, "cpt_it", "hf")
+  assert cfg["sft_full_think"].init_from_hf == os.path.join(wd, "cpt_full", "hf")
+  assert think.train.num_steps == nothink.train.num_steps == 3
+  assert think.data.pipeline.knowledge_jsonl == ""              # knowledge text is CPT only
+  assert it.train.eval_every == 0                               # tiny skips validation
+
+
+class _FakeSampler:
+  def __init__(self, replies):
+    self.replies, self.seen = list(replies), []
+
+  def generate(self, chats, params):
+    self.seen.append(chats[0])
+    return [types.SimpleNamespace(text=self.replies.pop(0), finish_reason="stop")]
+
+
+def test_simulated_episode_prints_both_sides_and_the_mean():
+  stages = _load("stages")
+  ep = Trajectory("t1", "terminal", "task", "bash", "~$", [Turn("cat a", "abc"),
+                                                           Turn("cat b", "hello"),
+                                                           Turn("cat c", "unused")])
+  lines = []
+  fake = _FakeSampler(["abd", "hello"])
+  sim = stages.simulated_episode(fake, ep, turns=2, out=lines.append)
+  # "abd" vs "abc": one substitution in 3 characters -> 2/3; "hello" exact -> 1
+  assert sim["edit_similarity"] == pytest.approx([2 / 3, 1.0])
+  assert sim["mean_edit_similarity"] == pytest.approx(5 / 6) and sim["turns"] == 2
+  text = "\n".join(lines)
+  assert "edit similarity 0.667" in text and "mean edit similarity" in text and "0.833" in text
+  row = next(ln for ln in text.splitlines() if ln.strip().startswith("abd"))
+  assert row.split("|")[1].strip() == "abc"                    # simulated | real, side by side
+  # the model's own first answer, not the real one, is its history at the second turn
+  assert "abd" in fake.seen[1][2]["content"]
