@@ -150,6 +150,10 @@ def last_number_answer(turns: Turns) -> float | None:
   return None
 
 
+def _fmt(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() else f"{x:.6f}".rstrip("0")
+
+
 _COUNT_ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s*$")
 
 
@@ -185,8 +189,8 @@ def _terminal_question(g: dict[str, Any], files: dict[str, str], lay: dict[str, 
     total = sum(float(r[ac]) for r in rows if r[rc] == g["region"])
     got = last_number_answer(turns)
     if got is None:
-      return _v(False, 0, f"no command printed a lone number; the total is {total:g}")
-    return _v(abs(got - total) < 1e-6, 0, f"answer {got:g}, total {total:g}")
+      return _v(False, 0, f"no command printed a lone number; the total is {_fmt(total)}")
+    return _v(abs(got - total) < 1e-6, 0, f"answer {_fmt(got)}, total {_fmt(total)}")
   if k == "top_users":
     truth = _log_users(files, lay)
     table = last_count_table(turns)
