@@ -121,3 +121,20 @@ def test_packed_batches_carry_the_same_loss_tokens(tok):
   assert got == want and it.stats["loss_tokens"] == want
   with pytest.raises(ValueError, match="agent_layout"):
     at.make_agent_iterator(cfg(agent_layout="bogus"), tok, source=trajs)
+
+
+def test_cli_counts_the_samples(tok, tmp_path):
+  import subprocess
+  import sys
+  path = tmp_path / "tiny_train.jsonl"
+  t = crafted()
+  path.write_text("".join(json.dumps(schema.Trajectory.from_dict({**t.to_dict(), "id": f"bc-{i}"}).to_dict()) + "\n"
+                          for i in range(2)))
+  root = os.path.dirname(os.path.dirname(__file__))
+  out = subprocess.run([sys.executable, os.path.join(root, "launch", "data.py"), "agent-targets",
+                        f"--inputs={path}", f"--tokenizer={tok.path}"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
+  assert out.returncode == 0, out.stderr
+  row = next(l for l in out.stdout.splitlines() if l.startswith("terminal"))
+  domain, split, n_traj, n_samples, overlong = row.split()[:5]
+  assert (split, n_traj, n_samples, overlong) == ("train", "2", "8", "0")  # 3 actions + finish each
