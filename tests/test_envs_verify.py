@@ -14,7 +14,7 @@ import random
 import pytest
 
 from lwm_jax.envs import base, recorder, ui, verify
-from lwm_jax.envs.verify_transcript import check_transcript
+from lwm_jax.envs.verify_transcript import check_trajectory, check_transcript
 
 # (domain, goal kind, seed): the first seed of each kind (a kind with a suffix is a variant of
 # it: the quantity exceeds the stock, the email is taken, the order was already refunded).
@@ -183,3 +183,26 @@ def test_bad_history_names_the_turn(envs):
   env.reset(0)
   with pytest.raises(ValueError, match="history turn 1"):
     verify.check(env, [("a", "b"), "not a pair"])
+
+
+def test_recorded_trajectory_judged_from_its_seed(envs):
+  env = envs("os")
+  traj = recorder.run_episode(env, base.make_agent("os", random.Random(6)), 6, "t")
+  assert check_trajectory(traj, env=env).success
+  traj.meta.pop("seed")
+  with pytest.raises(ValueError, match="meta\\['seed'\\] is missing"):
+    check_trajectory(traj, env=env)
+
+
+def test_an_env_without_real_state_is_refused(envs):
+  class Stand(base.Env):
+    domain = "terminal"
+    def reset(self, seed):
+      self.goal = {"kind": "count_errors"}
+      return ""
+    def step(self, action):
+      return ""
+  env = Stand()
+  env.reset(0)
+  with pytest.raises(ValueError, match="no real state to check"):
+    verify.check(env, [])

@@ -119,6 +119,11 @@ def check(env: base.Env, history: Iterable[Any]) -> Verdict:
   fn = _REAL.get(env.domain)
   if fn is None:
     raise ValueError(f"no verifier for environment {env.domain!r}")
+  real = base._lookup(env.domain)[0]
+  if not isinstance(env, real):
+    raise ValueError(f"{type(env).__name__} is not the real {env.domain} environment ({real.__name__}): "
+                     "it has no real state to check; judge its episode with "
+                     "verify_transcript.check_transcript")
   return fn(env, goal, _turns(history))
 
 
@@ -531,3 +536,33 @@ def _mcp_state(tables: dict[str, list], g: dict[str, Any], con: sqlite3.Connecti
 _REAL: dict[str, Callable[[Any, dict[str, Any], Turns], Verdict]] = {
     "terminal": _check_terminal, "swe": _check_swe, "search": _check_search, "web": _check_web,
     "android": _check_android, "os": _check_os, "mcp": _check_mcp}
+
+
+def scripted_success(domain: str, seeds: Iterable[int]) -> dict[str, list[bool]]:
+  """Success of the scripted agent on each seed, grouped by goal kind (how hard each task is)."""
+  import random
+  from lwm_jax.envs import recorder
+  env = base.make_env(domain)
+  out: dict[str, list[bool]] = {}
+  try:
+    for seed in seeds:
+      traj = recorder.run_episode(env, base.make_agent(domain, random.Random(seed)), seed, f"{domain}-{seed}")
+      out.setdefault(env.goal.get("kind", "fix"), []).append(check(env, traj.turns).success)
+  finally:
+    env.close()
+  return out
+
+
+if __name__ == "__main__":
+  import argparse
+  ap = argparse.ArgumentParser(description="Success rate of the scripted agents, per domain and goal kind.")
+  ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
+  ap.add_argument("--split", default="heldout", choices=sorted(TASK_SEED_RANGES))
+  ap.add_argument("--episodes", type=int, default=30)
+  args = ap.parse_args()
+  print(f"| domain | success | per goal kind |\n|---|---|---|")
+  for name in args.domains.split(","):
+    res = scripted_success(name, task_seeds(args.split, args.episodes))
+    ok = sum(sum(v) for v in res.values())
+    kinds = ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in sorted(res.items()))
+    print(f"| {name} | {ok}/{args.episodes} ({100 * ok / args.episodes:.0f}%) | {kinds} |", flush=True)

@@ -63,6 +63,15 @@ def check_transcript(domain: str, seed: int, history: Iterable[Any],
       env.close()
 
 
+def check_trajectory(traj: Any, env: base.Env | None = None) -> V.Verdict:
+  """`check_transcript` of a recorded `schema.Trajectory`; its seed comes from `meta["seed"]`."""
+  seed = traj.meta.get("seed")
+  if not isinstance(seed, int):
+    raise ValueError(f"trajectory {traj.id}: meta['seed'] is missing or not an integer ({seed!r}); "
+                     "the world of the episode cannot be re-created without it")
+  return check_transcript(traj.domain, seed, traj.turns, env)
+
+
 def _last(turns: V.Turns, pred: Callable[[str, str], bool]) -> tuple[str, str] | None:
   for a, o in reversed(turns):
     if pred(a, o):
