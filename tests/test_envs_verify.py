@@ -206,3 +206,16 @@ def test_an_env_without_real_state_is_refused(envs):
   env.reset(0)
   with pytest.raises(ValueError, match="no real state to check"):
     verify.check(env, [])
+
+
+def test_task_worlds_differ_between_splits_and_from_corpus_seeds():
+  from lwm_jax.envs import android, desktop, mcp_env, search, swe, terminal, web
+  gens = {"terminal": terminal.generate_world, "swe": lambda s: swe.generate_world(s).to_json(),
+          "search": search.generate_world, "web": web.generate_world, "android": android.generate_world,
+          "os": desktop.generate_world, "mcp": mcp_env.generate_world}
+  for domain, gen in gens.items():
+    ids = {name: {base.world_id(domain, gen(s)) for s in seeds} for name, seeds in
+           (("train", verify.task_seeds("train", 25)), ("heldout", verify.task_seeds("heldout", 25)),
+            ("corpus", range(40)))}
+    assert len(ids["train"]) == len(ids["heldout"]) == 25, domain  # distinct worlds per task
+    assert not ids["train"] & ids["heldout"] and not ids["corpus"] & (ids["train"] | ids["heldout"]), domain
