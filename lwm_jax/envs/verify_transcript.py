@@ -10,8 +10,9 @@ that shows that state, as the simulated environment reported it:
             redirection) shows the right count on its first line; backup_csv: the last `ls` that
             names the backup folder lists every CSV of the data folder; rename_notes: the last
             `ls` that shows any of the notes lists every note as .md and none as .txt.
-  swe       the last run of the whole suite (`run_tests()` or `run_tests("tests")`) exited 0, and
-            no `edit` touched a file under tests/.
+  swe       after the last successful edit, every test run exited 0 and at least one of them
+            covers the failing test (the whole suite, its file or its node id); no `edit` touched
+            a file under tests/. (The real-state check runs the whole suite instead.)
   web       buy: the account page lists an order of the product x quantity with the shipping and
             address asked for; no stock for the quantity: no order of the product was placed
             and the shop's refusal was shown.
@@ -117,13 +118,18 @@ def _swe(env: Any, g: dict[str, Any], turns: V.Turns) -> V.Verdict:
   edited = [a for a in turns if re.match(r"\s*edit\(\s*(path\s*=\s*)?['\"]tests/", a[0])]
   if edited:
     return V._v(False, 0, "an edit changed a test file")
-  whole = re.compile(r"\s*run_tests\(\s*(target\s*=\s*)?(['\"]tests/?['\"])?\s*\)\s*$")
-  hit = _last(turns, lambda a, o: whole.match(a) is not None)
-  if hit is None:
-    return V._v(False, 0, "the whole test suite was never run")
-  passed, failed = V._pytest_counts(hit[1])
-  ok = hit[1].rstrip().endswith("[exit code 0]")
-  return V._v(ok, passed / max(passed + failed, 1), f"last whole-suite run: {passed} passed, {failed} failed")
+  last_edit = max((i for i, (a, o) in enumerate(turns) if o.startswith("Edited ")), default=-1)
+  runs = [(a, o) for a, o in turns[last_edit + 1:] if re.match(r"\s*run_tests\(", a)]
+  target = re.compile(r"\s*run_tests\(\s*(target\s*=\s*)?(['\"](tests/?|" + re.escape(g["test_path"])
+                      + "(::" + re.escape(g["test"]) + ")?)['\"])?\s*\)\s*$")
+  covering = [o for a, o in runs if target.match(a)]
+  if not covering:
+    return V._v(False, 0, f"no test run after the last edit covers {g['test']}")
+  passed, failed = V._pytest_counts(runs[-1][1])
+  ok = all(o.rstrip().endswith("[exit code 0]") for _, o in runs)
+  return V._v(ok, passed / max(passed + failed, 1),
+              f"{len(runs)} test runs after the last edit, {len(covering)} covering {g['test']}; "
+              f"{'all passed' if ok else 'not all passed'}")
 
 
 # -- web ------------------------------------------------------------------------------------------
