@@ -121,7 +121,7 @@ def _swe(env: Any, g: dict[str, Any], turns: V.Turns) -> V.Verdict:
   last_edit = max((i for i, (a, o) in enumerate(turns) if o.startswith("Edited ")), default=-1)
   runs = [(a, o) for a, o in turns[last_edit + 1:] if re.match(r"\s*run_tests\(", a)]
   target = re.compile(r"\s*run_tests\(\s*(target\s*=\s*)?(['\"](tests/?|" + re.escape(g["test_path"])
-                      + "(::" + re.escape(g["test"]) + ")?)['\"])?\s*\)\s*$")
+                      + "(::" + re.escape(g["test"]) + r")?)['\"])?\s*\)\s*$")
   covering = [o for a, o in runs if target.match(a)]
   if not covering:
     return V._v(False, 0, f"no test run after the last edit covers {g['test']}")
