@@ -170,6 +170,10 @@ def test_task_seed_ranges_are_disjoint_and_unseen_by_the_corpus():
   assert verify.split_of_seed(0) is None and list(verify.task_seeds("heldout", 2)) == [held.start, held.start + 1]
   with pytest.raises(ValueError, match="unknown task split"):
     verify.task_seeds("test")
+  # No collection run with a base seed below 999 plays a task seed (a million episodes each).
+  for s in range(999):
+    lo, hi = recorder.episode_seed(s, 0), recorder.episode_seed(s, 999_999)
+    assert all(hi < r.start or lo >= r.stop for r in (train, held)), s
   root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "corpus")
   seeds = []
   for path in glob.glob(os.path.join(root, "*.jsonl.gz")):

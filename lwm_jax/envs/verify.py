@@ -23,8 +23,8 @@ What is checked, per domain (the goal kinds are the env modules' own):
   web       the shop server's orders: a new order of the user with exactly the product and
             quantity, shipping and address asked for (when the stock cannot cover the quantity,
             success is placing no order of the product after the shop refused it); cheapest,
-            the last product page the agent opened is a cheapest product of the category; account, a page
-            showed the account's orders while signed in as the user.
+            the last product page the agent opened is a cheapest product of the category;
+            account, a page showed the account's orders while signed in as the user.
   android   the phone's live state: the contact saved with the phone number; the alarm at the
             time with the label, switched on; the switch flipped and the brightness above where
             it started; the note saved; the contact gone and every other contact kept.
@@ -39,14 +39,15 @@ What is checked, per domain (the goal kinds are the env modules' own):
             revenue per category of paid and shipped orders, highest first; lookup, the last
             `list_orders` result for the customer must show exactly their pending orders.
 
-`check_transcript(domain, seed, history)` judges an episode for which no real state exists (a
-simulated episode): it re-creates the world and goal of `seed` with a fresh real environment
-(`reset` only; no action is replayed) and judges from the transcript alone, as documented in
-`transcript_rules` below. The same rules apply to question tasks in both modes.
+`verify_transcript.check_transcript(domain, seed, history)` judges an episode for which no real
+state exists (a simulated episode): it re-creates the world and goal of `seed` with a real
+environment (`reset` only; no action is replayed) and judges from the transcript alone, by the
+rules its docstring lists. Question tasks are judged by the same rules in both modes.
 
 Agent tasks are drawn by seed: `task_seeds("train")` and `task_seeds("heldout")` are disjoint
-ranges, both far above the seeds that the bundled corpus uses (episode seeds 0..~400), so
-held-out tasks are never trained on, neither by the agent nor by the world model.
+ranges, far above the episode seeds of corpus collection (base seeds below 999; the bundled
+corpus uses base seed 0), so held-out tasks are seen neither by the agent in training nor by the
+world model.
 """
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 from lwm_jax.envs import base
 
-# Agent task seeds: [start, stop) per split. Corpus episodes use seeds 0..~400.
-TASK_SEED_RANGES = {"train": (1_000_000, 2_000_000), "heldout": (9_000_000, 10_000_000)}
+# Agent task seeds: [start, stop) per split. Collection runs with base seed S play episode seeds
+# S * 1_000_003 + i (`recorder.episode_seed`), so these ranges stay clear of every base seed below
+# 999 (the bundled corpus uses 0).
+TASK_SEED_RANGES = {"train": (1_000_000_000, 1_001_000_000), "heldout": (1_900_000_000, 1_901_000_000)}
 
 
 @dataclasses.dataclass(frozen=True)
