@@ -82,6 +82,15 @@ def test_turn_samples_weigh_exactly_the_target_action(tok):
       assert (f"assistant\n{t.action}<|im_end|>" in context) == (j < k)
 
 
+def test_rollout_prompt_is_the_cloned_context(tok):
+  traj = crafted()
+  msgs = at.next_action_messages(traj)
+  assert msgs == at.agent_messages(traj, len(traj.turns))[:-1] and msgs[-1]["role"] == "user"
+  assert msgs[-1]["content"] == at.observation_message(traj.turns[-1].observation)
+  finish = at.agent_samples(traj, tok, cfg())[-1]
+  assert tok.encode_chat(msgs) == list(finish["tokens"][:len(tok.encode_chat(msgs))])
+
+
 def test_trajectory_layout_weighs_every_action_in_order(tok):
   traj = crafted()
   [s] = at.agent_samples(traj, tok, cfg(agent_layout="trajectory"))

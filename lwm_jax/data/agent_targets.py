@@ -94,6 +94,12 @@ def agent_messages(traj: Trajectory, upto: int | None = None) -> list[dict[str, 
   return msgs
 
 
+def next_action_messages(traj: Trajectory) -> list[dict[str, str]]:
+  """The agent's prompt after every turn of `traj` (no target): what a rollout gives the policy
+  to generate its next action, in exactly the layout it was cloned on."""
+  return agent_messages(traj, len(traj.turns))[:-1]
+
+
 def turn_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
                  ) -> list[dict[str, np.ndarray]]:
   """One sample per action of `traj` and one for the finish (layout "turns"); an over-long one
