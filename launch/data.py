@@ -3,6 +3,11 @@
   python launch/data.py build   --inputs=a.jsonl,b.jsonl.gz --out=/tmp/lwm_tfds [--mode=skip]
   python launch/data.py stats   --inputs=data/corpus [--tokenizer=path] [--png=stats.png]
   python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
+  python launch/data.py agent-targets --inputs=data/corpus [--agent_layout=turns] [--tokenizer=path]
+
+`agent-targets` counts the behaviour-cloning samples of an agent policy that the inputs give
+(`lwm_jax.data.agent_targets`): per domain and split, samples, over-long ones dropped, tokens and
+action (loss) tokens.
 
 `--inputs` takes files or folders (every *.jsonl / *.jsonl.gz inside), or a built TFDS dir with
 `--tfds_dir`. Without `--tokenizer`, a small SentencePiece model is trained on the inputs.
@@ -45,6 +50,8 @@ flags.DEFINE_integer("index", 0, "inspect: trajectory index.")
 flags.DEFINE_integer("seq_len", 4096, "inspect/stats: token budget.")
 flags.DEFINE_integer("seed", 0, "Seed for target turns, variants and masking.")
 flags.DEFINE_bool("color", True, "inspect: ANSI colours (masked tokens dimmed).")
+flags.DEFINE_enum("agent_layout", "turns", ["turns", "trajectory"],
+                  "agent-targets: one sample per action, or one per trajectory.")
 
 
 def input_files() -> list[str]:
@@ -262,11 +269,46 @@ def cmd_inspect() -> None:
     print()
 
 
+def cmd_agent_targets() -> None:
+  from lwm_jax.data import agent_targets
+  loaded, reports, names = load_trajectories(with_splits=True)
+  for r in reports:
+    print(r.summary())
+  hrep = hygiene.HygieneReport()
+  kept = hygiene.filter_trajectories(loaded, hrep)
+  print("hygiene:", hrep.summary())
+  tok = get_tokenizer(kept)
+  cfg = pipeline.default_data_config()
+  cfg.update(dict(seq_len=FLAGS.seq_len, seed=FLAGS.seed))
+  cfg.agent_layout = FLAGS.agent_layout
+  split_of = {id(t): n or "unsplit" for t, n in zip(loaded, names)}
+  by_split = collections.defaultdict(list)
+  for t in kept:
+    by_split[split_of[id(t)]].append(t)
+  print(f"\nagent behaviour-cloning samples (layout {FLAGS.agent_layout}, seq_len {FLAGS.seq_len}, "
+        f"tokenizer {type(tok).__name__} vocab {tok.vocab_size}):")
+  print(f"{'domain':9} {'split':10} {'traj':>6} {'samples':>8} {'overlong':>8} {'tokens':>10} "
+        f"{'action tok':>10}")
+  total = collections.Counter()
+  for split in sorted(by_split):
+    for dom, c in sorted(agent_targets.count(by_split[split], tok, cfg).items()):
+      total.update(c)
+      print(f"{dom:9} {split:10} {c['trajectories']:6d} {c['samples']:8d} {c['overlong_dropped']:8d} "
+            f"{c['tokens']:10d} {c['loss_tokens']:10d}")
+  print(f"{'all':9} {'':10} {total['trajectories']:6d} {total['samples']:8d} "
+        f"{total['overlong_dropped']:8d} {total['tokens']:10d} {total['loss_tokens']:10d}")
+  share = 100 * total["loss_tokens"] / max(total["tokens"], 1)
+  print(f"action tokens: {share:.1f}% of all tokens; history turns dropped to fit: "
+        f"{total['history_turns_dropped']}")
+
+
 def main(argv: list[str]) -> None:
-  if len(argv) != 2 or argv[1] not in ("build", "stats", "inspect"):
-    raise app.UsageError("usage: data.py {build|stats|inspect} [--flags]")
+  commands = {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect,
+              "agent-targets": cmd_agent_targets}
+  if len(argv) != 2 or argv[1] not in commands:
+    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets} [--flags]")
   try:
-    {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect}[argv[1]]()
+    commands[argv[1]]()
   except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -78,6 +78,7 @@ class AndroidEnv(ui.UiEnv):
     rng = self._begin(seed, close=False)
     world = generate_world(seed)
     self._set_world(world)
+    self.initial_world = world  # the phone as generated, never mutated (read by `verify`)
     self.world = copy.deepcopy(world)  # the episode mutates its own copy
     self.stack: list[tuple[str, dict[str, Any]]] = [("home", {})]
     self.contacts, self.alarms = self.world["contacts"], self.world["alarms"]

@@ -246,6 +246,7 @@ class McpEnv(base.Env):
     world = generate_world(seed)
     counts = write_database(self.db_path, world)
     self._set_world(world)
+    self.world = world  # the tables as generated; the database file holds the live state
     kind = rng.choice(sorted(_TASK_TOOLS))
     extra = [t for t in self.all_tools if t not in _ALWAYS and t not in _TASK_TOOLS[kind]]
     chosen = set(_ALWAYS) | set(_TASK_TOOLS[kind]) | set(rng.sample(extra, rng.randint(0, len(extra))))

@@ -174,6 +174,12 @@ class SweEnv(sandbox.SandboxedEnv):
                          "--", target], timeout=self.test_timeout)
     return out + f"[exit code {rc}]"
 
+  def suite_result(self) -> tuple[int, str]:
+    """Runs the whole test suite on the working tree as it is now, outside the episode (no step
+    is counted, nothing is changed); (pytest exit code, output). Read by the task verifier."""
+    return self._run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:cacheprovider",
+                      "--", "tests"], timeout=self.test_timeout)
+
   def _do_diff(self) -> str:
     _, out = self._run(["git", "diff"])
     return out or "(no changes)"
