@@ -305,3 +305,33 @@ class Faults:
       self.items += 1
       out.append(rate > 0 and draw(f"{self.seed}-partial", self.items) < rate)
     return out
+
+
+RATE_LIMIT_TEXT = "Rate limit exceeded (429): {limit} calls allowed per session; retry after {after} s"
+
+
+class Perturbable:
+  """Mixin of the real environments that implement perturbations: `set_perturb(spec)` chooses
+  those of the following episodes (checked against the environment at once); `faults` is the
+  current episode's schedule, made by `begin_faults(seed)` in `reset`."""
+  perturbs: list[Perturbation] = []
+  faults: Faults = Faults(None)
+
+  def set_perturb(self, perts: Sequence[Perturbation] | str | None) -> None:
+    perts = as_list(perts)
+    real_options(perts, self.domain)  # raises for one this environment does not implement
+    self.perturbs = perts
+
+  def begin_faults(self, seed: int) -> dict[str, Any]:
+    """This episode's options (empty without perturbations) and a fresh fault schedule."""
+    opts = real_options(self.perturbs, self.domain, seed) if self.perturbs else {}
+    self.faults = Faults(opts)
+    return opts
+
+  def fault_text(self, kind: str) -> str:
+    """The message of a failed call (the MCP tool server's wording)."""
+    from lwm_jax.envs.mcp_server import ERROR_MESSAGES
+    if kind == "rate_limit":
+      return RATE_LIMIT_TEXT.format(limit=self.faults.opts["rate_limit"],
+                                    after=self.faults.opts.get("retry_after", 30))
+    return ERROR_MESSAGES[kind]
