@@ -175,3 +175,19 @@ def test_perturbed_collection_is_deterministic():
                                      runs[0][1]["kept"]}
   assert any("Error: Service unavailable (503)" in x.observation for t in runs[0][0]
              for x in t.turns)
+
+
+def test_corpus_menu_and_share():
+  for domain, menu in perturb.CORPUS_MENU.items():
+    for spec in menu:  # every menu entry is canonical and implemented by its environment
+      perts = perturb.parse(spec)
+      assert perturb.spec_of(perts) == spec
+      perturb.real_options(perts, domain)
+  picks = [perturb.corpus_choice("search", i, 0.3) for i in range(1000)]
+  assert picks == [perturb.corpus_choice("search", i, 0.3) for i in range(1000)]
+  assert _binomial_ok(sum(bool(p) for p in picks), 1000, 0.3)
+  assert set(picks) == {""} | set(perturb.CORPUS_MENU["search"])
+  assert all(perturb.corpus_choice("search", i, 0.0) == "" for i in range(200))
+  assert all(perturb.corpus_choice("terminal", i, 1.0) == "" for i in range(20))
+  with pytest.raises(ValueError, match="perturb_share must be in"):
+    perturb.corpus_choice("web", 0, 1.5)

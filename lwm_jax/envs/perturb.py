@@ -335,3 +335,28 @@ class Perturbable:
       return RATE_LIMIT_TEXT.format(limit=self.faults.opts["rate_limit"],
                                     after=self.faults.opts.get("retry_after", 30))
     return ERROR_MESSAGES[kind]
+
+
+# The perturbations a corpus draws from, per domain with a real counterpart (tools/make_corpus.py
+# --perturb_share) and which the fidelity evaluation measures (evals/fidelity.py).
+CORPUS_MENU = {
+    "mcp": ("errors:rate=0.2,kind=timeout", "page_size:size=3", "withhold:fields=email",
+            "rate_limit:limit=4,retry_after=30", "stale:refresh=0",
+            "errors:rate=0.3,kind=unavailable; page_size:size=5"),
+    "search": ("errors:rate=0.2,kind=server_error", "page_size:size=2", "withhold:fields=snippet",
+               "withhold:fields=score+snippet", "rate_limit:limit=5,retry_after=20"),
+    "web": ("errors:rate=0.15,kind=unavailable", "partial:rate=0.4", "page_size:size=2",
+            "errors:rate=0.1,kind=timeout; partial:rate=0.3"),
+}
+
+
+def corpus_choice(domain: str, index: int, share: float, seed: int = 0) -> str:
+  """The perturbation spec of episode `index` of a corpus run ("" for none): about `share` of
+  the episodes of a domain in CORPUS_MENU, each with a menu entry, both fixed by (domain, seed,
+  index) so a re-run makes the same choices."""
+  if not 0.0 <= share <= 1.0:
+    raise ValueError(f"perturb_share must be in [0, 1], got {share}")
+  menu = CORPUS_MENU.get(domain, ())
+  if not menu or share <= 0.0 or draw(f"corpus/{domain}/{seed}", index) >= share:
+    return ""
+  return menu[int(draw(f"corpus/{domain}/{seed}/kind", index) * len(menu))]
