@@ -191,3 +191,22 @@ def test_corpus_menu_and_share():
   assert all(perturb.corpus_choice("terminal", i, 1.0) == "" for i in range(20))
   with pytest.raises(ValueError, match="perturb_share must be in"):
     perturb.corpus_choice("web", 0, 1.5)
+
+
+def test_make_corpus_share_puts_menu_perturbations_in_the_corpus():
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                      "make_corpus.py")
+  spec = importlib.util.spec_from_file_location("make_corpus_p", path)
+  mc = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mc)
+  kept, _, _ = mc.collect_split("search", 4, 0, 1, perturb_share=1.0)
+  specs = [t.meta["perturb"] for t, _ in kept]
+  assert specs == [perturb.corpus_choice("search", int(t.id.rsplit("-", 1)[1]), 1.0)
+                   for t, _ in kept]
+  assert all(s in perturb.CORPUS_MENU["search"] for s in specs)
+  assert all(t.simulation_instruction == perturb.instruction(perturb.parse(t.meta["perturb"]))
+             for t, _ in kept)
+  plain, _, _ = mc.collect_split("search", 2, 0, 1)
+  assert all("perturb" not in t.meta and not t.simulation_instruction for t, _ in plain)

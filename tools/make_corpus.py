@@ -84,9 +84,11 @@ def collect_split(name: str, per_domain: int, seed: int, workers: int, perturb_s
                          f"after {start} episodes (hygiene drops {len(dropped)}, duplicates "
                          f"{dict(dups.report.dropped)}); the environment repeats itself")
     need = per_domain - len(kept)
-    batch, stats = collect.collect(
-        name, need + max(4, need // 20), seed, workers, start=start,
-        perturb=lambda i: perturb.corpus_choice(name, i, perturb_share, seed))
+    extra = {}
+    if perturb_share > 0:  # without a share, collection runs exactly as before
+      extra["perturb"] = lambda i: perturb.corpus_choice(name, i, perturb_share, seed)
+    batch, stats = collect.collect(name, need + max(4, need // 20), seed, workers, start=start,
+                                   **extra)
     worlds = splits.require_worlds(batch, f"make_corpus {name} (episodes {start}.."
                                           f"{start + stats['episodes'] - 1})")
     start += stats["episodes"]
