@@ -261,6 +261,7 @@ def markdown(report: dict[str, Any]) -> str:
            "|---|---|---|---|---|---|---|---|"]
   for r in report["rows"]:
     for name, c in r["checks"].items():
+      name = f"{name} ({c['note']})" if c.get("note") else name
       lines.append(f"| {r['domain']} | `{r['spec']}` | {name} | {c['turns']} | "
                    f"{_pct(c['with_instruction'])} | {_pct(c['without_instruction'])} | "
                    f"{_pct(c['real'])} | {_pct(c['target'])} |")
