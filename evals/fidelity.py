@@ -328,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--max_turns", type=int, default=12)
   ap.add_argument("--max_tokens", type=int, default=384)
   ap.add_argument("--batch", type=int, default=16, help="episodes stepped per engine call")
+  ap.add_argument("--engine", default="{}", help="engine options as a JSON object, e.g. "
+                  "'{\"min_prompt_bucket\": 1024}' (fewer compiled shapes)")
   args = ap.parse_args(argv)
   domains = [d.strip() for d in args.domains.split(",") if d.strip()]
   bad = [d for d in domains if d not in DOMAINS]
@@ -338,12 +340,18 @@ def main(argv: Sequence[str] | None = None) -> int:
       if getattr(args, name) < 1:
         raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
     specs = parse_specs(args.specs, domains)
+    try:
+      engine = json.loads(args.engine)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--engine: not valid JSON: {e}") from None
+    if not isinstance(engine, dict):
+      raise ValueError(f"--engine: expected a JSON object, got {type(engine).__name__}")
   except (ValueError, NotImplementedError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   from lwm_jax.sampling.sampler import Sampler
   sampler = Sampler.from_checkpoint(args.checkpoint, tokenizer=args.tokenizer,
-                                    max_batch=max(4, args.batch))
+                                    **{"max_batch": max(4, args.batch), **engine})
   report = run(sampler, domains=domains, specs=specs, corpus_dir=args.corpus_dir,
                episodes=args.episodes, max_turns=args.max_turns, max_tokens=args.max_tokens,
                batch=args.batch, checkpoint=args.checkpoint)

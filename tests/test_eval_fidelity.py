@@ -85,6 +85,8 @@ def test_bad_arguments_name_the_flag(tmp_path, capsys):
   assert fidelity.main(["--checkpoint", "x", "--out", str(tmp_path), "--domains", "web",
                         "--specs", "web=stale"]) == 2
   assert "'stale' is not implemented by the real 'web'" in capsys.readouterr().err
+  assert fidelity.main(["--checkpoint", "x", "--out", str(tmp_path), "--engine", "[1]"]) == 2
+  assert "--engine: expected a JSON object, got list" in capsys.readouterr().err
 
 
 def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
@@ -93,7 +95,10 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   out = tmp_path / "report"
   rc = fidelity.main(["--checkpoint", ckpt, "--out", str(out), "--domains", "search",
                       "--specs", "search=page_size:size=2|errors:rate=0.5,kind=timeout",
-                      "--episodes", "2", "--max_turns", "2", "--max_tokens", "4", "--batch", "4"])
+                      "--episodes", "2", "--max_turns", "2", "--max_tokens", "4", "--batch", "4",
+                      "--engine", json.dumps({"min_batch_bucket": 4, "min_prompt_bucket": 1024,
+                                              "min_cache_len": 1536, "prefill_chunk": 1024,
+                                              "chunk_steps": 4, "decode_layout": "model"})])
   assert rc == 0
   report = json.loads((out / "fidelity.json").read_text())
   rows = {r["spec"]: r for r in report["rows"]}
