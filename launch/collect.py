@@ -1,6 +1,12 @@
 """Collect scripted-agent trajectories from a real local environment into a JSONL(.gz) file.
 
   python launch/collect.py --env=terminal --episodes=50 --seed=0 --out=/tmp/terminal.jsonl.gz
+  python launch/collect.py --env=search --episodes=20 --perturb="page_size:size=2; errors:rate=0.2" \
+      --out=/tmp/search_perturbed.jsonl
+
+`--perturb=SPEC` makes the real environment misbehave as the perturbation catalogue says (mcp,
+search and web implement perturbations; see docs/perturbations.md); each trajectory records the
+spec in `meta["perturb"]` and its instruction text in `simulation_instruction`.
 """
 from __future__ import annotations
 
@@ -20,12 +26,19 @@ SEED = flags.DEFINE_integer("seed", 0, "base seed; episode i uses a seed derived
 OUT = flags.DEFINE_string("out", None, "output JSONL file (.gz for gzip)")
 WORKERS = flags.DEFINE_integer("workers", 2, "parallel worker processes")
 MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "turn limit per episode")
+PERTURB = flags.DEFINE_string("perturb", "", "perturbation spec applied to every episode, e.g. "
+                              "'errors:rate=0.2,kind=timeout; page_size:size=3'")
 flags.mark_flags_as_required(["env", "out"])
 
 
 def main(argv: list[str]) -> None:
   del argv
-  trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value, MAX_TURNS.value)
+  try:
+    trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value,
+                                   MAX_TURNS.value, perturb=PERTURB.value)
+  except ValueError as e:  # a bad or unsupported --perturb: one clear line
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   os.makedirs(os.path.dirname(os.path.abspath(OUT.value)), exist_ok=True)
   n = schema.write_jsonl(OUT.value, trajs)
   print(json.dumps({**stats, "dropped": len(stats["dropped"]), "written": n, "out": OUT.value}))

@@ -70,7 +70,7 @@ def test_real_options_for_the_mcp_server_and_the_hook_for_others():
   with pytest.raises(NotImplementedError, match="'partial' is not implemented by the real 'mcp'"):
     perturb.real_options("partial:rate=0.5", "mcp")
   with pytest.raises(NotImplementedError, match="'search' environment"):
-    perturb.real_options("page_size:size=2", "search")
+    perturb.real_options("stale", "search")
 
 
 # -- the real MCP server --------------------------------------------------------------------

@@ -14,6 +14,13 @@ anything. A trajectory without a world id stops
 the run with an error that counts them (no fallback to the trajectory id). MANIFEST.json records,
 per domain, trajectories and distinct worlds per split, test worlds seen in train (0 by
 construction, measured on the split trajectories) and the duplicates dropped.
+
+`--perturb_share=F` (default 0: the corpus as it is) makes about that share of the episodes of
+each domain with real perturbations (mcp, search, web) follow one from the domain's fixed menu
+(`lwm_jax.envs.perturb.CORPUS_MENU`), chosen from the episode index and the seed, so a re-run
+still writes the same bytes; those trajectories carry the instruction in their system prompt's
+simulation-instruction section, and MANIFEST.json counts them per spec. See
+docs/perturbations.md.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax.data import bench_records, hygiene, prompts, schema, splits  # noqa: E402
-from lwm_jax.envs import base, collect, sandbox  # noqa: E402
+from lwm_jax.envs import base, collect, perturb, sandbox  # noqa: E402
 
 SPLITS = splits.SPLITS
 
@@ -61,7 +68,7 @@ def write_bench(path: str, test: list[schema.Trajectory]) -> int:
   return bench_records.write_awb_jsonl(path, records)
 
 
-def collect_split(name: str, per_domain: int, seed: int, workers: int
+def collect_split(name: str, per_domain: int, seed: int, workers: int, perturb_share: float = 0.0
                   ) -> tuple[list[tuple[schema.Trajectory, str]], dict[str, str], dict[str, int]]:
   """Collects `name` episodes in order until `per_domain` pass hygiene and the duplicate filter.
 
@@ -77,7 +84,11 @@ def collect_split(name: str, per_domain: int, seed: int, workers: int
                          f"after {start} episodes (hygiene drops {len(dropped)}, duplicates "
                          f"{dict(dups.report.dropped)}); the environment repeats itself")
     need = per_domain - len(kept)
-    batch, stats = collect.collect(name, need + max(4, need // 20), seed, workers, start=start)
+    extra = {}
+    if perturb_share > 0:  # without a share, collection runs exactly as before
+      extra["perturb"] = lambda i: perturb.corpus_choice(name, i, perturb_share, seed)
+    batch, stats = collect.collect(name, need + max(4, need // 20), seed, workers, start=start,
+                                   **extra)
     worlds = splits.require_worlds(batch, f"make_corpus {name} (episodes {start}.."
                                           f"{start + stats['episodes'] - 1})")
     start += stats["episodes"]
@@ -97,12 +108,17 @@ def main() -> None:
   ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
   ap.add_argument("--corpus_dir", default="data/corpus")
   ap.add_argument("--bench_dir", default="evals/mini_bench")
+  ap.add_argument("--perturb_share", type=float, default=0.0,
+                  help="share of the episodes of mcp, search and web that follow a perturbation "
+                       "from the domain's fixed menu (0: none)")
   ap.add_argument("--bench_only", action="store_true",
                   help="rewrite the mini benchmark from the corpus test split; collect nothing")
   ap.add_argument("--unsafe_no_sandbox", action="store_true",
                   help="run the terminal and swe commands WITHOUT isolation where bubblewrap is "
                        "unavailable (they can then read and change this machine's files)")
   args = ap.parse_args()
+  if not 0.0 <= args.perturb_share <= 1.0:
+    ap.error(f"--perturb_share must be in [0, 1], got {args.perturb_share}")
   if args.bench_only:
     for name in args.domains.split(","):
       test = list(schema.read_jsonl(os.path.join(args.corpus_dir, f"{name}_test.jsonl.gz")))
@@ -117,7 +133,8 @@ def main() -> None:
   for name in args.domains.split(","):
     t0 = time.time()
     try:
-      kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers)
+      kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers,
+                                          args.perturb_share)
     except splits.MissingWorldError as e:  # one clear line; nothing of this domain is written
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
@@ -134,6 +151,12 @@ def main() -> None:
                     "bench_records": n_bench, "dropped": len(dropped),
                     "turns_min": min(turns), "turns_max": max(turns),
                     "turns_mean": round(sum(turns) / len(turns), 2), "seconds": round(time.time() - t0, 1)}
+    perturbed: dict[str, int] = {}
+    for t, _ in kept:
+      if t.meta.get("perturb"):
+        perturbed[t.meta["perturb"]] = perturbed.get(t.meta["perturb"], 0) + 1
+    if perturbed:  # only then: a corpus without perturbations keeps its manifest's bytes
+      report[name]["perturbed"] = dict(sorted(perturbed.items()))
     print(json.dumps({name: report[name]}), flush=True)
   manifest_path = os.path.join(args.corpus_dir, "MANIFEST.json")
   domains = {}
@@ -142,8 +165,11 @@ def main() -> None:
       domains = json.load(f).get("domains", {})
   domains.update({k: {x: v[x] for x in v if x != "seconds"} for k, v in report.items()})
   with open(manifest_path, "w") as f:
-    json.dump({"split_by": "world", "seed": args.seed, "per_domain": args.per_domain,
-               "python": sys.version.split()[0], "domains": domains}, f, indent=1, sort_keys=True)
+    head = {"split_by": "world", "seed": args.seed, "per_domain": args.per_domain,
+            "python": sys.version.split()[0]}
+    if args.perturb_share:
+      head["perturb_share"] = args.perturb_share
+    json.dump({**head, "domains": domains}, f, indent=1, sort_keys=True)
     f.write("\n")
 
 

@@ -5,6 +5,11 @@ Episode `i` of a run with base seed `S` always uses seed `recorder.episode_seed(
 the number of workers or which worker ran what. Trajectories that fail data hygiene (fewer than 2
 turns; an MCP or SWE call to a tool that was not declared) are not returned; they are counted. The
 stats also count the distinct worlds (`meta["world"]`) of the kept episodes and those without one.
+
+`perturb` (a spec for every episode, or a function of the episode index giving each one's spec,
+"" for none) makes the environment misbehave as the perturbation catalogue says
+(`lwm_jax.envs.perturb`); the trajectories record it in `simulation_instruction` and
+`meta["perturb"]`, and the stats count the perturbed episodes per spec.
 """
 from __future__ import annotations
 
@@ -14,10 +19,10 @@ import multiprocessing.util  # noqa: F401  (Finalize)
 import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 from lwm_jax.data import schema
-from lwm_jax.envs import base, recorder, swe
+from lwm_jax.envs import base, perturb as perturb_lib, recorder, swe
 
 _WORKER_ENV: dict[str, base.Env] = {}
 
@@ -47,11 +52,15 @@ def episode_id(name: str, seed: int, index: int) -> str:
   return f"{name}-s{seed}-{index:05d}"
 
 
-def _work(job: tuple[str, int, int, int]) -> dict[str, Any]:
-  name, seed, index, max_turns = job
+def _work(job: tuple[str, int, int, int, str]) -> dict[str, Any]:
+  name, seed, index, max_turns, spec = job
   env = _WORKER_ENV.get(name)
   if env is None:
     env = _WORKER_ENV[name] = base.make_env(name)
+  if hasattr(env, "set_perturb"):
+    env.set_perturb(spec)
+  elif spec:
+    raise ValueError(f"environment '{name}' implements no perturbation (asked for '{spec}')")
   traj = recorder.record(name, recorder.episode_seed(seed, index), episode_id(name, seed, index),
                          env=env, max_turns=max_turns)
   return traj.to_dict()
@@ -69,12 +78,30 @@ def _init_worker(tmp_root: str) -> None:
   mp.util.Finalize(None, _close_worker_envs, exitpriority=10)
 
 
+def episode_specs(name: str, perturb: str | Callable[[int], str], indices: range) -> list[str]:
+  """The canonical perturbation spec of each episode, checked against environment `name`
+  (ValueError naming the episode and the perturbation the environment does not implement)."""
+  out = []
+  for i in indices:
+    spec = perturb(i) if callable(perturb) else perturb
+    try:
+      perts = perturb_lib.parse(spec or "")
+      perturb_lib.real_options(perts, name)
+    except (ValueError, NotImplementedError) as e:
+      raise ValueError(f"--perturb for '{name}' (episode {i}): {e}") from None
+    out.append(perturb_lib.spec_of(perts))
+  return out
+
+
 def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns: int = 30,
-            progress: bool = True, start: int = 0) -> tuple[list[schema.Trajectory], dict[str, Any]]:
+            progress: bool = True, start: int = 0, perturb: str | Callable[[int], str] = ""
+            ) -> tuple[list[schema.Trajectory], dict[str, Any]]:
   """Plays episodes `start .. start+episodes-1`; returns (kept trajectories in order, stats)."""
   if name not in base.ENV_NAMES:
     raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(base.ENV_NAMES)})")
-  jobs = [(name, seed, i, max_turns) for i in range(start, start + episodes)]
+  indices = range(start, start + episodes)
+  jobs = [(name, seed, i, max_turns, spec)
+          for i, spec in zip(indices, episode_specs(name, perturb, indices))]
   bar = None
   if progress:
     from tqdm import tqdm
@@ -120,4 +147,10 @@ def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns
            "worlds": len({w for w in worlds if w}), "without_world": sum(not w for w in worlds),
            "turns_min": min(turns, default=0), "turns_max": max(turns, default=0),
            "turns_mean": round(sum(turns) / max(1, len(turns)), 2)}
+  perturbed: dict[str, int] = {}
+  for t in kept:
+    if t.meta.get("perturb"):
+      perturbed[t.meta["perturb"]] = perturbed.get(t.meta["perturb"], 0) + 1
+  if perturbed:
+    stats["perturbed"] = dict(sorted(perturbed.items()))
   return kept, stats

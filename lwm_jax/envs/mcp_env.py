@@ -6,6 +6,9 @@ business with 300-500 rows over five related tables), so episodes do not share s
 in an episode (a seeded subset of the server's `tools/list`, always enough for the task) form the
 action space, with their real JSON schemas. An action is a JSON object
 `{"tool": NAME, "arguments": {...}}`; the observation is the tool result as the server sent it.
+Perturbations (`set_perturb(spec)` or `McpEnv(perturb=spec)`; see docs/perturbations.md) are set
+per episode at reset through the server's side file (`mcp_server.write_perturb_file`), seeded
+with the episode seed.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import threading
 from typing import Any
 
 from lwm_jax.envs import base, mcp_server
+from lwm_jax.envs.perturb import Perturbable
 
 _ALWAYS = ("list_tables", "describe_table", "query")
 _TASK_TOOLS = {
@@ -224,11 +228,12 @@ def render_result(result: Any) -> str:
   return body
 
 
-class McpEnv(base.Env):
+class McpEnv(Perturbable, base.Env):
   domain = "mcp"
 
-  def __init__(self) -> None:
+  def __init__(self, perturb: Any = None) -> None:
     super().__init__()
+    self.set_perturb(perturb)
     self.tmp = tempfile.mkdtemp(prefix="lwm_mcp_")
     self.db_path = os.path.join(self.tmp, "shop.db")
     write_database(self.db_path, generate_world(0))
@@ -245,6 +250,8 @@ class McpEnv(base.Env):
       os.remove(self.db_path)
     world = generate_world(seed)
     counts = write_database(self.db_path, world)
+    # This episode's misbehaviour (none: the side file is removed), counted afresh by the server.
+    mcp_server.write_perturb_file(self.db_path, self.begin_faults(seed) or None)
     self._set_world(world)
     self.world = world  # the tables as generated; the database file holds the live state
     kind = rng.choice(sorted(_TASK_TOOLS))

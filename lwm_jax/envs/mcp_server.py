@@ -6,7 +6,7 @@ file between episodes (`mcp_env.write_database`) and keep the server process. Er
 constraint violations, unknown ids, bad arguments (validated by the MCP server from the schemas).
 
 Perturbations (`--perturb JSON` or `make_server(db, perturb={...})`, the options that
-`lwm_jax.sim.perturb.real_options` produces) make the server misbehave for real, deterministically
+`lwm_jax.envs.perturb.real_options` produces) make the server misbehave for real, deterministically
 for a seed: `error_rate` + `error_kind` (timeout, server_error, unavailable) fail that share of
 tool calls, drawn per call from a hash of (seed, call number); `page_size` cuts row lists to that
 many rows (saying how many there were); `withhold` drops the named fields from every result;

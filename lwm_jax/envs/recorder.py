@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 from lwm_jax.data import schema
-from lwm_jax.envs import base
+from lwm_jax.envs import base, perturb
 
 ENV_VERSION = "2"
 
@@ -48,9 +48,13 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
     meta["world"] = env.world_id
   if gui:
     meta["unchanged_turns_dropped"] = dropped
+  perts = getattr(env, "perturbs", None)
+  if perts:  # the episode followed these perturbations for real: say so as the simulation does
+    meta["perturb"] = perturb.spec_of(perts)
   return schema.Trajectory(
       id=episode_id, domain=env.domain, task=info.task, action_space=info.action_space,
-      initial_state=info.initial_state, turns=turns, meta=meta)
+      initial_state=info.initial_state, turns=turns, meta=meta,
+      simulation_instruction=perturb.instruction(perts) if perts else "")
 
 
 def record(name: str, seed: int, episode_id: str, env: base.Env | None = None,

@@ -8,6 +8,11 @@ releases, incidents) into its own small FTS5 file, built at reset in a few tens 
 queries are ranked with FTS5's bm25. Actions:
 `search(query="...", page=1)` returns ranked snippets five per page, `open(doc_id="...", page=1)`
 returns a page of the document. The collection depends on the Python version (kept in `meta`).
+
+Perturbations (`set_perturb(spec)` or `SearchEnv(perturb=spec)`; see docs/perturbations.md):
+`errors` fails that share of calls with a timeout/500/503 message, drawn per call from the episode
+seed; `page_size` lists that many results per page; `withhold` leaves the named result fields
+(title, snippet, score) out; `rate_limit` rejects the calls after the first `limit`.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import warnings
 from typing import Any
 
 from lwm_jax.envs import base, search_worlds
+from lwm_jax.envs.perturb import Perturbable
 
 MODULES = (
     "abc argparse array base64 bisect calendar collections colorsys contextlib copy csv dataclasses "
@@ -145,11 +151,15 @@ def generate_world(seed: int) -> dict[str, Any]:
   return search_worlds.generate_world(seed, tuple(MODULES))
 
 
-class SearchEnv(base.Env):
+class SearchEnv(Perturbable, base.Env):
   domain = "search"
 
-  def __init__(self, cache_dir: str | None = None, root: str | None = None) -> None:
+  def __init__(self, cache_dir: str | None = None, root: str | None = None, perturb: Any = None
+               ) -> None:
     super().__init__()
+    self.set_perturb(perturb)
+    self.per_page = PER_PAGE
+    self.withheld: set[str] = set()
     self.root_parent = root
     con = sqlite3.connect(f"file:{ensure_index(cache_dir)}?mode=ro", uri=True)
     self.stdlib = con.execute("SELECT doc_id, title, body FROM docs ORDER BY doc_id").fetchall()
@@ -174,6 +184,9 @@ class SearchEnv(base.Env):
 
   def reset(self, seed: int) -> str:
     rng = self._begin(seed)
+    opts = self.begin_faults(seed)
+    self.per_page = opts.get("page_size", PER_PAGE)
+    self.withheld = set(opts.get("withhold", ()))
     world = generate_world(seed)
     self._set_world(world)
     mods = set(world["modules"])
@@ -226,6 +239,9 @@ class SearchEnv(base.Env):
     self.steps += 1
     try:
       name, kw = parse_call(action)
+      fault = self.faults.call() if self.faults else None
+      if fault:  # the engine received the call and failed it
+        return f"Error: {self.fault_text(fault)}"
       if name == "search":
         return self.search(str(kw.get("query", "")), kw.get("page", 1))
       return self.open(str(kw.get("doc_id", "")), kw.get("page", 1))
@@ -241,18 +257,22 @@ class SearchEnv(base.Env):
     n = self.con.execute("SELECT COUNT(*) FROM docs WHERE docs MATCH ?", (expr,)).fetchone()[0]
     if n == 0:
       return f'No results for "{query}".'
-    pages = (n + PER_PAGE - 1) // PER_PAGE
+    per = self.per_page
+    pages = (n + per - 1) // per
     if page > pages:
       return f'Error: page {page} is past the last page ({pages}) of results for "{query}".'
     rows = self.con.execute(
         "SELECT doc_id, title, snippet(docs, 2, '**', '**', ' ... ', 16), bm25(docs, 0, 5.0, 1.0) AS s "
         "FROM docs WHERE docs MATCH ? ORDER BY s, doc_id LIMIT ? OFFSET ?",
-        (expr, PER_PAGE, (page - 1) * PER_PAGE)).fetchall()
-    out = [f'Results {(page - 1) * PER_PAGE + 1}-{(page - 1) * PER_PAGE + len(rows)} of {n} for '
+        (expr, per, (page - 1) * per)).fetchall()
+    out = [f'Results {(page - 1) * per + 1}-{(page - 1) * per + len(rows)} of {n} for '
            f'"{query}" (page {page} of {pages})']
-    for k, (doc_id, title, snip, score) in enumerate(rows, (page - 1) * PER_PAGE + 1):
+    hide = self.withheld
+    for k, (doc_id, title, snip, score) in enumerate(rows, (page - 1) * per + 1):
       snip = " ".join(snip.split())
-      out.append(f"\n{k}. [{doc_id}] {title}\n   score {-score:.2f} | {snip}")
+      head = f"\n{k}. [{doc_id}]" + ("" if "title" in hide else f" {title}")
+      detail = [x for f, x in (("score", f"score {-score:.2f}"), ("snippet", snip)) if f not in hide]
+      out.append(head + (f"\n   {' | '.join(detail)}" if detail else ""))
     return "\n".join(out)
 
   def open(self, doc_id: str, page: Any = 1) -> str:

@@ -7,6 +7,13 @@ interactive elements carry numeric ids. Actions: `click(id)`, `type(id, "text")`
 `select(id, "option")`, `submit(id)`, `goto("/path")`, `back()`. URLs are shown on the fixed host
 `http://shop.local` (the real port never appears). An invalid action leaves the page as it was and
 shows an error line above it.
+
+Perturbations (`set_perturb(spec)` or `WebEnv(perturb=spec)`; see docs/perturbations.md) are
+served by the shop itself after the first page of the episode: `errors` answers that share of
+requests with a real error page (504, 500 or 503), `page_size` lists that many products per page,
+`partial` makes each unit of an add-to-cart fail at that rate (a 409 page says which were added
+and which failed), `rate_limit` answers 429 after the first `limit` requests. All drawn from the
+episode seed.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import urllib.parse
 from typing import Any
 
 from lwm_jax.envs import base, web_app
+from lwm_jax.envs.perturb import Perturbable
 from lwm_jax.envs.web_app import generate_world  # noqa: F401  (each env module offers its world generator)
 
 HOST = "http://shop.local"
@@ -126,11 +134,12 @@ class _TreeParser(html.parser.HTMLParser):
       self.nodes.append({"role": "text", "name": data, "depth": self.depth})
 
 
-class WebEnv(base.Env):
+class WebEnv(Perturbable, base.Env):
   domain = "web"
 
-  def __init__(self) -> None:
+  def __init__(self, perturb: Any = None) -> None:
     super().__init__()
+    self.set_perturb(perturb)
     self.server: web_app.ShopServer | None = None
 
   # -- http --------------------------------------------------------------------------------------
@@ -206,6 +215,9 @@ class WebEnv(base.Env):
     self.sid = ""
     self.history: list[str] = []
     self._request("GET", "/")
+    opts = self.begin_faults(seed)  # the shop misbehaves from the agent's first action on
+    self.server.state.faults = self.faults
+    self.server.state.per_page = opts.get("page_size", self.server.state.per_page)
     prods = world["products"]
     kind = rng.choice(["buy", "cheapest", "account", "buy"])
     user = rng.choice(sorted(world["users"]))

@@ -101,6 +101,13 @@ def generate_world(seed: int) -> dict[str, Any]:
           "orders": orders}
 
 
+_FAULT_PAGES = {"timeout": (504, "Gateway timeout"), "server_error": (500, "Server error"),
+                "unavailable": (503, "Service unavailable"), "rate_limit": (429, "Too many requests")}
+_FAULT_TEXT = {"timeout": "The request timed out: the shop did not answer within 30 s.",
+               "server_error": "Internal server error: the request could not be completed.",
+               "unavailable": "The shop is overloaded; try again later."}
+
+
 class ShopState:
   """The live state of one shop: the world's catalogue and orders, plus sessions."""
 
@@ -115,6 +122,7 @@ class ShopState:
         {"id": o["id"], "user": o["user"], "cart": {pid: q for pid, q in o["items"]}, "address": o["address"],
          "shipping": o["shipping"]} for o in world["orders"]]
     self.lock = threading.Lock()
+    self.faults: Any = None  # an envs.perturb.Faults when the episode is perturbed
 
 
 def _page(title: str, body: str, user: str | None, notice: str = "") -> str:
@@ -152,6 +160,17 @@ def make_handler(state: ShopState) -> type:
       self.end_headers()
       self.wfile.write(data)
 
+    def _fail(self, fault: str, sid: str, user: str | None) -> None:
+      """A perturbed request: the error page a failing server sends (see docs/perturbations.md)."""
+      code, title = _FAULT_PAGES[fault]
+      if fault == "rate_limit":
+        o = state.faults.opts
+        text = (f"Too many requests: {o['rate_limit']} allowed per session; retry after "
+                f"{o.get('retry_after', 30)} s.")
+      else:
+        text = _FAULT_TEXT[fault]
+      return self._send(code, _page(title, f"<p>{html.escape(text)}</p>", user), sid)
+
     def do_GET(self) -> None:
       self._route("GET", {})
 
@@ -162,6 +181,11 @@ def make_handler(state: ShopState) -> type:
 
     def _route(self, method: str, form: dict[str, str]) -> None:
       sid, s = self._session()
+      if state.faults:
+        with state.lock:
+          fault = state.faults.call()
+        if fault:
+          return self._fail(fault, sid, s["user"])
       url = urllib.parse.urlsplit(self.path)
       q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
       user = s["user"]
@@ -235,6 +259,21 @@ def make_handler(state: ShopState) -> type:
         elif qty + s["cart"].get(x["id"], 0) > x["stock"]:
           s["notice"] = f"Only {x['stock']} of {x['name']} in stock."
           return self._send(303, "", sid, f"/product/{x['id']}")
+        elif state.faults and state.faults.opts.get("partial_rate"):
+          with state.lock:
+            failed = state.faults.partial(qty)
+          ok = failed.count(False)
+          if ok:
+            s["cart"][x["id"]] = s["cart"].get(x["id"], 0) + ok
+          if not any(failed):
+            s["notice"] = f"Added {qty} x {x['name']} to the cart."
+          else:  # a partial failure: a real error page naming what was added and what failed
+            rows = "".join(f"<li>Unit {k} of {html.escape(x['name'])}: "
+                           + ("failed (reservation error)" if bad else "added") + "</li>"
+                           for k, bad in enumerate(failed, 1))
+            body = (f"<p>Added {ok} of {qty} x {html.escape(x['name'])}; {qty - ok} could not be "
+                    f"reserved.</p><ul>{rows}</ul><a href=\"/cart\">View cart</a>")
+            return self._send(409, _page("Partially added", body, user), sid)
         else:
           s["cart"][x["id"]] = s["cart"].get(x["id"], 0) + qty
           s["notice"] = f"Added {qty} x {x['name']} to the cart."

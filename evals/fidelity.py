@@ -1,0 +1,369 @@
+"""Instruction fidelity: does a world model follow a perturbation instruction as the real env does?
+
+For each domain with real perturbations (mcp, search, web) and each perturbation of its menu
+(`lwm_jax.envs.perturb.CORPUS_MENU`, or `--specs`), held-out episodes (the seeds of the corpus's
+test split) are played for real under the perturbation by the scripted agent; their actions are
+then replayed in the world model (`SimulatedEnv`, all episodes stepped together by `step_many`)
+twice: with the perturbation's instruction in the system prompt and without it. A small detector
+per perturbation kind says, turn by turn, whether an observation shows the instructed behaviour
+(an error of the asked kind, at most `size` listed items, no withheld field, a partial failure, a
+rate-limit rejection); the report gives its rate on the simulated observations with and without
+the instruction, and on the real ones (the detectors' own check), plus judge-free similarity
+(`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the simulated observations to the
+real ones under the same perturbation. `stale` has no detector (not measured).
+
+  python evals/fidelity.py --checkpoint=runs/demo/sft --out=runs/fidelity --episodes=8
+
+writes `fidelity.json` and `fidelity.md` under --out. See docs/perturbations.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lwm_jax.data import schema  # noqa: E402
+from lwm_jax.envs import base, perturb, recorder  # noqa: E402
+from lwm_jax.eval import metrics  # noqa: E402
+
+DOMAINS = tuple(perturb.CORPUS_MENU)
+
+# -- detectors: pure functions of an observation -------------------------------------------------
+_ERROR_RE = {
+    "timeout": re.compile(r"timed?[ -]?out|HTTP 504|\(504\)|status 504", re.I),
+    "server_error": re.compile(r"internal server error|HTTP 500|\(500\)|status 500", re.I),
+    "unavailable": re.compile(r"unavailable|overloaded|HTTP 503|\(503\)|status 503", re.I),
+}
+_RATE_LIMIT_RE = re.compile(r"rate[ -]?limit|too many requests|HTTP 429|\(429\)|status 429", re.I)
+_SEARCH_ITEM_RE = re.compile(r"^\s*\d+\. \[[^\]]+\]", re.M)
+
+
+def _json(obs: str) -> Any:
+  try:
+    return json.loads(obs.strip())
+  except (json.JSONDecodeError, ValueError):
+    return None
+
+
+def shows_error(obs: str, kind: str) -> bool:
+  """The observation reports a failure of this kind (timeout, server_error, unavailable)."""
+  return bool(_ERROR_RE[kind].search(obs))
+
+
+def shows_rate_limit(obs: str) -> bool:
+  return bool(_RATE_LIMIT_RE.search(obs))
+
+
+def shows_partial(obs: str) -> bool:
+  """Some items of one action failed while others succeeded, and the observation says so."""
+  failed = re.search(r"\bfail|could not|not be (added|reserved)|error", obs, re.I)
+  done = re.search(r"\badded\b|succeeded|\bok\b", obs, re.I)
+  return bool(failed and done)
+
+
+def count_items(obs: str) -> int | None:
+  """How many items an observation lists (search results, JSON rows or list entries, the shop's
+  product list); None when it shows no list."""
+  value = _json(obs)
+  if isinstance(value, dict) and isinstance(value.get("rows"), list):
+    return len(value["rows"])
+  if isinstance(value, list):
+    return sum(not (isinstance(x, str) and x.startswith("... ")) for x in value)
+  hits = _SEARCH_ITEM_RE.findall(obs)
+  if hits:
+    return len(hits)
+  if obs.startswith('Page "Products'):
+    return len(re.findall(r"^\s*listitem\s*$", obs, re.M))
+  return None
+
+
+def _json_has_field(value: Any, field: str) -> bool:
+  if isinstance(value, dict):
+    if field in value or field in (value.get("columns") or []):
+      return True
+    return any(_json_has_field(v, field) for v in value.values())
+  if isinstance(value, list):
+    return any(_json_has_field(v, field) for v in value)
+  return False
+
+
+def shows_field(obs: str, field: str) -> bool:
+  """The observation carries `field`: a search result's title, score or snippet, or a key or
+  column of a JSON result."""
+  items = _SEARCH_ITEM_RE.findall(obs)
+  if items:
+    if field == "title":
+      return bool(re.search(r"^\s*\d+\. \[[^\]]+\] \S", obs, re.M))
+    if field == "score":
+      return bool(re.search(r"\bscore -?\d", obs))
+    if field == "snippet":
+      for line in re.findall(r"^ {3}(.*)$", obs, re.M):
+        rest = re.sub(r"score -?[\d.]+", "", line).replace("|", "").strip()
+        if rest:
+          return True
+      return False
+  value = _json(obs)
+  if value is not None:
+    return _json_has_field(value, field)
+  return bool(re.search(rf'"{re.escape(field)}"\s*:', obs))
+
+
+def is_result(obs: str) -> bool:
+  """A successful result listing (search results or a JSON result without an error)."""
+  if _SEARCH_ITEM_RE.search(obs):
+    return True
+  value = _json(obs)
+  return isinstance(value, (dict, list)) and not (isinstance(value, dict) and value.get("isError"))
+
+
+def followed(p: perturb.Perturbation, sim: str, real: str) -> bool | None:
+  """Whether the simulated observation `sim` shows what `p` asks, on a turn where it applies
+  (judged from the real observation `real` under the same perturbation); None elsewhere."""
+  if p.name == "errors":
+    return shows_error(sim, p.params["kind"])
+  if p.name == "page_size":
+    if not count_items(real):
+      return None
+    n = count_items(sim)
+    return n is not None and 1 <= n <= p.params["size"]
+  if p.name == "withhold":
+    if not is_result(real):
+      return None
+    return is_result(sim) and not any(shows_field(sim, f) for f in p.params["fields"])
+  if p.name == "partial":
+    if not re.search(r"\bAdded \d+ (of \d+ )?x ", real):
+      return None
+    return shows_partial(sim)
+  if p.name == "rate_limit":
+    return shows_rate_limit(sim) if shows_rate_limit(real) else None
+  return None  # stale: no detector
+
+
+def _rate(xs: Sequence[bool | None]) -> tuple[int, float | None]:
+  got = [x for x in xs if x is not None]
+  return len(got), (sum(got) / len(got) if got else None)
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def held_out_seeds(corpus_dir: str, domain: str, n: int) -> list[tuple[str, int]]:
+  """(id, seed) of the first `n` test-split episodes of `domain` in the corpus."""
+  path = os.path.join(corpus_dir, f"{domain}_test.jsonl.gz")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no test split for '{domain}' (see tools/make_corpus.py)")
+  out = []
+  for t in schema.read_jsonl(path):
+    if "seed" not in t.meta:
+      raise ValueError(f"{path}: trajectory {t.id} has no meta.seed")
+    out.append((t.id, int(t.meta["seed"])))
+    if len(out) == n:
+      break
+  return out
+
+
+def record_real(domain: str, episodes: Sequence[tuple[str, int]], specs: Sequence[str],
+                max_turns: int) -> list[schema.Trajectory]:
+  """The real perturbed trajectories: each held-out episode under each spec."""
+  env = base.make_env(domain)
+  try:
+    out = []
+    for spec in specs:
+      env.set_perturb(spec)
+      for tid, seed in episodes:
+        out.append(recorder.record(domain, seed, f"{tid}|{spec}", env=env, max_turns=max_turns))
+    return out
+  finally:
+    env.close()
+
+
+def simulate(sampler: Any, trajs: Sequence[schema.Trajectory], instructed: bool,
+             params: Any, batch: int) -> list[list[str]]:
+  """Simulated observations of each trajectory's real actions, with or without its instruction."""
+  from lwm_jax.sim.env import SimulatedEnv, World, step_many
+  out: list[list[str]] = []
+  for lo in range(0, len(trajs), batch):
+    group = trajs[lo:lo + batch]
+    envs = []
+    for t in group:
+      world = World.from_trajectory(t)
+      if not instructed:
+        world = world.replace(simulation_instruction="")
+      env = SimulatedEnv(sampler, world, params=params, max_turns=max(1, len(t.turns)))
+      env.reset(int(t.meta.get("seed", 0)))
+      envs.append(env)
+    for k in range(max(len(t.turns) for t in group)):
+      live = [i for i, t in enumerate(group) if k < len(t.turns) and not envs[i].done]
+      if live:
+        step_many([envs[i] for i in live], [group[i].turns[k].action for i in live])
+    out += [[turn.observation for turn in e.turns] for e in envs]
+  return out
+
+
+def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]],
+            without_obs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+  """One row per (domain, spec, perturbation) plus the spec's similarity to the real env."""
+  rows: dict[tuple[str, str], dict[str, Any]] = {}
+  for t, w_obs, o_obs in zip(trajs, with_obs, without_obs):
+    spec = t.meta["perturb"]
+    key = (t.domain, spec)
+    row = rows.setdefault(key, {"domain": t.domain, "spec": spec, "episodes": 0, "turns": 0,
+                                "checks": {}, "sim": {"with": [], "without": []}})
+    row["episodes"] += 1
+    row["turns"] += len(w_obs)
+    for p in perturb.parse(spec):
+      c = row["checks"].setdefault(p.name, {"with": [], "without": [], "real": [],
+                                            "target": p.params.get("rate")
+                                            if p.name == "errors" else 1.0})
+      for turn, sw, so in zip(t.turns, w_obs, o_obs):
+        real = turn.observation
+        c["with"].append(followed(p, sw, real))
+        c["without"].append(followed(p, so, real))
+        c["real"].append(followed(p, real, real))
+    for turn, sw, so in zip(t.turns, w_obs, o_obs):
+      row["sim"]["with"].append(metrics.free_metrics(sw, turn.observation))
+      row["sim"]["without"].append(metrics.free_metrics(so, turn.observation))
+  out = []
+  for row in rows.values():
+    checks = {}
+    for name, c in row["checks"].items():
+      n, w = _rate(c["with"])
+      _, wo = _rate(c["without"])
+      _, real = _rate(c["real"])
+      checks[name] = {"turns": n, "with_instruction": w, "without_instruction": wo, "real": real,
+                      "target": c["target"] if n else None}
+      if name == "stale":
+        checks[name]["note"] = "no detector"
+    sim = {}
+    for cond, ms in row["sim"].items():
+      sim[cond] = {k: (sum(m[k] for m in ms) / len(ms) if ms else None)
+                   for k in metrics.FREE_METRICS}
+    out.append({"domain": row["domain"], "spec": row["spec"], "episodes": row["episodes"],
+                "turns": row["turns"], "checks": checks, "similarity_to_real": sim})
+  return out
+
+
+def _pct(x: float | None) -> str:
+  return "-" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+  lines = [f"# Instruction fidelity: {report['checkpoint']}", "",
+           f"{report['episodes_per_domain']} held-out episodes per domain and perturbation, at "
+           f"most {report['max_turns']} turns, {report['max_tokens']} new tokens per observation. "
+           "Rates in percent of the turns where the check applies; `real` is the detector on the "
+           "real environment's observations; `target` is the asked error rate (100 for the other "
+           "kinds).", "",
+           "| domain | perturbation | check | turns | with instruction | without | real | target |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in report["rows"]:
+    for name, c in r["checks"].items():
+      name = f"{name} ({c['note']})" if c.get("note") else name
+      lines.append(f"| {r['domain']} | `{r['spec']}` | {name} | {c['turns']} | "
+                   f"{_pct(c['with_instruction'])} | {_pct(c['without_instruction'])} | "
+                   f"{_pct(c['real'])} | {_pct(c['target'])} |")
+  lines += ["", "Judge-free similarity of the simulated observations to the real ones under the "
+            "same perturbation (percent; with / without the instruction):", "",
+            "| domain | perturbation | turns | exact | token F1 | edit similarity |",
+            "|---|---|---|---|---|---|"]
+  for r in report["rows"]:
+    s = r["similarity_to_real"]
+    cells = " | ".join(f"{_pct(s['with'][k])} / {_pct(s['without'][k])}"
+                       for k in metrics.FREE_METRICS)
+    lines.append(f"| {r['domain']} | `{r['spec']}` | {r['turns']} | {cells} |")
+  return "\n".join(lines) + "\n"
+
+
+def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]],
+        corpus_dir: str, episodes: int, max_turns: int, max_tokens: int, batch: int,
+        checkpoint: str = "") -> dict[str, Any]:
+  from lwm_jax.sampling.params import SamplingParams
+  params = SamplingParams(temperature=0.0, max_new_tokens=max_tokens)
+  trajs: list[schema.Trajectory] = []
+  t0 = time.time()
+  for d in domains:
+    trajs += record_real(d, held_out_seeds(corpus_dir, d, episodes), specs[d], max_turns)
+  t1 = time.time()
+  with_obs = simulate(sampler, trajs, True, params, batch)
+  without_obs = simulate(sampler, trajs, False, params, batch)
+  return {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
+          "max_tokens": max_tokens, "domains": list(domains),
+          "rows": measure(trajs, with_obs, without_obs),
+          "seconds": {"real": round(t1 - t0, 1), "simulated": round(time.time() - t1, 1)}}
+
+
+def parse_specs(text: str, domains: Sequence[str]) -> dict[str, list[str]]:
+  """`--specs`: "" for each domain's menu, else `domain=SPEC|SPEC,...` entries separated by
+  `&&` (a spec itself uses `;` and `,`)."""
+  out = {d: list(perturb.CORPUS_MENU[d]) for d in domains}
+  if not text:
+    return out
+  out = {d: [] for d in domains}
+  for part in text.split("&&"):
+    d, eq, rest = part.partition("=")
+    d = d.strip()
+    if not eq or d not in out:
+      raise ValueError(f"--specs: expected DOMAIN=SPEC|SPEC with DOMAIN in {', '.join(domains)}, "
+                       f"got '{part}'")
+    for spec in rest.split("|"):
+      perts = perturb.parse(spec)
+      perturb.real_options(perts, d)
+      out[d].append(perturb.spec_of(perts))
+  return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--checkpoint", required=True, help="workdir, step folder or Hugging Face folder")
+  ap.add_argument("--tokenizer", default=None)
+  ap.add_argument("--out", required=True, help="folder for fidelity.json and fidelity.md")
+  ap.add_argument("--domains", default=",".join(DOMAINS))
+  ap.add_argument("--specs", default="", help="'search=page_size:size=2|errors:rate=0.3 && web=...'"
+                  " (default: each domain's menu)")
+  ap.add_argument("--corpus_dir", default="data/corpus")
+  ap.add_argument("--episodes", type=int, default=8, help="held-out episodes per domain and spec")
+  ap.add_argument("--max_turns", type=int, default=12)
+  ap.add_argument("--max_tokens", type=int, default=384)
+  ap.add_argument("--batch", type=int, default=16, help="episodes stepped per engine call")
+  ap.add_argument("--engine", default="{}", help="engine options as a JSON object, e.g. "
+                  "'{\"min_prompt_bucket\": 1024}' (fewer compiled shapes)")
+  args = ap.parse_args(argv)
+  domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+  bad = [d for d in domains if d not in DOMAINS]
+  try:
+    if bad:
+      raise ValueError(f"--domains: '{bad[0]}' has no real perturbations (use {', '.join(DOMAINS)})")
+    for name in ("episodes", "max_turns", "max_tokens", "batch"):
+      if getattr(args, name) < 1:
+        raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    specs = parse_specs(args.specs, domains)
+    try:
+      engine = json.loads(args.engine)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--engine: not valid JSON: {e}") from None
+    if not isinstance(engine, dict):
+      raise ValueError(f"--engine: expected a JSON object, got {type(engine).__name__}")
+  except (ValueError, NotImplementedError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  from lwm_jax.sampling.sampler import Sampler
+  sampler = Sampler.from_checkpoint(args.checkpoint, tokenizer=args.tokenizer,
+                                    **{"max_batch": max(4, args.batch), **engine})
+  report = run(sampler, domains=domains, specs=specs, corpus_dir=args.corpus_dir,
+               episodes=args.episodes, max_turns=args.max_turns, max_tokens=args.max_tokens,
+               batch=args.batch, checkpoint=args.checkpoint)
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "fidelity.json"), "w") as f:
+    json.dump(report, f, indent=1, sort_keys=True)
+    f.write("\n")
+  with open(os.path.join(args.out, "fidelity.md"), "w") as f:
+    f.write(markdown(report))
+  print(markdown(report))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
