@@ -12,7 +12,7 @@ from configs import common
 # preset -> rollout shape (prompts per process, group size, updates per batch, reply tokens),
 # matching the preset's train.batch_size on one process (pods: per process x processes)
 ROLLOUTS = {
-    "demo": dict(prompts_per_batch=4, group_size=4, updates_per_batch=2, max_new_tokens=192),
+    "demo": dict(prompts_per_batch=8, group_size=4, updates_per_batch=4, max_new_tokens=160),
     "small": dict(prompts_per_batch=4, group_size=8, updates_per_batch=4, max_new_tokens=128),
     # pods: 16 prompts x 16 replies per process, 4 updates; the batch is per process x processes
     "qwen3_30b_a3b": dict(prompts_per_batch=16, group_size=16, updates_per_batch=4,
