@@ -67,7 +67,9 @@ def rows(workdir, split="train"):
 
 
 def test_rl_run_logs_rollouts_evaluates_and_resumes_exactly(data, tmp_path):
-  out = run(config(data), tmp_path / "a")
+  c = config(data)
+  c.train.eval_every = 4
+  out = run(c, tmp_path / "a")
   train_rows = rows(tmp_path / "a")
   assert len(train_rows) == 4
   r = train_rows[1]
@@ -80,14 +82,16 @@ def test_rl_run_logs_rollouts_evaluates_and_resumes_exactly(data, tmp_path):
   assert train_rows[0]["ratio_max"] == pytest.approx(1, abs=1e-4)
   assert abs(train_rows[1]["ratio_mean"] - 1) > 1e-6
   evals = rows(tmp_path / "a", "eval")
-  assert [e["step"] for e in evals] == [0, 2, 4]   # the start, then every eval_every steps
+  assert [e["step"] for e in evals] == [0, 4]   # the start, then every eval_every steps
   assert {"reward_mean", "token_f1", "edit_sim", "parses", "reward_rule"} <= set(evals[0])
   assert os.path.exists(out["reward_png"])
-  # A run stopped after step 2 and resumed gives the same rollouts, rewards and losses.
+  # A run stopped after step 2 and resumed gives the same rollouts, rewards and losses (and
+  # without the held-out evaluations: they leave the rollouts alone).
   c = config(data)
-  c.train.stop_after = 2
+  c.rl.eval_jsonl, c.train.stop_after = "", 2
   run(c, tmp_path / "b")
-  again = run(config(data), tmp_path / "b")
+  c.train.stop_after = 0
+  again = run(c, tmp_path / "b")
   assert again["start_step"] == 2
   resumed = rows(tmp_path / "b")
   assert [x["step"] for x in resumed] == [1, 2, 3, 4]
@@ -102,6 +106,7 @@ WORKER = textwrap.dedent("""
   sys.path.insert(0, sys.argv[4])
   from tests.test_rl_train import config, run
   c = config(pathlib.Path(sys.argv[5]), steps=2, prompts=1, updates=1)
+  c.train.batch_size = 4  # 2 rows from each process
   c.rl.eval_jsonl = ""
   c.dist.update(dict(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]),
                      timeout_s=60, cpu_collectives="gloo"))
