@@ -143,3 +143,41 @@ def test_two_processes_agree_with_one(data, tmp_path):
   assert results[0]["losses"] == pytest.approx(one["losses"], abs=1e-5)
   two_rows = rows(tmp_path / "two")  # written by process 0: its own share's rollout figures
   assert len(two_rows) == 2 and len(one_rows) == 2
+
+
+MESHES = textwrap.dedent("""
+  import json, sys
+  sys.path.insert(0, sys.argv[1])
+  from configs import rl
+  from lwm_jax import sharding as shd
+  out = {}
+  for p in ("qwen3_30b_a3b", "qwen35_35b_a3b", "qwen35_397b_a17b"):
+    m = shd.make_mesh(**rl.get_config(p).mesh.to_dict())
+    out[p] = dict(m.shape)
+  print("RESULT", json.dumps(out))
+""")
+
+
+def test_presets_resolve_for_the_released_sizes():
+  """Every RL preset passes the trainer's checks with its rollout shape; the pod presets sample
+  from the policy, split experts 8 (397B: 16) ways and FSDP the rest of a 32-device mesh."""
+  from lwm_jax.rl import stage
+  from lwm_jax.train import run_config
+  for p in ("demo", "small", "qwen3_30b_a3b", "qwen35_35b_a3b", "qwen35_397b_a17b"):
+    c = rl_config.get_config(p)
+    assert c.data.source == "rollouts" and c.rl.updates_per_batch == 4, p
+    c.data.tokenizer = __file__  # any existing file: the path check only
+    c.data.pipeline.jsonl = "x.jsonl"
+    run_config.validate_config(c)
+    rc = stage.rollout_config(c)
+    processes = c.train.batch_size // rc.minibatch_size
+    assert processes >= 1 and stage.rollout_config(c, processes).batch_size == (
+        c.rl.prompts_per_batch * c.rl.group_size), p
+  assert rl_config.get_config("tiny").data.source == "synthetic"  # the toy task stays
+  p = subprocess.run([sys.executable, "-c", MESHES, ROOT], env=xla_env(32, PYTHONPATH=ROOT),
+                     capture_output=True, text=True, timeout=300, cwd=ROOT)
+  line = [x for x in p.stdout.splitlines() if x.startswith("RESULT")]
+  assert p.returncode == 0 and line, p.stderr[-3000:]
+  shapes = json.loads(line[0][len("RESULT "):])
+  assert shapes["qwen3_30b_a3b"] == {"data": 1, "fsdp": 4, "expert": 8, "tensor": 1}
+  assert shapes["qwen35_397b_a17b"] == {"data": 1, "fsdp": 2, "expert": 16, "tensor": 1}
