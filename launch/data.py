@@ -3,6 +3,7 @@
   python launch/data.py build   --inputs=a.jsonl,b.jsonl.gz --out=/tmp/lwm_tfds [--mode=skip]
   python launch/data.py stats   --inputs=data/corpus [--tokenizer=path] [--png=stats.png]
   python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
+  python launch/data.py pools   --inputs=data/corpus --pool_fractions=cpt=0.6,sft=0.3,rl=0.1
 
 `--inputs` takes files or folders (every *.jsonl / *.jsonl.gz inside), or a built TFDS dir with
 `--tfds_dir`. Without `--tokenizer`, a small SentencePiece model is trained on the inputs.
@@ -40,6 +41,10 @@ flags.DEFINE_integer("index", 0, "inspect: trajectory index.")
 flags.DEFINE_integer("seq_len", 4096, "inspect/stats: token budget.")
 flags.DEFINE_integer("seed", 0, "Seed for target turns, variants and masking.")
 flags.DEFINE_bool("color", True, "inspect: ANSI colours (masked tokens dimmed).")
+flags.DEFINE_string("pool_fractions", "cpt=0.6,sft=0.3,rl=0.1",
+                    "pools: the CPT/SFT/RL split by trajectory id (as config.rl.pool_fractions).")
+flags.DEFINE_integer("rl_max_prompt_tokens", 0, "pools: RL prompts longer than this are dropped "
+                     "(default --seq_len; a run uses train.seq_len - rl.max_new_tokens).")
 
 
 def input_files() -> list[str]:
@@ -221,11 +226,35 @@ def cmd_inspect() -> None:
     print()
 
 
+def cmd_pools() -> None:
+  """The CPT / SFT / RL pool sizes of the inputs (trajectories per domain), and how many RL
+  prompts fit the token limit (the RL stage drops longer ones)."""
+  from lwm_jax.rl import pool as pool_lib, stage  # pylint: disable=import-outside-toplevel
+  trajs, reports = load_trajectories()
+  for r in reports:
+    print(r.summary())
+  hyg = hygiene.HygieneReport()
+  trajs = hygiene.filter_trajectories(trajs, hyg)
+  print("hygiene:", hyg.summary())
+  fractions = stage.parse_fractions(FLAGS.pool_fractions)
+  pools = pool_lib.split_pools(trajs, fractions, FLAGS.seed)
+  domains = sorted({t.domain for t in trajs})
+  print(f"pools of {len(trajs)} trajectories ({FLAGS.pool_fractions}, seed {FLAGS.seed}):")
+  print(f"{'pool':>5} | {'total':>6} | " + " | ".join(f"{d:>8}" for d in domains))
+  for name, items in pools.items():
+    per = collections.Counter(t.domain for t in items)
+    print(f"{name:>5} | {len(items):6d} | " + " | ".join(f"{per[d]:8d}" for d in domains))
+  if pools["rl"]:
+    limit = FLAGS.rl_max_prompt_tokens or FLAGS.seq_len
+    rl = pool_lib.build_pool(pools["rl"], get_tokenizer(trajs), limit, seed=FLAGS.seed)
+    print(rl.summary())
+
+
 def main(argv: list[str]) -> None:
-  if len(argv) != 2 or argv[1] not in ("build", "stats", "inspect"):
-    raise app.UsageError("usage: data.py {build|stats|inspect} [--flags]")
+  if len(argv) != 2 or argv[1] not in ("build", "stats", "inspect", "pools"):
+    raise app.UsageError("usage: data.py {build|stats|inspect|pools} [--flags]")
   try:
-    {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect}[argv[1]]()
+    {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect, "pools": cmd_pools}[argv[1]]()
   except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
