@@ -50,7 +50,8 @@ class HeldOut:
     """(metrics, one row per prompt: id, domain, reply, reward, token_f1)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
     gens = sampler.generate([it.prompt_ids for it in self.items], greedy)
-    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference)
+    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference,
+                          it.meta)
               for it, g in zip(self.items, gens)]
     scores = reward.score(inputs)
     rows, per_domain = [], collections.defaultdict(list)

@@ -254,7 +254,8 @@ class RolloutSource:
     gens = self.sampler.generate([it.prompt_ids for it in items], sps)
     t1 = time.perf_counter()
     owners = [it for it in items for _ in range(c.group_size)]
-    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference)
+    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference,
+                          it.meta)
               for it, g in zip(owners, gens)]
     scores = self.reward.score(inputs)
     t2 = time.perf_counter()

@@ -21,6 +21,7 @@ import ml_collections
 from lwm_jax.data import schema
 from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.rl import pool as pool_lib
+from lwm_jax.rl import replay  # noqa: F401  (registers the 'replay' reward)
 from lwm_jax.rl import rewards as rewards_lib
 from lwm_jax.rl.heldout import HeldOut
 from lwm_jax.rl.rollout import RolloutConfig, RolloutSource
