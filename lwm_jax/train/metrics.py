@@ -160,7 +160,8 @@ def plot_rewards(workdir: str) -> str | None:
   for _, row in iter_jsonl(path):
     if row.get("split") == "train":
       for k, v in row.items():
-        if k.startswith("rollout/reward_") and k != "rollout/reward_std":
+        if k.startswith("rollout/reward_") and k not in ("rollout/reward_std",
+                                                          "rollout/reward_s"):
           train.setdefault(k.split("/", 1)[1], []).append((row["step"], v))
     elif row.get("split") == "eval" and "reward_mean" in row:
       held.append((row["step"], row["reward_mean"]))
