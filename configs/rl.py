@@ -42,6 +42,7 @@ def get_config(arg: str | None = None):
       # no judge on a CPU: the rule verifier and the judge-free similarity
       c.rl.reward = "rule=0.5,reference=0.5"
       c.train.batch_size = r["prompts_per_batch"] * r["group_size"] // r["updates_per_batch"]
+      c.train.seq_len = max(c.train.seq_len, 1024)  # room for v0 prompts with history
       c.train.eval_every = 10
       c.rl.eval_prompts = 32
     else:
