@@ -53,6 +53,9 @@ class StepKind:
   per_row: tuple[str, ...]
   target_metric: str
   evaluates: bool              # validation batches (next-token loss) make sense
+  # a batch with no weighted token is allowed (RL: every group of the mini-batch had equal
+  # rewards and was filtered; its update is a no-op apart from the optimizer's momentum)
+  empty_ok: bool = False
 
   def shapes(self, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:
     return {k: (batch,) if k in self.per_row else (batch, seq_len) for k in self.keys}
@@ -60,7 +63,7 @@ class StepKind:
 
 XENT = StepKind(steps_lib.compile_xent_step, steps_lib.XENT_KEYS, (), "loss_weight", True)
 POLICY = StepKind(steps_lib.compile_gspo_step, steps_lib.RL_KEYS, ("advantages",),
-                  "response_tokens", False)
+                  "response_tokens", False, empty_ok=True)
 STEPS = {"cpt": XENT, "sft": XENT, "rl": POLICY}
 
 
@@ -312,7 +315,7 @@ def _checked_loss(m: dict, step: int, kind: StepKind, ckpt, source, seq_len: int
         f"loss is {loss} at step {step}; stopping. The last good checkpoint is {ckpt.dir}/{last}"
         if last is not None else
         f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
-  if float(m[kind.target_metric]) == 0:
+  if float(m[kind.target_metric]) == 0 and not kind.empty_ok:
     raise EmptyBatchError(
         f"step {step}: no token of the batch carries loss weight, so there is nothing to train "
         f"on ({sources_lib.describe(source)}, train.seq_len={seq_len}). Documents whose "
