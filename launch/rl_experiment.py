@@ -86,6 +86,29 @@ def _generated_tokens(workdir: str, updates_per_batch: int) -> float:
   return total
 
 
+CURVE_KEYS = ("loss", "clip_frac", "ratio_mean", "ratio_min", "ratio_max", "entropy",
+              "rollout/reward_mean", "rollout/reward_rule", "rollout/reward_reference",
+              "rollout/response_len", "rollout/truncated", "rollout/zero_variance_groups",
+              "rollout/rollout_s")
+EVAL_KEYS = ("reward_mean", "token_f1", "edit_sim", "parses", "response_len")
+
+
+def write_curves(rl_wd: str, out_csv: str) -> None:
+  """GSPO's per-step figures and its periodic held-out metrics as one small CSV."""
+  rows: dict[int, dict] = {}
+  for _, r in iter_jsonl(os.path.join(rl_wd, "metrics.jsonl")):
+    row = rows.setdefault(r["step"], {"step": r["step"]})
+    keys = CURVE_KEYS if r.get("split") == "train" else EVAL_KEYS
+    prefix = "" if r.get("split") == "train" else "heldout/"
+    row.update({prefix + k: r[k] for k in keys if k in r})
+  cols = ["step"] + list(CURVE_KEYS) + [f"heldout/{k}" for k in EVAL_KEYS]
+  with open(out_csv, "w") as f:
+    f.write(",".join(cols) + "\n")
+    for step in sorted(rows):
+      f.write(",".join("" if rows[step].get(c) is None else f"{rows[step][c]:.6g}"
+                       for c in cols) + "\n")
+
+
 def _evaluate(name: str, hf_dir: str, held: HeldOut, reward, out_dir: str) -> dict:
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   t0 = time.time()
@@ -203,6 +226,7 @@ def main(_):
     lines.append(f"| {name} | {m['reward_mean']:.2f} | {m.get('reward_rule', 0):.2f} | "
                  f"{m.get('reward_reference', 0):.2f} | {m['token_f1']:.4f} | "
                  f"{m['edit_sim']:.4f} | {m['parses']:.2f} |")
+  write_curves(rl_wd, os.path.join(wd, "curves.csv"))
   with open(os.path.join(wd, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
