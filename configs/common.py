@@ -91,8 +91,23 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
       thinking_target="empty",
       pipeline=_pipeline_defaults()))
   c.rl = ml_collections.ConfigDict(dict(
-      algo="gspo", eps_low=3e-4, eps_high=4e-4, log_ratio_cap=10.0, kl_coef=0.0, group_size=4,
-      response_len=16))
+      # the loss (lwm_jax/train/losses.py): GSPO's clip band and an optional KL to the start
+      algo="gspo", eps_low=3e-4, eps_high=4e-4, log_ratio_cap=10.0, kl_coef=0.0,
+      # rollouts (data.source="rollouts", lwm_jax/rl/rollout.py): prompts_per_batch prompts per
+      # process, group_size replies each, split into updates_per_batch optimizer updates, so
+      # train.batch_size = prompts_per_batch x group_size / updates_per_batch x processes
+      group_size=4, prompts_per_batch=4, updates_per_batch=4, max_new_tokens=256,
+      temperature=1.0, top_p=1.0, top_k=0, filter_zero_variance=True,
+      # rewards (lwm_jax/rl/rewards.py): weights of rule / rubric / reference; the rubric's judge
+      reward="rubric=0.9,rule=0.1", similarity="mean", flagged="strip",
+      judge_endpoint="", judge_model="", judge_checkpoint="",
+      # the RL share of data.pipeline.jsonl's trajectories (a split by trajectory id)
+      pool_fractions="cpt=0.6,sft=0.3,rl=0.1", pool_seed=0,
+      # greedy held-out evaluation every train.eval_every steps (and before the first step)
+      eval_jsonl="", eval_prompts=64, eval_max_new_tokens=0,
+      # sampling engine options (lwm_jax/sampling/engine.py); 0 keeps the engine's default
+      engine=dict(chunk_steps=0, min_prompt_bucket=0, prefill_chunk=0, min_cache_len=0),
+      response_len=16))          # the synthetic toy task's response length
   c.dist = ml_collections.ConfigDict(dict(
       coordinator_address="", num_processes=1, process_id=0, timeout_s=300,
       cpu_collectives="", auto=False))

@@ -4,6 +4,7 @@
   python launch/data.py stats   --inputs=data/corpus [--tokenizer=path] [--png=stats.png]
   python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
   python launch/data.py agent-targets --inputs=data/corpus [--agent_layout=turns] [--tokenizer=path]
+  python launch/data.py pools   --inputs=data/corpus --pool_fractions=cpt=0.6,sft=0.3,rl=0.1
 
 `agent-targets` counts the behaviour-cloning samples of an agent policy that the inputs give
 (`lwm_jax.data.agent_targets`): per domain and split, samples, over-long ones dropped, tokens and
@@ -52,6 +53,10 @@ flags.DEFINE_integer("seed", 0, "Seed for target turns, variants and masking.")
 flags.DEFINE_bool("color", True, "inspect: ANSI colours (masked tokens dimmed).")
 flags.DEFINE_enum("agent_layout", "turns", ["turns", "trajectory"],
                   "agent-targets: one sample per action, or one per trajectory.")
+flags.DEFINE_string("pool_fractions", "cpt=0.6,sft=0.3,rl=0.1",
+                    "pools: the CPT/SFT/RL split by trajectory id (as config.rl.pool_fractions).")
+flags.DEFINE_integer("rl_max_prompt_tokens", 0, "pools: RL prompts longer than this are dropped "
+                     "(default --seq_len; a run uses train.seq_len - rl.max_new_tokens).")
 
 
 def input_files() -> list[str]:
@@ -302,11 +307,35 @@ def cmd_agent_targets() -> None:
         f"{total['history_turns_dropped']}")
 
 
+def cmd_pools() -> None:
+  """The CPT / SFT / RL pool sizes of the inputs (trajectories per domain), and how many RL
+  prompts fit the token limit (the RL stage drops longer ones)."""
+  from lwm_jax.rl import pool as pool_lib, stage  # pylint: disable=import-outside-toplevel
+  trajs, reports = load_trajectories()
+  for r in reports:
+    print(r.summary())
+  hyg = hygiene.HygieneReport()
+  trajs = hygiene.filter_trajectories(trajs, hyg)
+  print("hygiene:", hyg.summary())
+  fractions = stage.parse_fractions(FLAGS.pool_fractions)
+  pools = pool_lib.split_pools(trajs, fractions, FLAGS.seed)
+  domains = sorted({t.domain for t in trajs})
+  print(f"pools of {len(trajs)} trajectories ({FLAGS.pool_fractions}, seed {FLAGS.seed}):")
+  print(f"{'pool':>5} | {'total':>6} | " + " | ".join(f"{d:>8}" for d in domains))
+  for name, items in pools.items():
+    per = collections.Counter(t.domain for t in items)
+    print(f"{name:>5} | {len(items):6d} | " + " | ".join(f"{per[d]:8d}" for d in domains))
+  if pools["rl"]:
+    limit = FLAGS.rl_max_prompt_tokens or FLAGS.seq_len
+    rl = pool_lib.build_pool(pools["rl"], get_tokenizer(trajs), limit, seed=FLAGS.seed)
+    print(rl.summary())
+
+
 def main(argv: list[str]) -> None:
   commands = {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect,
-              "agent-targets": cmd_agent_targets}
+              "agent-targets": cmd_agent_targets, "pools": cmd_pools}
   if len(argv) != 2 or argv[1] not in commands:
-    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets} [--flags]")
+    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets|pools} [--flags]")
   try:
     commands[argv[1]]()
   except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback

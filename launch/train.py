@@ -3,6 +3,8 @@
   python launch/train.py --config=configs/cpt.py:tiny --workdir=/tmp/cpt
   python launch/train.py --config=configs/sft.py:small --workdir=DIR --config.train.num_steps=50
   python launch/train.py --config=configs/rl.py:tiny --workdir=DIR --config.rl.algo=gspo_token
+  python launch/train.py --config=configs/rl.py:demo --workdir=DIR --config.data.tokenizer=SP \
+      --config.data.pipeline.jsonl='data/corpus/*_train.jsonl.gz' --config.init_from_hf=SFT_HF
 
 Multi-host: on TPU pods / SLURM pass `--config.dist.auto=true` (jax.distributed auto-detection), or
 `--config.dist.coordinator_address=HOST:PORT --config.dist.num_processes=N --config.dist.process_id=I`
@@ -43,13 +45,23 @@ def parse_flags(argv: list[str]) -> list[str]:
   return []
 
 
+def _rl_source(config):
+  """The rollout source of the RL stage (data.source="rollouts"), else None (the trainer builds
+  the configured data)."""
+  if config.stage != "rl" or config.data.source != "rollouts":
+    return None
+  from lwm_jax.rl import stage  # pylint: disable=import-outside-toplevel
+  return stage.rollout_source(config)
+
+
 def main(argv):
   del argv
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
+  config = flags.FLAGS.config
   try:
-    summary = trainer.train(flags.FLAGS.config, flags.FLAGS.workdir)
+    summary = trainer.train(config, flags.FLAGS.workdir, source=_rl_source(config))
   except (ValueError, PermissionError, trainer.TrainingDiverged) as e:
     _fail(str(e))
   losses = summary.pop("losses")

@@ -112,3 +112,25 @@ def test_prompt_order_resumes_exactly_and_splits_processes():
   assert sorted(x + y) == list(range(8))
   with pytest.raises(ValueError, match="empty"):
     pool_lib.PromptOrder(0)
+
+
+def test_data_cli_reports_the_pool_sizes(tmp_path):
+  """`launch/data.py pools` prints the CPT/SFT/RL split of the inputs per domain, the same
+  split as `split_pools`, and the RL prompts that fit the token limit."""
+  import subprocess
+  import sys
+  src = tmp_path / "t.jsonl"
+  trajs = many_trajs(3)
+  src.write_text("".join(__import__("json").dumps(t.to_dict()) + "\n" for t in trajs))
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, os.path.join(repo, "launch", "data.py"), "pools",
+                      f"--inputs={src}", "--pool_fractions=cpt=0.5,sft=0.25,rl=0.25",
+                      "--sp_vocab=400", "--seq_len=900"],
+                     capture_output=True, text=True, timeout=300, cwd=repo)
+  assert p.returncode == 0, p.stderr[-2000:]
+  want = pool_lib.split_pools(hygiene.filter_trajectories(trajs),
+                              {"cpt": 0.5, "sft": 0.25, "rl": 0.25})
+  lines = {ln.split("|")[0].strip(): ln for ln in p.stdout.splitlines() if "|" in ln}
+  for name in ("cpt", "sft", "rl"):
+    assert int(lines[name].split("|")[1]) == len(want[name]), (name, p.stdout)
+  assert "RL pool: " in p.stdout and "dropped as longer than 900 tokens" in p.stdout

@@ -182,3 +182,25 @@ def test_four_updates_per_rollout_move_the_ratio_and_resume_mid_rollout(setup):
   for k in BATCH_KEYS:
     np.testing.assert_array_equal(again[k], second[k], err_msg=k)
   assert restored.calls == 1 and restored.sampler is None
+
+
+def test_kl_reference_is_the_starting_policy(setup):
+  """With the KL term on, each batch carries the log-probs of the policy of the first rollout:
+  equal to the sampler's at the start, unchanged by later parameters."""
+  tok, cfg, rc, pool = setup
+  rc = RolloutConfig(**{**rc.__dict__, "temperature": 1.0})
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  _, other = nnx.split(Transformer(cfg, rngs=nnx.Rngs(5)))
+  src = RolloutSource(None, tok, pool, R.make_reward("reference=1"), rc, kl=True, **ENGINE)
+  src.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=1024, batch_size=4,
+                           process_index=0, process_count=1))
+  b = src.next_batch(params)
+  m = b["response_mask"] > 0
+  np.testing.assert_allclose(b["ref_logprobs"][m], b["old_logprobs"][m], atol=1e-4)
+  b2 = src.next_batch(other)  # a moved policy: old log-probs move, the reference does not
+  m2 = b2["response_mask"] > 0
+  ref_fn = jax.jit(lambda p, t, pos, s: steps.sequence_logprobs(graphdef, p, dict(
+      tokens=t, positions=pos, segment_ids=s)))
+  want = np.asarray(ref_fn(params, b2["tokens"], b2["positions"], b2["segment_ids"]))
+  np.testing.assert_allclose(b2["ref_logprobs"][m2], want[m2], atol=1e-4)
+  assert np.abs(b2["ref_logprobs"][m2] - b2["old_logprobs"][m2]).max() > 1e-2

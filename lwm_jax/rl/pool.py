@@ -76,6 +76,7 @@ class PoolItem:
   context: list[tuple[str, str]]  # earlier (action, observation) pairs
   action: str
   reference: str                  # the real observation of the target turn
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # the trajectory's
 
 
 @dataclasses.dataclass
@@ -115,7 +116,8 @@ def build_pool(trajectories: Sequence[Trajectory], tokenizer: Any, max_prompt_to
     items.append(PoolItem(
         id=traj.id, domain=traj.domain, turn=t, messages=msgs, prompt_ids=list(ids),
         context=[(x.action, x.observation) for x in traj.turns[:t]],
-        action=traj.turns[t].action, reference=traj.turns[t].observation))
+        action=traj.turns[t].action, reference=traj.turns[t].observation,
+        meta=dict(traj.meta)))
   stats = {"trajectories": len(trajectories), "kept": len(items),
            "dropped_too_long": sum(dropped.values()), "dropped_per_domain": dict(dropped),
            "per_domain": dict(per_domain), "max_prompt_tokens": max_prompt_tokens}

@@ -55,6 +55,7 @@ class RewardInput:
   action: str
   reply: str                          # the policy's whole reply (thinking included)
   reference: str                      # the real observation
+  meta: Mapping[str, Any] | None = None  # the trajectory's meta (the replay reward's seed)
 
 
 @dataclasses.dataclass

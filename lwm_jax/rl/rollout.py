@@ -45,6 +45,7 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -125,8 +126,13 @@ class RolloutSource:
 
   def __init__(self, model: Any, tokenizer: Any, pool: RlPool, reward: MixedReward,
                cfg: RolloutConfig, *, mesh: Any = None, process_index: int = 0,
-               process_count: int = 1, **engine_kw: Any):
+               process_count: int = 1, heldout: Any = None, kl: bool = False,
+               **engine_kw: Any):
     self.cfg = cfg.validate()
+    self.heldout, self.kl = heldout, kl
+    self._ref_params = None
+    self._ref_fn = None
+    self._gather = False         # several processes: each samples with a local copy
     self.pool, self.reward, self.tok = pool, reward, tokenizer
     too_long = [it.id for it in pool.items if len(it.prompt_ids) > cfg.max_prompt_tokens]
     if too_long:
@@ -139,7 +145,7 @@ class RolloutSource:
     self.sampler: Sampler | None = None
     self._graphdef = None
     self.order = PromptOrder(len(pool), cfg.seed, cfg.shuffle, process_index, process_count)
-    self.process_index = process_index
+    self.process_index, self.process_count = process_index, process_count
     self.calls = 0
     self._pending: list[dict[str, np.ndarray]] = []
     self.metrics: dict[str, float] = {}
@@ -173,13 +179,17 @@ class RolloutSource:
                        f"group_size / updates_per_batch x processes = {c.prompts_per_batch} x "
                        f"{c.group_size} / {c.updates_per_batch} x {run.process_count}")
     self._graphdef = run.graphdef
-    if self.mesh is None:
+    # One process: the engine decodes with the train state's arrays in place (sharded over the
+    # run's mesh). Several processes: the engine runs per process, so each samples its own
+    # prompts with a local copy of the parameters gathered from all processes.
+    self._gather = run.process_count > 1
+    if self.mesh is None and not self._gather:
       self.mesh = run.mesh
     state = self.order.get_state()
     self.order = PromptOrder(len(self.pool), c.seed, c.shuffle, run.process_index,
                              run.process_count)
     self.order.set_state(state)
-    self.process_index = run.process_index
+    self.process_index, self.process_count = run.process_index, run.process_count
 
   def describe(self) -> str:
     s = self.pool.stats
@@ -221,7 +231,9 @@ class RolloutSource:
 
   def rollout(self, state: Any = None) -> dict[str, np.ndarray]:
     """One whole rollout batch ([prompts_per_batch x group_size] rows), see the module docstring."""
-    params = getattr(state, "params", state)
+    params = self._local(getattr(state, "params", state))
+    if self.kl and self._ref_params is None and params is not None:
+      self._ref_params = jax.tree.map(jnp.copy, params)  # the policy at the start of RL
     if self.sampler is None:
       if params is None or self._graphdef is None:
         raise RuntimeError("RolloutSource: give a model, or bind(run) and pass the train state "
@@ -232,14 +244,18 @@ class RolloutSource:
     c = self.cfg
     t0 = time.perf_counter()
     items = [self.pool.items[i] for i in self.order.take(c.prompts_per_batch)]
+    # a prompt's seed follows its slot in the global batch, so the samples do not depend on
+    # how many processes share the batch
     sps = [SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                           max_new_tokens=c.max_new_tokens, n=c.group_size,
-                          seed=_seed(c.seed, "rollout", self.calls, self.process_index, k))
+                          seed=_seed(c.seed, "rollout", self.calls,
+                                     k * self.process_count + self.process_index))
            for k in range(len(items))]
     gens = self.sampler.generate([it.prompt_ids for it in items], sps)
     t1 = time.perf_counter()
     owners = [it for it in items for _ in range(c.group_size)]
-    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference)
+    inputs = [RewardInput(it.domain, it.context, it.action, g.text, it.reference,
+                          it.meta)
               for it, g in zip(owners, gens)]
     scores = self.reward.score(inputs)
     t2 = time.perf_counter()
@@ -247,6 +263,8 @@ class RolloutSource:
     adv = group_advantages_np(rewards, c.group_size, c.adv_eps)
     flat = np.ptp(rewards.reshape(-1, c.group_size), axis=1) == 0
     batch = self._layout(owners, gens, adv, flat)
+    if self.kl:
+      batch["ref_logprobs"] = self._ref_logprobs(batch)
     self.calls += 1
     self.metrics = self._metrics(scores, gens, rewards, flat, t1 - t0, t2 - t1)
     self.last = {"ids": [it.id for it in owners], "domains": [it.domain for it in owners],
@@ -295,6 +313,48 @@ class RolloutSource:
           dims[d].append(float(judged[d]))
     m.update({f"reward_{k}": float(np.mean(v)) for k, v in comps.items()})
     m.update({f"judge_{d}": float(np.mean(v)) for d, v in dims.items()})
+    return m
+
+  def _local(self, params: Any) -> Any:
+    """`params` as the engine takes them: in place, or a local copy when processes share the
+    parameters (gathered from all of them)."""
+    if params is None or not self._gather:
+      return params
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    host = multihost_utils.process_allgather(params, tiled=True)
+    return jax.tree.map(jnp.asarray, host)
+
+  def _ref_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """log p of each token under the reference policy (the parameters of the first rollout),
+    aligned like `old_logprobs`, for the KL term."""
+    if self._ref_fn is None:
+      graphdef = self._graphdef if self._graphdef is not None else nnx.graphdef(self.sampler.model)
+      def fn(params, tokens, positions, segs):
+        out = nnx.merge(graphdef, params)(tokens, positions, segs)
+        logits = out.logits[:, :-1].astype(jnp.float32)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], axis=-1)[..., 0]
+        return jnp.pad(lp, ((0, 0), (1, 0)))
+      self._ref_fn = jax.jit(fn)
+    lp = self._ref_fn(self._ref_params, batch["tokens"], batch["positions"],
+                      batch["segment_ids"])
+    return np.asarray(jax.device_get(lp), np.float32) * (batch["segment_ids"] > 0)
+
+  # ------------------------------------------------------------------------ held-out evaluation
+  def evaluate(self, state: Any = None) -> dict[str, float]:
+    """Greedy held-out metrics of the policy `state` (or the parameters last handed in);
+    {} without a held-out set. The rows of the last evaluation are in `self.last_eval`."""
+    if self.heldout is None:
+      return {}
+    params = self._local(getattr(state, "params", state))
+    if self.sampler is None:
+      if params is None or self._graphdef is None:
+        raise RuntimeError("RolloutSource.evaluate: no policy yet")
+      self._build(nnx.merge(self._graphdef, params))
+    elif params is not None:
+      self.set_params(params)
+    t0 = time.perf_counter()
+    m, self.last_eval = self.heldout.evaluate(self.sampler, self.reward)
+    m["eval_s"] = time.perf_counter() - t0
     return m
 
   # ------------------------------------------------------------------------ resume

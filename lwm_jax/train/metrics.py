@@ -147,3 +147,43 @@ def plot_losses(workdir: str) -> str | None:
   fig.savefig(out, dpi=100)
   plt.close(fig)
   return out
+
+
+def plot_rewards(workdir: str) -> str | None:
+  """reward.png from an RL run's metrics.jsonl: the rollouts' mean reward (and its components)
+  per step, and the greedy held-out reward when the run evaluates."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  train: dict[str, list[tuple[int, float]]] = {}
+  held: list[tuple[int, float]] = []
+  for _, row in iter_jsonl(path):
+    if row.get("split") == "train":
+      for k, v in row.items():
+        if k.startswith("rollout/reward_") and k not in ("rollout/reward_std",
+                                                          "rollout/reward_s"):
+          train.setdefault(k.split("/", 1)[1], []).append((row["step"], v))
+    elif row.get("split") == "eval" and "reward_mean" in row:
+      held.append((row["step"], row["reward_mean"]))
+  if not train and not held:
+    return None
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for name, pts in sorted(train.items()):
+    xs, ys = zip(*pts)
+    ax.plot(xs, ys, label=f"rollouts {name}", lw=2 if name == "reward_mean" else 1,
+            alpha=1.0 if name == "reward_mean" else 0.6)
+  if held:
+    xs, ys = zip(*held)
+    ax.plot(xs, ys, label="held-out reward (greedy)", marker="o", color="black")
+  ax.set_xlabel("step")
+  ax.set_ylabel("reward (0-25)")
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  out = os.path.join(workdir, "reward.png")
+  fig.tight_layout()
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out

@@ -48,10 +48,15 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
   if c.mesh.expert > 1:
     need(model.num_experts % c.mesh.expert == 0, "mesh.expert",
          f"{c.mesh.expert} does not divide model.num_experts={model.num_experts}")
-  need(c.data.source in ("synthetic", "pipeline"), "data.source",
-       f"'{c.data.source}' is not synthetic or pipeline")
-  if c.data.source == "pipeline":
-    need(c.stage != "rl", "data.source", "the rl stage trains on synthetic rollouts here")
+  need(c.data.source in ("synthetic", "pipeline", "rollouts"), "data.source",
+       f"'{c.data.source}' is not synthetic, pipeline or rollouts")
+  if c.stage == "rl":
+    need(c.data.source != "pipeline", "data.source",
+         "the rl stage samples its batches: 'rollouts' (from the policy, on the RL pool of "
+         "data.pipeline.jsonl) or 'synthetic' (a toy task)")
+  else:
+    need(c.data.source != "rollouts", "data.source", f"'rollouts' is for the rl stage, not {c.stage}")
+  if c.data.source in ("pipeline", "rollouts"):
     need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the pipeline")
     need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
     need(bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir), "data.pipeline.jsonl",
@@ -62,7 +67,13 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
     need(0 < c.rl.eps_low < 1 and c.rl.eps_high > 0, "rl.eps_low", "clip bounds out of range")
     need(c.rl.group_size >= 2 and t.batch_size % c.rl.group_size == 0, "rl.group_size",
          f"{c.rl.group_size} must be >= 2 and divide train.batch_size={t.batch_size}")
-    need(0 < c.rl.response_len < t.seq_len, "rl.response_len", "must be in (0, train.seq_len)")
+    if c.data.source == "synthetic":
+      need(0 < c.rl.response_len < t.seq_len, "rl.response_len", "must be in (0, train.seq_len)")
+      need(c.rl.kl_coef == 0, "rl.kl_coef", "the KL term needs reference log-probs, which the "
+           "rollouts source computes (data.source='rollouts')")
+    else:
+      need(0 < c.rl.max_new_tokens < t.seq_len, "rl.max_new_tokens",
+           f"{c.rl.max_new_tokens} must be in (0, train.seq_len={t.seq_len})")
   thinking = c.data.get("thinking_target", "empty")
   need(thinking in THINKING_TARGETS, "data.thinking_target",
        f"'{thinking}' is not one of {THINKING_TARGETS}")

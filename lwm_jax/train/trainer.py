@@ -53,6 +53,9 @@ class StepKind:
   per_row: tuple[str, ...]
   target_metric: str
   evaluates: bool              # validation batches (next-token loss) make sense
+  # a batch with no weighted token is allowed (RL: every group of the mini-batch had equal
+  # rewards and was filtered; its update is a no-op apart from the optimizer's momentum)
+  empty_ok: bool = False
 
   def shapes(self, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:
     return {k: (batch,) if k in self.per_row else (batch, seq_len) for k in self.keys}
@@ -60,7 +63,7 @@ class StepKind:
 
 XENT = StepKind(steps_lib.compile_xent_step, steps_lib.XENT_KEYS, (), "loss_weight", True)
 POLICY = StepKind(steps_lib.compile_gspo_step, steps_lib.RL_KEYS, ("advantages",),
-                  "response_tokens", False)
+                  "response_tokens", False, empty_ok=True)
 STEPS = {"cpt": XENT, "sft": XENT, "rl": POLICY}
 
 
@@ -101,8 +104,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   _log_stage(c)
 
   kind = STEPS[c.stage]
+  if c.stage == "rl" and c.rl.kl_coef > 0:
+    kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
   step_fn = kind.compile(graphdef, tx, schedule, _step_config(c, model_cfg), mesh, shardings,
                          kind.shapes(t.batch_size, t.seq_len))
+  # a source that evaluates the policy itself (RL: greedy held-out replies) every eval_every
+  policy_eval = (getattr(source, "evaluate", None)
+                 if not kind.evaluates and t.eval_every > 0 else None)
   eval_fn = (steps_lib.compile_eval(graphdef, mesh, shardings, XENT.shapes(t.batch_size, t.seq_len))
              if kind.evaluates and eval_source is not None and t.eval_every > 0 else None)
   meter = _Meter(model_cfg, t, measure_cpu=t.log_every > 0)
@@ -115,6 +123,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   losses, step, loss = [], start, None
   bar = _progress(c, start) if primary and t.progress else None
   try:
+    if policy_eval is not None and start == 0:  # the starting policy, for reference
+      summary["eval_start"] = policy_eval(state)
+      if summary["eval_start"]:
+        writer.write(0, summary["eval_start"], prefix="eval")
     with _sigterm_flag() as stop:
       while step < end_step:
         state, m = step_fn(state, source.next_batch(state))
@@ -126,10 +138,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
           bar.update(1)
           bar.set_postfix(loss=f"{loss:.4f}")
         if t.log_every and (step % t.log_every == 0 or step == end_step):
-          summary.update(meter.log(writer, step, m))
-        if eval_fn is not None and (step % t.eval_every == 0 or step == end_step):
+          # the source's own figures (rollout/reward seconds, rewards, lengths) beside the step's
+          summary.update(meter.log(writer, step, dict(m, **_source_metrics(source))))
+        at_eval = t.eval_every > 0 and (step % t.eval_every == 0 or step == end_step)
+        if eval_fn is not None and at_eval:
           summary["eval"] = evaluate(eval_fn, state, eval_source(), t.eval_batches)
           writer.write(step, summary["eval"], prefix="eval")
+        if policy_eval is not None and at_eval:
+          summary["eval"] = policy_eval(state)
+          if summary["eval"]:
+            writer.write(step, summary["eval"], prefix="eval")
         ckpt.save(step, state, source.get_state(), dict(meta, step=step, loss=loss))
         if stop:
           logging.warning("signal %s: saving step %d and stopping", stop[0], step)
@@ -143,6 +161,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
     ckpt.close()
   if primary:
     summary["loss_png"] = metrics_lib.plot_losses(workdir)
+    if c.stage == "rl":
+      summary["reward_png"] = metrics_lib.plot_rewards(workdir)
   if c.export_hf:
     summary["export_hf"] = _export_hf(c, graphdef, state, workdir, tok_path)
   summary.update(losses=losses, final_step=step, last_good_step=step if losses else None,
@@ -200,6 +220,13 @@ def _model_and_init(c: ml_collections.ConfigDict, model_cfg):
 def _sources(c, model_cfg, given, given_eval):
   """(train source, eval factory or None, tokenizer path): the configured data unless given."""
   pi, pc = jax.process_index(), jax.process_count()
+  if c.data.source == "rollouts":
+    if given is None:
+      raise ValueError("config.data.source: 'rollouts' samples from the policy with the RL "
+                       "stage's source; build it with lwm_jax.rl.stage.rollout_source(config) "
+                       "and pass it as source= (launch/train.py does)")
+    tok = os.path.abspath(c.data.tokenizer) if c.data.tokenizer else ""
+    return sources_lib.as_source(given), given_eval, tok
   if c.data.source == "synthetic":
     source, evals, tok = synthetic.sources_from_config(c, model_cfg.vocab_size, pi, pc)
   else:
@@ -274,6 +301,10 @@ def _export_hf(c, graphdef, state, workdir: str, tok_path: str | None) -> str:
 
 
 # ----------------------------------------------------------------------- loop helpers
+def _source_metrics(source: Any) -> dict[str, float]:
+  return {f"rollout/{k}": float(v) for k, v in (getattr(source, "metrics", None) or {}).items()}
+
+
 def _checked_loss(m: dict, step: int, kind: StepKind, ckpt, source, seq_len: int) -> float:
   """The step's loss; stops the run on a NaN/inf loss or a batch with nothing to learn from."""
   loss = float(m["loss"])
@@ -284,7 +315,7 @@ def _checked_loss(m: dict, step: int, kind: StepKind, ckpt, source, seq_len: int
         f"loss is {loss} at step {step}; stopping. The last good checkpoint is {ckpt.dir}/{last}"
         if last is not None else
         f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
-  if float(m[kind.target_metric]) == 0:
+  if float(m[kind.target_metric]) == 0 and not kind.empty_ok:
     raise EmptyBatchError(
         f"step {step}: no token of the batch carries loss weight, so there is nothing to train "
         f"on ({sources_lib.describe(source)}, train.seq_len={seq_len}). Documents whose "
