@@ -4,11 +4,11 @@ model."""
 import importlib.util
 import os
 import sys
-import types
 
 import pytest
 
 from lwm_jax.data.schema import Trajectory, Turn
+from lwm_jax.sampling.params import Generation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,11 +16,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _load(name):
   if name in sys.modules:
     return sys.modules[name]
+  from absl import flags
   spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "launch", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[name] = mod
-  spec.loader.exec_module(mod)
-  return mod
+  for _ in range(50):
+    mod = importlib.util.module_from_spec(spec)  # a fresh module: absl lets it redefine its own flags
+    sys.modules[name] = mod
+    try:
+      spec.loader.exec_module(mod)
+      return mod
+    except flags.DuplicateFlagError as e:
+      # Another test file in this worker loaded a launch script that defines the same flag name
+      # in absl's global registry: drop that definition and load again.
+      delattr(flags.FLAGS, str(e).split("'")[1])
+  raise RuntimeError(f"launch/{name}.py: flag clashes did not resolve")
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +140,8 @@ class _FakeSampler:
 
   def generate(self, chats, params):
     self.seen.append(chats[0])
-    return [types.SimpleNamespace(text=self.replies.pop(0), finish_reason="stop")]
+    text = self.replies.pop(0)
+    return [Generation(text=text, token_ids=[], logprobs=[], finish_reason="stop", content=text)]
 
 
 def test_simulated_episode_prints_both_sides_and_the_mean():
