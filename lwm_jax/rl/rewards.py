@@ -27,6 +27,9 @@ Components:
   only: the policy's thinking never reaches it.
 - `reference`: judge-free similarity of the sanitized prediction to the reference, 25 x the mean
   of token F1 and edit similarity (or either alone), for runs without a judge model.
+- `replay` (`lwm_jax.rl.replay`, registered when that module is imported, as the RL stage does):
+  the prediction against what the bundled real environment prints when the trajectory's actions
+  are replayed from its seed.
 
 Each component scores the sanitized prediction, so text added to sway a grader earns nothing
 (`flagged="strip"`, the default: the rest is scored on its merits); with `flagged="zero"` the
