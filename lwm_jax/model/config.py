@@ -11,7 +11,7 @@ from typing import Any
 
 QWEN3_MOE = "qwen3_moe"
 QWEN35_MOE = "qwen3_5_moe_text"
-MOE_BACKENDS = ("auto", "ragged_dot", "blocked", "capacity", "dense")
+MOE_BACKENDS = ("auto", "ragged_dot", "blocked", "capacity", "sorted", "dense")
 
 
 @dataclasses.dataclass
@@ -47,8 +47,9 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   # ---- ours (not in HF configs) ----
   router_z_loss_coef: float = 0.0
-  moe_backend: str = "auto"            # auto | ragged_dot | blocked | capacity | dense
+  moe_backend: str = "auto"            # auto | ragged_dot | blocked | capacity | sorted | dense
   capacity_factor: float = 1.25        # for moe_backend="capacity"
+  sorted_capacity_factor: float = 2.0  # for moe_backend="sorted"; drops are counted
   ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
@@ -95,6 +96,7 @@ class ModelConfig:
     need(self.moe_backend in MOE_BACKENDS, "moe_backend",
          f"'{self.moe_backend}' is not one of {MOE_BACKENDS}")
     need(self.capacity_factor > 0, "capacity_factor", "must be positive")
+    need(self.sorted_capacity_factor > 0, "sorted_capacity_factor", "must be positive")
     need(self.dtype in ("float32", "bfloat16", "float16"), "dtype", f"unknown dtype {self.dtype}")
     need(self.param_dtype in ("float32", "bfloat16"), "param_dtype", f"unknown {self.param_dtype}")
     if self.layer_types is not None:

@@ -7,6 +7,9 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               ~20x slower than a batched einsum).
   capacity    sort into a fixed [E, C, D] buffer, C = ceil(capacity_factor * N * k / E); assignments
               past an expert's capacity are dropped and counted.
+  sorted      the same [E, C, D] buffer filled and read back by gathers only, forward and backward
+              (`lwm_jax.model.dispatch`); the fastest on CPU. Capacity from `sorted_capacity_factor`,
+              drops counted.
   dense       every expert on every token, weighted by the (mostly zero) routing matrix; the
               simple reference.
   rows        the dense computation for decoding: all experts' gate/up weights as one [E*2I, D]
@@ -33,6 +36,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
+from lwm_jax.model.dispatch import capacity_for, sorted_ffn
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -153,7 +157,12 @@ def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, 
         jnp.where(ok, top_w, 0.0))
     out = jnp.einsum("end,ne->nd", y_ExNxD.astype(jnp.float32), w_NxE)
     return out.astype(x_NxD.dtype), stats
-  if backend == "capacity":
+  if backend == "sorted":
+    cap = capacity_for(n * top_k, e_local, capacity_factor)
+    y, dropped = sorted_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd,
+                            cap)
+    y = y.reshape(n * top_k, d)
+  elif backend == "capacity":
     cap = max(1, math.ceil(capacity_factor * n * top_k / max(e_local, 1)))
     y, dropped = capacity_ffn(rows, expert, valid, wg, wu, wd, cap)
   else:
@@ -185,7 +194,11 @@ def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, ca
   recv_e = jax.lax.all_to_all(send_e.reshape(ep, cap), "expert", 0, 0, tiled=False)
   rx, re_ = recv_x.reshape(ep * cap, d), recv_e.reshape(ep * cap)
   valid = re_ >= 0
-  if backend == "capacity":
+  if backend == "sorted":
+    c2 = capacity_for(a, e_local, capacity_factor)
+    ry, dropped_here = sorted_ffn(rx, jnp.maximum(re_, 0)[:, None], valid[:, None], wg, wu, wd, c2)
+    ry = ry[:, 0]
+  elif backend == "capacity":
     c2 = max(1, math.ceil(capacity_factor * a / e_local))  # global rows per expert, as locally
     ry, dropped_here = capacity_ffn(rx, jnp.maximum(re_, 0), valid, wg, wu, wd, c2)
   elif backend == "dense":
@@ -228,6 +241,7 @@ class MoE(nnx.Module):
     self.norm_topk = cfg.norm_topk_prob
     self.backend = cfg.moe_backend
     self.capacity_factor = cfg.capacity_factor
+    self.sorted_capacity_factor = cfg.sorted_capacity_factor
     self.ep_capacity_factor = cfg.ep_capacity_factor
     self.dtype = DTYPES[cfg.dtype]
 
@@ -251,8 +265,9 @@ class MoE(nnx.Module):
       return y.reshape(b, s, d), stats
     weights = (self.router[...], self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
                self.down_proj[...].astype(dt))
-    kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=self._backend(),
-              capacity_factor=self.capacity_factor)
+    backend = self._backend()
+    cf = self.sorted_capacity_factor if backend == "sorted" else self.capacity_factor
+    kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=backend, capacity_factor=cf)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
       y, stats = _local_moe(x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),
