@@ -8,6 +8,7 @@ advantages are per sequence `[B]` (broadcast over tokens) or per token `[B, T]` 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -55,6 +56,116 @@ def cross_entropy_loss(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_B
   xent = s["nll"] / denom
   loss = xent + z_loss_coef * s["z"] / denom
   return loss, {"xent": xent, "weight": s["weight"], "accuracy": s["correct"] / denom}
+
+
+# ----------------------------------------------------------------------- chunked cross-entropy
+def _vocab_chunks(head_DxV, chunk: int):
+  """[n, D, chunk] slices of the head (the last one padded with zero columns) and n."""
+  d, v = head_DxV.shape
+  n = -(-v // chunk)
+  w = jnp.pad(head_DxV, ((0, 0), (0, n * chunk - v)))
+  return jnp.moveaxis(w.reshape(d, n, chunk), 1, 0), n
+
+
+def _chunk_logits(h_TxD, w_DxC, j, chunk: int, vocab: int):
+  """fp32 logits of vocabulary chunk j, padded columns at -inf, and the chunk's column ids."""
+  cols_C = j * chunk + jnp.arange(chunk)
+  logits = jnp.dot(h_TxD, w_DxC.astype(h_TxD.dtype), preferred_element_type=jnp.float32)
+  return jnp.where(cols_C[None, :] < vocab, logits, -jnp.inf), cols_C
+
+
+def _xent_forward(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk):
+  """One pass over vocabulary chunks: online logsumexp, the target's logit, the argmax, and
+  sum_v p_tv * head[:, v] (the softmax part of dL/dh), each kept per row only."""
+  t, d = h_TxD.shape
+  vocab = head_DxV.shape[1]
+  chunks, _ = _vocab_chunks(head_DxV, chunk)
+  neg = jnp.full((t,), -jnp.inf, jnp.float32)
+  init = (neg, jnp.zeros((t,), jnp.float32), jnp.zeros((t,), jnp.float32), neg,
+          jnp.zeros((t,), jnp.int32), jnp.zeros((t, d), jnp.float32))
+
+  def body(carry, xs):
+    m, s, picked, best, arg, acc = carry
+    j, w_DxC = xs
+    logits, cols = _chunk_logits(h_TxD, w_DxC, j, chunk, vocab)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+    scale = jnp.exp(m - m_new)
+    e_TxC = jnp.exp(logits - m_new[:, None])
+    s = s * scale + jnp.sum(e_TxC, axis=1)
+    acc = acc * scale[:, None] + jnp.dot(e_TxC, w_DxC.T.astype(jnp.float32))
+    picked = picked + jnp.sum(jnp.where(cols[None, :] == targets_T[:, None], logits, 0.0), axis=1)
+    c_best = jnp.max(logits, axis=1)
+    better = c_best > best  # strict: the first maximum wins, as in jnp.argmax
+    arg = jnp.where(better, j * chunk + jnp.argmax(logits, axis=1).astype(jnp.int32), arg)
+    return (m_new, s, picked, jnp.maximum(best, c_best), arg, acc), None
+
+  (m, s, picked, _, arg, acc), _ = jax.lax.scan(
+      body, init, (jnp.arange(chunks.shape[0]), chunks))
+  lse = m + jnp.log(s)
+  w = weights_T.astype(jnp.float32)
+  nll = -jnp.sum(w * (picked - lse))
+  z = jnp.sum(w * lse * lse)
+  hit = jnp.sum(w * (arg == targets_T).astype(jnp.float32))
+  # dL/dh_t for L = nll + z_coef * z: w_t * ((1 + 2 z_coef lse_t) * E_p[head] - head[:, target_t]).
+  probs_head = acc / s[:, None]
+  target_cols = jnp.take(head_DxV, targets_T, axis=1).T.astype(jnp.float32)
+  dh = w[:, None] * ((1.0 + 2.0 * z_coef * lse)[:, None] * probs_head - target_cols)
+  return (nll + z_coef * z, nll, z, hit), (lse, dh)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunked_xent(h_TxD, head_DxV, targets_T, weights_T, z_coef: float, chunk: int):
+  return _xent_forward(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk)[0]
+
+
+def _chunked_xent_fwd(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk):
+  out, (lse, dh) = _xent_forward(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk)
+  return out, (h_TxD, head_DxV, targets_T, weights_T, lse, dh)
+
+
+def _chunked_xent_bwd(z_coef, chunk, res, g):
+  """Only the first output (the loss) carries a gradient; the head's is built chunk by chunk by
+  recomputing each chunk's logits."""
+  h_TxD, head_DxV, targets_T, weights_T, lse, dh = res
+  g_loss = g[0]
+  vocab = head_DxV.shape[1]
+  chunks, n = _vocab_chunks(head_DxV, chunk)
+  w = weights_T.astype(jnp.float32)
+  row_scale = w * (1.0 + 2.0 * z_coef * lse)
+
+  def body(_, xs):
+    j, w_DxC = xs
+    logits, cols = _chunk_logits(h_TxD, w_DxC, j, chunk, vocab)
+    p = jnp.exp(logits - lse[:, None])
+    dlogits = row_scale[:, None] * p - jnp.where(cols[None, :] == targets_T[:, None], w[:, None], 0.0)
+    return None, jnp.dot(h_TxD.T.astype(jnp.float32), dlogits)
+
+  _, dw = jax.lax.scan(body, None, (jnp.arange(n), chunks))
+  dw_DxV = jnp.moveaxis(dw, 0, 1).reshape(head_DxV.shape[0], n * chunk)[:, :vocab]
+  return ((g_loss * dh).astype(h_TxD.dtype), (g_loss * dw_DxV).astype(head_DxV.dtype), None, None)
+
+
+_chunked_xent.defvjp(_chunked_xent_fwd, _chunked_xent_bwd)
+
+
+def chunked_cross_entropy_sums(hidden_BxSxD, head_DxV, tokens_BxS, segment_ids_BxS,
+                               loss_weights_BxS, z_loss_coef: float = 0.0,
+                               chunk: int = 4096) -> Metrics:
+  """`cross_entropy_sums` from the final hidden states and the output head, without ever holding
+  the [B*S, V] logits: the vocabulary is read in `chunk`-column slices, forward and backward (the
+  backward recomputes each slice's logits). Also returns `loss` = nll + z_loss_coef * z, the one
+  entry that carries gradients (to hidden_BxSxD and head_DxV)."""
+  if chunk <= 0:
+    raise ValueError(f"chunked_cross_entropy_sums: chunk={chunk} must be positive")
+  targets, w = shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS)
+  d = hidden_BxSxD.shape[-1]
+  h_TxD = hidden_BxSxD[:, :-1].reshape(-1, d)
+  loss, nll, z, hit = _chunked_xent(h_TxD, head_DxV, targets.reshape(-1), w.reshape(-1),
+                                    float(z_loss_coef), int(chunk))
+  sg = jax.lax.stop_gradient
+  return {"loss": loss, "nll": sg(nll), "weight": jnp.sum(w), "correct": sg(hit),
+          "tokens": jnp.sum((w > 0).astype(jnp.float32)),
+          "z": sg(z) if z_loss_coef else jnp.zeros((), jnp.float32)}
 
 
 # ----------------------------------------------------------------------- advantages
