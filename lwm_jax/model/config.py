@@ -242,6 +242,16 @@ def _small() -> ModelConfig:
                      rope_theta=1e6, max_position_embeddings=4096)
 
 
+def _moe_1b() -> ModelConfig:
+  # The accelerator benchmark's shape (benchmarks/accelerator.sh): Qwen3-MoE layers at about 1.0B
+  # active parameters per token (3.0B in all), Qwen3's vocabulary.
+  return ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                     moe_intermediate_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=128, num_experts=32, num_experts_per_tok=8,
+                     norm_topk_prob=True, rope_theta=1e6, max_position_embeddings=40960,
+                     dtype="bfloat16")
+
+
 def _qwen3_30b_a3b() -> ModelConfig:
   return ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                      moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
@@ -278,7 +288,7 @@ def _small_hybrid() -> ModelConfig:
 
 
 PRESETS = {
-    "tiny": _tiny, "small": _small, "qwen3_30b_a3b": _qwen3_30b_a3b,
+    "tiny": _tiny, "small": _small, "moe_1b": _moe_1b, "qwen3_30b_a3b": _qwen3_30b_a3b,
     "tiny_hybrid": _tiny_hybrid, "small_hybrid": _small_hybrid,
     "qwen35_35b_a3b": lambda: _qwen35(40, 2048, 16, 32, 256, 8, 512),
     "qwen35_397b_a17b": lambda: _qwen35(60, 4096, 32, 64, 512, 10, 1024),
