@@ -124,7 +124,7 @@ def hf_runner(cfg, graphdef, params, tokens):
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(hf.parameters(), OPTIM["grad_clip"])
     opt.step()
-    box["loss"] = float(out.loss)
+    box["loss"] = float(out.loss.detach())
   return run, lambda: box["loss"], (transformers.__version__, torch.__version__)
 
 
@@ -176,12 +176,14 @@ def main():
     t = time.perf_counter()
     run()
     compile_s[k] = time.perf_counter() - t
+    print(f"warm-up {k}: {compile_s[k]:.1f} s", flush=True)
   times = {k: [] for k in runners}
-  for _ in range(a.rounds):
+  for r in range(a.rounds):
     for k, run in runners.items():
       t = time.perf_counter()
       run()
       times[k].append(time.perf_counter() - t)
+      print(f"round {r} {k}: {times[k][-1]:.2f} s", flush=True)
   peak_after = matmul_peak_gflops()
   peak = max(peak_before, peak_after)
   counts = sizes.count(base)
