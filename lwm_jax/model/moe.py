@@ -28,7 +28,6 @@ all its tokens and the partial outputs are summed over `expert`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
