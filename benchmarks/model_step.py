@@ -3,13 +3,17 @@
   python benchmarks/model_step.py --preset=small --batch=8 --seq=256
   python benchmarks/model_step.py --preset=small_hybrid --batch=1 --seq=2048 --out=model_step_hybrid
 Prints a table and writes benchmarks/results/model_step.json. HF transformers (torch CPU) runs in
-the same process when installed (`pip install -e .[hf]`); the ratio column compares with it.
+the same process when installed (`pip install -e .[hf]`); the ratio column compares with it. The
+systems interleave (every round times each once; the machine may be shared), the table has medians
+and the JSON every round's time.
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import statistics
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -28,13 +32,14 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "small", "model preset")
 flags.DEFINE_integer("batch", 8, "batch size")
 flags.DEFINE_integer("seq", 256, "sequence length")
-flags.DEFINE_integer("steps", 5, "timed steps per backend (median)")
-flags.DEFINE_list("backends", ["blocked", "capacity", "dense", "ragged_dot"], "MoE backends")
+flags.DEFINE_integer("steps", 5, "interleaved rounds (median)")
+flags.DEFINE_list("backends", ["blocked", "sorted", "capacity", "dense", "ragged_dot"],
+                  "MoE backends")
 flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
 flags.DEFINE_string("out", "model_step", "result name under benchmarks/results/")
 
 
-def jax_step_time(cfg, tokens, steps):
+def jax_runner(cfg, tokens):
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -48,10 +53,10 @@ def jax_step_time(cfg, tokens, steps):
   step = jax.jit(jax.value_and_grad(loss, has_aux=True))
   run = lambda: jax.block_until_ready(step(params, tokens))
   (_, dropped), _ = run()
-  return common.median_time(run, steps), int(dropped)
+  return run, int(dropped)
 
 
-def hf_step_time(cfg, tokens_np, steps):
+def hf_runner(cfg, tokens_np):
   try:
     import torch
     import transformers
@@ -74,7 +79,7 @@ def hf_step_time(cfg, tokens_np, steps):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
-  return common.median_time(run, steps)
+  return run
 
 
 def main(_):
@@ -83,19 +88,29 @@ def main(_):
   flops = sizes.count(base).train_flops_per_token(base, FLAGS.seq)
   tokens = jax.random.randint(jax.random.key(0), (FLAGS.batch, FLAGS.seq), 0, base.vocab_size)
   n_tok = FLAGS.batch * FLAGS.seq
-  rows = []
+  runners, dropped = {}, {}
   for backend in FLAGS.backends:
-    steps = 1 if backend == "ragged_dot" and jax.default_backend() == "cpu" else FLAGS.steps
-    t, dropped = jax_step_time(base.replace(moe_backend=backend), tokens, steps)
-    rows.append({"system": f"lwm_jax {backend}", "tokens/s": round(n_tok / t, 1),
-                 "MFU %": round(100 * n_tok / t * flops / (peak * 1e9), 1),
-                 "step s": round(t, 3), "dropped": dropped})
+    runners[f"lwm_jax {backend}"], dropped[f"lwm_jax {backend}"] = jax_runner(
+        base.replace(moe_backend=backend), tokens)
   if FLAGS.hf:
-    t = hf_step_time(base, np.asarray(tokens), FLAGS.steps)
-    if t is not None:
-      rows.append({"system": "HF transformers (torch)", "tokens/s": round(n_tok / t, 1),
-                   "MFU %": round(100 * n_tok / t * flops / (peak * 1e9), 1),
-                   "step s": round(t, 3), "dropped": 0})
+    run = hf_runner(base, np.asarray(tokens))
+    if run is not None:
+      run()  # warm-up
+      runners["HF transformers (torch)"], dropped["HF transformers (torch)"] = run, 0
+  times = {k: [] for k in runners}
+  for r in range(FLAGS.steps):
+    for k, run in runners.items():
+      if r and k.endswith("ragged_dot") and jax.default_backend() == "cpu":
+        continue  # ~20x slower than the others on CPU: one round tells
+      t0 = time.perf_counter()
+      run()
+      times[k].append(time.perf_counter() - t0)
+  rows = []
+  for k, ts in times.items():
+    t = statistics.median(ts)
+    rows.append({"system": k, "tokens/s": round(n_tok / t, 1),
+                 "MFU %": round(100 * n_tok / t * flops / (peak * 1e9), 1),
+                 "step s": round(t, 3), "dropped": dropped[k]})
   hf = next((r for r in rows if r["system"].startswith("HF")), None)
   for r in rows:
     r["vs HF"] = f"{r['tokens/s'] / hf['tokens/s']:.2f}x" if hf else "-"
@@ -104,7 +119,8 @@ def main(_):
   print(common.table(rows, ["system", "tokens/s", "MFU %", "step s", "dropped", "vs HF"]))
   path = common.write_result(FLAGS.out, {
       "preset": FLAGS.preset, "batch": FLAGS.batch, "seq": FLAGS.seq, "peak_gflops": peak,
-      "train_flops_per_token": flops, "rows": rows})
+      "train_flops_per_token": flops, "rows": rows, "step_s_per_round": times,
+      "load_average": os.getloadavg()})
   print(f"wrote {path}")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 QWEN3_MOE = "qwen3_moe"
 QWEN35_MOE = "qwen3_5_moe_text"
-MOE_BACKENDS = ("auto", "ragged_dot", "blocked", "capacity", "dense")
+MOE_BACKENDS = ("auto", "ragged_dot", "blocked", "capacity", "sorted", "dense")
 
 
 @dataclasses.dataclass
@@ -47,8 +47,9 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   # ---- ours (not in HF configs) ----
   router_z_loss_coef: float = 0.0
-  moe_backend: str = "auto"            # auto | ragged_dot | blocked | capacity | dense
+  moe_backend: str = "auto"            # auto | ragged_dot | blocked | capacity | sorted | dense
   capacity_factor: float = 1.25        # for moe_backend="capacity"
+  sorted_capacity_factor: float = 2.0  # for moe_backend="sorted"; drops are counted
   ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
@@ -95,6 +96,7 @@ class ModelConfig:
     need(self.moe_backend in MOE_BACKENDS, "moe_backend",
          f"'{self.moe_backend}' is not one of {MOE_BACKENDS}")
     need(self.capacity_factor > 0, "capacity_factor", "must be positive")
+    need(self.sorted_capacity_factor > 0, "sorted_capacity_factor", "must be positive")
     need(self.dtype in ("float32", "bfloat16", "float16"), "dtype", f"unknown dtype {self.dtype}")
     need(self.param_dtype in ("float32", "bfloat16"), "param_dtype", f"unknown {self.param_dtype}")
     if self.layer_types is not None:
@@ -240,6 +242,16 @@ def _small() -> ModelConfig:
                      rope_theta=1e6, max_position_embeddings=4096)
 
 
+def _moe_1b() -> ModelConfig:
+  # The accelerator benchmark's shape (benchmarks/accelerator.sh): Qwen3-MoE layers at about 1.0B
+  # active parameters per token (3.0B in all), Qwen3's vocabulary.
+  return ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                     moe_intermediate_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=128, num_experts=32, num_experts_per_tok=8,
+                     norm_topk_prob=True, rope_theta=1e6, max_position_embeddings=40960,
+                     dtype="bfloat16")
+
+
 def _qwen3_30b_a3b() -> ModelConfig:
   return ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                      moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
@@ -276,7 +288,7 @@ def _small_hybrid() -> ModelConfig:
 
 
 PRESETS = {
-    "tiny": _tiny, "small": _small, "qwen3_30b_a3b": _qwen3_30b_a3b,
+    "tiny": _tiny, "small": _small, "moe_1b": _moe_1b, "qwen3_30b_a3b": _qwen3_30b_a3b,
     "tiny_hybrid": _tiny_hybrid, "small_hybrid": _small_hybrid,
     "qwen35_35b_a3b": lambda: _qwen35(40, 2048, 16, 32, 256, 8, 512),
     "qwen35_397b_a17b": lambda: _qwen35(60, 4096, 32, 64, 512, 10, 1024),

@@ -4,9 +4,13 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
   ragged_dot  dropless: sort assignments by expert, `jax.lax.ragged_dot` grouped matmul (GPU/TPU).
   blocked     dropless: sort by expert, pad each expert's rows to whole blocks, one batched einsum
               over blocks with each block's expert weights gathered (fast on CPU, where ragged_dot is
-              ~20x slower than a batched einsum).
+              ~20x slower than a batched einsum). Rows move by gathers only, forward and backward
+              (`lwm_jax.model.dispatch`).
   capacity    sort into a fixed [E, C, D] buffer, C = ceil(capacity_factor * N * k / E); assignments
               past an expert's capacity are dropped and counted.
+  sorted      the same [E, C, D] buffer filled and read back by gathers only, forward and backward
+              (`lwm_jax.model.dispatch`); the fastest on CPU. Capacity from `sorted_capacity_factor`,
+              drops counted.
   dense       every expert on every token, weighted by the (mostly zero) routing matrix; the
               simple reference.
   rows        the dense computation for decoding: all experts' gate/up weights as one [E*2I, D]
@@ -24,7 +28,6 @@ all its tokens and the partial outputs are summed over `expert`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -33,6 +36,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
+from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -54,37 +58,23 @@ def _expert_ffn_blocks(x_BxRxD, wg_BxDxI, wu_BxDxI, wd_BxIxD):
   return jnp.einsum("bri,bid->brd", h, wd_BxIxD)
 
 
-def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend: str,
-                block_rows: int = 0):
-  """Applies expert `expert_N[n]` to row n (rows with valid_N False give 0); dropless."""
-  n, _ = x_NxD.shape
+def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend: str):
+  """Applies expert `expert_N[n]` to row n (rows with valid_N False give 0); dropless. `blocked`
+  goes through `dispatch.blocked_ffn`; `ragged_dot` is XLA's grouped matmul (GPU/TPU)."""
+  if backend == "blocked":
+    return blocked_ffn(x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI,
+                       wd_ExIxD)[:, 0]
+  if backend != "ragged_dot":
+    raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
   e = wg_ExDxI.shape[0]
   key = jnp.where(valid_N, expert_N, e)  # invalid rows sort last
   order = jnp.argsort(key, stable=True)
   xs = x_NxD[order]
   ks = key[order]
   group_sizes = jnp.bincount(key, length=e + 1)[:e].astype(jnp.int32)
-  if backend == "ragged_dot":
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, wg_ExDxI, group_sizes)) * jax.lax.ragged_dot(
-        xs, wu_ExDxI, group_sizes)
-    ys = jax.lax.ragged_dot(h, wd_ExIxD, group_sizes)
-  elif backend == "blocked":
-    br = block_rows or max(8, -(-n // (2 * e)) // 8 * 8 or 8)
-    nb = (n + e * (br - 1)) // br + 1  # static bound on the number of (padded) blocks
-    starts = jnp.cumsum(group_sizes) - group_sizes
-    padded = -(-group_sizes // br) * br
-    pstarts = jnp.cumsum(padded) - padded
-    ks_c = jnp.minimum(ks, e - 1)
-    rank = jnp.arange(n) - starts[ks_c]
-    dest = jnp.where(ks < e, pstarts[ks_c] + rank, nb * br)  # invalid rows fall off the end
-    buf = jnp.zeros((nb * br, xs.shape[1]), xs.dtype).at[dest].set(xs, mode="drop")
-    block_start = jnp.arange(nb) * br
-    block_expert = jnp.clip(jnp.searchsorted(pstarts + padded, block_start, side="right"), 0, e - 1)
-    yb = _expert_ffn_blocks(buf.reshape(nb, br, -1), wg_ExDxI[block_expert],
-                            wu_ExDxI[block_expert], wd_ExIxD[block_expert])
-    ys = yb.reshape(nb * br, -1).at[dest].get(mode="fill", fill_value=0)
-  else:
-    raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
+  h = jax.nn.silu(jax.lax.ragged_dot(xs, wg_ExDxI, group_sizes)) * jax.lax.ragged_dot(
+      xs, wu_ExDxI, group_sizes)
+  ys = jax.lax.ragged_dot(h, wd_ExIxD, group_sizes)
   ys = jnp.where((ks < e)[:, None], ys, 0)
   return jnp.zeros_like(ys).at[order].set(ys)
 
@@ -153,7 +143,15 @@ def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, 
         jnp.where(ok, top_w, 0.0))
     out = jnp.einsum("end,ne->nd", y_ExNxD.astype(jnp.float32), w_NxE)
     return out.astype(x_NxD.dtype), stats
-  if backend == "capacity":
+  if backend == "sorted":
+    cap = capacity_for(n * top_k, e_local, capacity_factor)
+    y, dropped = sorted_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd,
+                            cap)
+    y = y.reshape(n * top_k, d)
+  elif backend == "blocked":
+    y = blocked_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd)
+    y = y.reshape(n * top_k, d)
+  elif backend == "capacity":
     cap = max(1, math.ceil(capacity_factor * n * top_k / max(e_local, 1)))
     y, dropped = capacity_ffn(rows, expert, valid, wg, wu, wd, cap)
   else:
@@ -185,7 +183,11 @@ def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, ca
   recv_e = jax.lax.all_to_all(send_e.reshape(ep, cap), "expert", 0, 0, tiled=False)
   rx, re_ = recv_x.reshape(ep * cap, d), recv_e.reshape(ep * cap)
   valid = re_ >= 0
-  if backend == "capacity":
+  if backend == "sorted":
+    c2 = capacity_for(a, e_local, capacity_factor)
+    ry, dropped_here = sorted_ffn(rx, jnp.maximum(re_, 0)[:, None], valid[:, None], wg, wu, wd, c2)
+    ry = ry[:, 0]
+  elif backend == "capacity":
     c2 = max(1, math.ceil(capacity_factor * a / e_local))  # global rows per expert, as locally
     ry, dropped_here = capacity_ffn(rx, jnp.maximum(re_, 0), valid, wg, wu, wd, c2)
   elif backend == "dense":
@@ -228,6 +230,7 @@ class MoE(nnx.Module):
     self.norm_topk = cfg.norm_topk_prob
     self.backend = cfg.moe_backend
     self.capacity_factor = cfg.capacity_factor
+    self.sorted_capacity_factor = cfg.sorted_capacity_factor
     self.ep_capacity_factor = cfg.ep_capacity_factor
     self.dtype = DTYPES[cfg.dtype]
 
@@ -251,8 +254,9 @@ class MoE(nnx.Module):
       return y.reshape(b, s, d), stats
     weights = (self.router[...], self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
                self.down_proj[...].astype(dt))
-    kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=self._backend(),
-              capacity_factor=self.capacity_factor)
+    backend = self._backend()
+    cf = self.sorted_capacity_factor if backend == "sorted" else self.capacity_factor
+    kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=backend, capacity_factor=cf)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
       y, stats = _local_moe(x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),

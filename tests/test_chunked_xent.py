@@ -1,0 +1,73 @@
+"""Vocabulary-chunked cross-entropy (custom VJP, no [T, V] logits kept) against the plain loss."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lwm_jax.train import losses
+
+
+def _inputs(b=3, s=9, d=16, v=103, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  h = jax.random.normal(ks[0], (b, s, d))
+  head = jax.random.normal(ks[1], (d, v)) * 0.5
+  tokens = jax.random.randint(ks[2], (b, s), 0, v)
+  # Every other target is the argmax prediction, so that the hit count is exercised.
+  best = jnp.argmax(jnp.einsum("bsd,dv->bsv", h, head), axis=-1)
+  tokens = tokens.at[:, 1::2].set(best[:, 0:-1:2])
+  seg = jnp.array([[1] * s, [1] * 5 + [2] * (s - 5), [1] * 4 + [0] * (s - 4)])[:b]
+  lw = jax.random.uniform(ks[3], (b, s)) * (jnp.arange(s) % 3 != 0)  # some zero weights
+  return h, head, tokens, seg, lw
+
+
+@pytest.mark.parametrize("chunk,z_coef", [(32, 0.0), (103, 1e-2), (7, 0.3)])
+def test_chunked_matches_plain_value_and_gradient(chunk, z_coef):
+  h, head, tokens, seg, lw = _inputs()
+
+  def plain(h, head):
+    s = losses.cross_entropy_sums(jnp.einsum("bsd,dv->bsv", h, head), tokens, seg, lw, z_coef)
+    return s["nll"] + z_coef * s["z"], s
+
+  def chunked(h, head):
+    s = losses.chunked_cross_entropy_sums(h, head, tokens, seg, lw, z_coef, chunk=chunk)
+    return s["loss"], s
+
+  (l_p, s_p), (gh_p, gw_p) = jax.jit(jax.value_and_grad(plain, argnums=(0, 1), has_aux=True))(h, head)
+  (l_c, s_c), (gh_c, gw_c) = jax.jit(
+      jax.value_and_grad(chunked, argnums=(0, 1), has_aux=True))(h, head)
+  np.testing.assert_allclose(l_c, l_p, rtol=1e-5)
+  for k in ("nll", "weight", "correct", "tokens", "z"):
+    np.testing.assert_allclose(s_c[k], s_p[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  assert float(s_p["correct"]) > 0  # the argmax comparison is exercised
+  np.testing.assert_allclose(gh_c, gh_p, atol=1e-5)
+  np.testing.assert_allclose(gw_c, gw_p, atol=1e-5)
+  # The last position of each row predicts nothing: its hidden state gets no gradient.
+  assert float(jnp.abs(gh_c[:, -1]).max()) == 0.0
+
+
+def test_chunked_never_materialises_full_logits():
+  h, head, tokens, seg, lw = _inputs(b=2, s=33, d=8, v=1000)
+  f = lambda h, w: losses.chunked_cross_entropy_sums(h, w, tokens[:2], seg[:2], lw[:2],
+                                                     chunk=128)["loss"]
+  jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(h, head)
+  rows = 2 * 32
+
+  def shapes(jx):
+    for eqn in jx.eqns:
+      for var in eqn.outvars:
+        yield tuple(getattr(var.aval, "shape", ()))
+      for val in eqn.params.values():
+        for sub in val if isinstance(val, (tuple, list)) else (val,):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            yield from shapes(inner)
+
+  big = [s for s in shapes(jaxpr.jaxpr) if len(s) >= 2 and rows in s and 1000 in s]
+  assert not big, big
+  assert any(s == (rows, 128) for s in shapes(jaxpr.jaxpr))
+
+
+def test_chunk_must_be_positive():
+  h, head, tokens, seg, lw = _inputs()
+  with pytest.raises(ValueError, match="chunk=0"):
+    losses.chunked_cross_entropy_sums(h, head, tokens, seg, lw, chunk=0)
