@@ -112,12 +112,16 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
   dcfg.seq_len, dcfg.batch_size = t.seq_len, t.batch_size // process_count
   dcfg.seed = c.seed if not dcfg.seed else dcfg.seed
   dcfg.thinking_target = c.data.thinking_target
-  it = pipeline.make_train_iterator(dcfg, tok, stage, process_index, process_count)
+  make = pipeline.make_train_iterator
+  if stage == "agent-bc":  # the agent's view: loss on its actions only
+    from lwm_jax.data import agent_targets  # pylint: disable=import-outside-toplevel
+    make = lambda cfg, tok, _stage, pi, pc: agent_targets.make_agent_iterator(cfg, tok, pi, pc)  # noqa: E731
+  it = make(dcfg, tok, stage, process_index, process_count)
   evals = None
   if c.data.eval_jsonl:
     ecfg = ml_collections.ConfigDict(dcfg.to_dict())
     ecfg.jsonl, ecfg.tfds_dir, ecfg.shuffle, ecfg.num_epochs = c.data.eval_jsonl, "", False, -1
     def evals():
-      return pipeline.make_train_iterator(ecfg, tok, stage, process_index, process_count)
+      return make(ecfg, tok, stage, process_index, process_count)
   return (IteratorSource(it, data_description(c.data)), evals,
           os.path.abspath(c.data.tokenizer))
