@@ -1,5 +1,5 @@
-"""Agent behaviour cloning: `python launch/train.py --config=configs/agent_bc.py:PRESET --workdir=DIR
---config.data.tokenizer=TOKENIZER`.
+"""Agent behaviour cloning: `python launch/train.py --config=configs/agent_bc.py:PRESET
+--workdir=DIR --config.data.tokenizer=TOKENIZER`.
 
 The policy learns the scripted agents' actions of the bundled corpus (stage "agent-bc",
 lwm_jax/data/agent_targets.py): task, action space and history are context, the loss is on the

@@ -187,7 +187,8 @@ def test_on_policy_first_update_has_ratio_one(policy_batch):
 
 def test_sim_and_real_arms_share_the_code_path(tok):
   scripts = {s: ["echo hi", f"echo w{s}", agent_targets.FINISH_ACTION] for s in (7, 8)}
-  wm = Sampler(Transformer(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(1)), tok, decode_layout="model",
+  model = Transformer(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(1))
+  wm = Sampler(model, tok, decode_layout="model",
                **ENGINE)
   wm_calls = []
   real_generate = wm.generate
@@ -239,3 +240,22 @@ def test_real_envs_in_worker_processes_match_in_process():
 def test_wilson_interval():
   lo, hi = wilson(8, 10)  # the textbook value: 0.490 .. 0.943
   assert abs(lo - 0.4902) < 1e-3 and abs(hi - 0.9433) < 1e-3
+
+
+def test_default_verdicts_real_state_and_simulated_transcript():
+  """Search: a real env is judged by verify.check, a simulated one (its world from the real
+  env's reset) by the transcript verifier; the same transcript gets the same verdict."""
+  seed = verify.task_seeds("train", 1)[0]
+  sim = agent_envs.simulated_env_factory(None, "search", max_turns=3)(seed)
+  sim.reset(seed)
+  real = base.make_env("search")
+  real.reset(seed)
+  target = real.goal["target"]
+  assert sim.goal["target"] == target and sim.describe().task == real.describe().task
+  opened = [(f'open(doc_id="{target}")', f"[{target}] page 1/1\n...")]
+  listed = [('search(query="x")', f"1. [{target}] some title\n   snippet")]
+  for turns, want in ((opened, (True, 1.0)), (listed, (False, 0.5)), ([], (False, 0.0))):
+    for env in (sim, real):
+      v = agent_envs.default_verdict(env, seed, turns)
+      assert (v.success, v.credit) == want, (type(env).__name__, v)
+  real.close()

@@ -84,7 +84,8 @@ class LocalEnvs:
         else:
           sims.append(i)
     if sims:  # one world-model call for all simulated episodes
-      results = sys.modules[SIM_MODULE].step_many([envs[i] for i in sims], [pairs[i][1] for i in sims])
+      step_many = sys.modules[SIM_MODULE].step_many
+      results = step_many([envs[i] for i in sims], [pairs[i][1] for i in sims])
       for i, r in zip(sims, results):
         out[i] = r.observation
     for i, (eid, action) in enumerate(pairs):

@@ -117,7 +117,7 @@ class Episode:
 
 
 def parse_action(text: str) -> str:
-  """The action of a reply: the text after a closing `</think>` (when the model thought), stripped."""
+  """The action of a reply: the text after a closing `</think>` (if any), stripped."""
   if "</think>" in text:
     text = text.rsplit("</think>", 1)[1]
   return text.strip()
