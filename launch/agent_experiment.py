@@ -176,6 +176,7 @@ def evaluate_checkpoint(hf: str, b: dict) -> dict:
   finally:
     getattr(envs, "shutdown", lambda: None)()
   eps = m.pop("_episodes")
+  m["tasks"] = int(m["tasks"])
   m["examples"] = [{"seed": e.seed, "end": e.end, "turns": e.turns[:3], "reason": e.reason}
                    for e in eps[:2]]
   return m
@@ -195,8 +196,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
       n = rs[0]["tasks"]
       lo, hi = wilson(round(mean * n), n)
       how = f"Wilson over {n} tasks"
-    wall = [r.get("bc_s", 0) + r.get("rl_s", 0) for r in rs]
+    wall = [r.get("bc_s", 0) + r.get("rl_s", 0) + (r.get("eval_s", 0) if arm == "bc" else 0)
+            for r in rs]
+    credit = sum(r["credit"] for r in rs) / len(rs)
     out[arm] = {"success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
+                "credit": credit,
                 "seeds": len(xs), "wall_s": sum(wall) / len(wall),
                 "episodes": rs[0].get("episodes", 0)}
   return out
@@ -208,11 +212,16 @@ def write_report(out: str, runs: dict, table: dict, meta: dict) -> None:
   lines = [f"# Agent RL on {FLAGS.domain}: held-out success in the real environment", "",
            f"budget={FLAGS.budget}; held-out tasks={meta['eval_tasks']}; RL episodes per arm="
            f"{meta['episodes']}; world model: {meta['world_model']}", "",
-           "| arm | success | 95% CI | CI over | seeds | RL episodes | wall-clock (s) |",
-           "|---|---|---|---|---|---|---|"]
+           "| arm | success | 95% CI | CI over | mean credit | seeds | RL episodes | "
+           "wall-clock (s) |", "|---|---|---|---|---|---|---|---|"]
   for arm, s in table.items():
     lines.append(f"| {arm} | {s['success']:.3f} | {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f} | "
-                 f"{s['ci_over']} | {s['seeds']} | {s['episodes']} | {s['wall_s']:.0f} |")
+                 f"{s['ci_over']} | {s['credit']:.3f} | {s['seeds']} | {s['episodes']} | "
+                 f"{s['wall_s']:.0f} |")
+  lines += ["", "Wall-clock per seed: bc = BC from the base and its evaluation (shared by real and "
+            "sim); real / sim = their RL with its periodic held-out evaluations; warmup = its own "
+            "BC plus its RL. Compilation falls on the first arm that needs each shape.",
+            f"Total: {meta['total_s']:.0f} s."]
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
@@ -268,7 +277,9 @@ def main(argv):
     _banner(f"seed {seed}: BC from the base")
     bc = behaviour_clone(os.path.join(out, f"bc_{seed}"), tok, vocab, b, seed, FLAGS.base)
     if "bc" in runs:
+      t0 = time.perf_counter()
       m = evaluate_checkpoint(bc["hf"], b)
+      m["eval_s"] = time.perf_counter() - t0  # with the checkpoint load and env start
       runs["bc"].append(dict(bc, **m, curve=[]))
       print(f"BC only: success {m['success']:.3f} on {int(m['tasks'])} held-out tasks", flush=True)
     for arm in ("real", "sim", "warmup"):
