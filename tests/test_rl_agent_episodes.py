@@ -259,3 +259,29 @@ def test_default_verdicts_real_state_and_simulated_transcript():
       v = agent_envs.default_verdict(env, seed, turns)
       assert (v.success, v.credit) == want, (type(env).__name__, v)
   real.close()
+
+
+def test_resume_mid_rollout_gives_the_same_minibatch(tok):
+  """Two updates per rollout: a source restored after the first hands out the same second half
+  without playing; a fresh rollout after it draws the next tasks of the same order."""
+  scripts = {s: ["echo hi", agent_targets.FINISH_ACTION] for s in range(20, 26)}
+  cfg = AgentConfig(domain="terminal", tasks=tuple(range(20, 26)), tasks_per_batch=2,
+                    group_size=2, max_turns=3, seq_len=1024, max_new_tokens=16, seed=5,
+                    updates_per_batch=2)
+
+  def source():
+    src = AgentEpisodeSource(tok, agent_envs.LocalEnvs(lambda s: FakeShell(), fake_verdict), cfg)
+    src.sampler = ScriptedPolicy(tok, scripts)
+    return src
+  a = source()
+  first = a.next_batch()
+  saved = a.get_state()
+  second, third = a.next_batch(), a.next_batch()
+  b = source()
+  b.set_state(saved)
+  again = b.next_batch()
+  assert b.sampler.calls == [] and first["tokens"].shape == (2, 1024)
+  for k in second:
+    np.testing.assert_array_equal(again[k], second[k], err_msg=k)
+  np.testing.assert_array_equal(b.next_batch()["tokens"], third["tokens"])
+  assert a.calls == b.calls == 2
