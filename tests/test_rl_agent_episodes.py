@@ -285,3 +285,11 @@ def test_resume_mid_rollout_gives_the_same_minibatch(tok):
     np.testing.assert_array_equal(again[k], second[k], err_msg=k)
   np.testing.assert_array_equal(b.next_batch()["tokens"], third["tokens"])
   assert a.calls == b.calls == 2
+
+
+def test_finish_and_action_parsing():
+  from lwm_jax.rl.agent_episodes import is_finish, parse_action
+  assert [is_finish(a) for a in ("finish()", " finish ", 'finish(answer="x")')] == [True] * 3
+  assert not any(is_finish(a) for a in ("finished", "finish() ls", 'search(query="finish")', ""))
+  assert parse_action("<think>plan</think>\n  open(doc_id=\"re\")\n") == 'open(doc_id="re")'
+  assert parse_action("   ") == ""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import time
 from typing import Any, Sequence
 
@@ -43,7 +44,6 @@ from lwm_jax.envs import base
 from lwm_jax.rl.rollout import group_advantages_np
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
-from lwm_jax.sim.env import action_name
 
 REWARDS = ("credit", "success")
 END_REASONS = ("finish", "turn_limit", "context", "no_room")
@@ -123,8 +123,12 @@ def parse_action(text: str) -> str:
   return text.strip()
 
 
+_FINISH = re.compile(r"finish\s*(\(.*\))?\s*$", re.S)
+
+
 def is_finish(action: str) -> bool:
-  return action.strip() == agent_targets.FINISH_ACTION or action_name(action) == "finish"
+  """`finish()` (with or without arguments, or the bare word) ends the episode."""
+  return bool(_FINISH.match(action.strip()))
 
 
 def _seed(*parts: Any) -> int:
