@@ -293,3 +293,14 @@ def test_finish_and_action_parsing():
   assert not any(is_finish(a) for a in ("finished", "finish() ls", 'search(query="finish")', ""))
   assert parse_action("<think>plan</think>\n  open(doc_id=\"re\")\n") == 'open(doc_id="re")'
   assert parse_action("   ") == ""
+
+
+def test_a_dead_worker_is_a_clear_error():
+  pool = agent_envs.ProcessEnvs("search", workers=1, timeout_s=30)
+  try:
+    pool.procs[0].kill()
+    pool.procs[0].join()
+    with pytest.raises(RuntimeError, match="search env worker 0"):
+      pool.open([(0, verify.task_seeds("train", 1)[0])])
+  finally:
+    pool.shutdown()

@@ -144,7 +144,8 @@ def _worker(conn: Any, domain: str) -> None:
 class ProcessEnvs:
   """Real envs of `domain` in `workers` worker processes (see the module docstring)."""
 
-  def __init__(self, domain: str, workers: int = 2):
+  def __init__(self, domain: str, workers: int = 2, timeout_s: float = 600.0):
+    self.timeout_s = timeout_s  # per request: a worker that does not answer in time is an error
     if workers < 1:
       raise ValueError(f"workers: must be >= 1, got {workers}")
     base._lookup(domain)  # an unknown domain fails here, not in a worker
@@ -165,21 +166,31 @@ class ProcessEnvs:
       parts[eid % n].append(i)
     for w, idx in enumerate(parts):  # send to every worker first: they run in parallel
       if idx:
-        self.conns[w].send((op, [items[i] for i in idx]))
+        try:
+          self.conns[w].send((op, [items[i] for i in idx]))
+        except OSError:  # a broken pipe: the worker is gone
+          raise self._died(w) from None
     out: list[Any] = [None] * len(items)
     for w, idx in enumerate(parts):
       if not idx:
         continue
+      if not self.conns[w].poll(self.timeout_s):
+        raise RuntimeError(f"{self.domain} env worker {w} gave no answer to {op} within "
+                           f"{self.timeout_s:.0f} s")
       try:
         status, value = self.conns[w].recv()
-      except EOFError:
-        raise RuntimeError(f"{self.domain} env worker {w} died (exit code "
-                           f"{self.procs[w].exitcode})") from None
+      except (EOFError, OSError):
+        raise self._died(w) from None
       if status != "ok":
         raise RuntimeError(f"{self.domain} env worker {w} failed in {op}:\n{value}")
       for i, v in zip(idx, value):
         out[i] = v
     return out
+
+  def _died(self, w: int) -> RuntimeError:
+    self.procs[w].join(timeout=1)
+    return RuntimeError(f"{self.domain} env worker {w} died (exit code {self.procs[w].exitcode}); "
+                        "its episodes are lost")
 
   def open(self, keys: Sequence[tuple[int, int]]) -> list[base.EnvInfo]:
     return self._call("open", keys)
