@@ -53,8 +53,8 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
        f"'{c.data.source}' is not synthetic, pipeline or rollouts")
   if c.stage in POLICY_STAGES:
     need(c.data.source != "pipeline", "data.source",
-         "the rl stage samples its batches: 'rollouts' (from the policy, on the RL pool of "
-         "data.pipeline.jsonl) or 'synthetic' (a toy task)")
+         f"the {c.stage} stage samples its batches: 'rollouts' (from the policy, on the RL "
+         "pool of data.pipeline.jsonl, or agent episodes) or 'synthetic' (a toy task)")
   else:
     need(c.data.source != "rollouts", "data.source", f"'rollouts' is for the rl stage, not {c.stage}")
   if c.data.source in ("pipeline", "rollouts"):

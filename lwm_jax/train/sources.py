@@ -95,6 +95,11 @@ def data_description(data: ml_collections.ConfigDict) -> str:
   return f"data.pipeline.jsonl={p.jsonl}"
 
 
+def _agent_iterator(cfg, tok, _stage: str, process_index: int, process_count: int):
+  from lwm_jax.data import agent_targets  # pylint: disable=import-outside-toplevel
+  return agent_targets.make_agent_iterator(cfg, tok, process_index, process_count)
+
+
 def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage: str,
                     process_index: int = 0, process_count: int = 1
                     ) -> tuple[BatchSource, Callable[[], Iterator] | None, str]:
@@ -112,10 +117,8 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
   dcfg.seq_len, dcfg.batch_size = t.seq_len, t.batch_size // process_count
   dcfg.seed = c.seed if not dcfg.seed else dcfg.seed
   dcfg.thinking_target = c.data.thinking_target
-  make = pipeline.make_train_iterator
-  if stage == "agent-bc":  # the agent's view: loss on its actions only
-    from lwm_jax.data import agent_targets  # pylint: disable=import-outside-toplevel
-    make = lambda cfg, tok, _stage, pi, pc: agent_targets.make_agent_iterator(cfg, tok, pi, pc)  # noqa: E731
+  # agent-bc: the agent's view of the trajectories, loss on its actions only
+  make = _agent_iterator if stage == "agent-bc" else pipeline.make_train_iterator
   it = make(dcfg, tok, stage, process_index, process_count)
   evals = None
   if c.data.eval_jsonl:
