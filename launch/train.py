@@ -48,6 +48,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 def _rl_source(config):
   """The rollout source of the RL stage (data.source="rollouts"), else None (the trainer builds
   the configured data)."""
+  if config.stage == "agent-rl" and config.data.source == "rollouts":
+    from lwm_jax.rl import agent_stage  # pylint: disable=import-outside-toplevel
+    return agent_stage.agent_source(config)
   if config.stage != "rl" or config.data.source != "rollouts":
     return None
   from lwm_jax.rl import stage  # pylint: disable=import-outside-toplevel

@@ -16,7 +16,8 @@ import ml_collections
 from lwm_jax import sharding as shd
 from lwm_jax.model.config import ModelConfig
 
-STAGES = ("cpt", "sft", "rl")
+STAGES = ("cpt", "sft", "rl", "agent-bc", "agent-rl")
+POLICY_STAGES = ("rl", "agent-rl")  # sampled batches, the GSPO step
 THINKING_TARGETS = ("empty", "recorded")
 
 
@@ -50,18 +51,21 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
          f"{c.mesh.expert} does not divide model.num_experts={model.num_experts}")
   need(c.data.source in ("synthetic", "pipeline", "rollouts"), "data.source",
        f"'{c.data.source}' is not synthetic, pipeline or rollouts")
-  if c.stage == "rl":
+  if c.stage in POLICY_STAGES:
     need(c.data.source != "pipeline", "data.source",
-         "the rl stage samples its batches: 'rollouts' (from the policy, on the RL pool of "
-         "data.pipeline.jsonl) or 'synthetic' (a toy task)")
+         f"the {c.stage} stage samples its batches: 'rollouts' (from the policy, on the RL "
+         "pool of data.pipeline.jsonl, or agent episodes) or 'synthetic' (a toy task)")
   else:
     need(c.data.source != "rollouts", "data.source", f"'rollouts' is for the rl stage, not {c.stage}")
   if c.data.source in ("pipeline", "rollouts"):
     need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the pipeline")
     need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
-    need(bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir), "data.pipeline.jsonl",
-         "set data.pipeline.jsonl or data.pipeline.tfds_dir")
-  if c.stage == "rl":
+    # agent-rl plays episodes in environments: its tasks are seeds, not trajectories
+    need(c.stage == "agent-rl" or bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir),
+         "data.pipeline.jsonl", "set data.pipeline.jsonl or data.pipeline.tfds_dir")
+  if c.stage == "agent-rl":
+    need(c.rl.kl_coef == 0, "rl.kl_coef", "agent-rl has no reference policy term (set 0)")
+  if c.stage in POLICY_STAGES:
     need(c.rl.algo in ("gspo", "gspo_token", "grpo"), "rl.algo",
          f"'{c.rl.algo}' is not gspo, gspo_token or grpo")
     need(0 < c.rl.eps_low < 1 and c.rl.eps_high > 0, "rl.eps_low", "clip bounds out of range")

@@ -95,6 +95,11 @@ def data_description(data: ml_collections.ConfigDict) -> str:
   return f"data.pipeline.jsonl={p.jsonl}"
 
 
+def _agent_iterator(cfg, tok, _stage: str, process_index: int, process_count: int):
+  from lwm_jax.data import agent_targets  # pylint: disable=import-outside-toplevel
+  return agent_targets.make_agent_iterator(cfg, tok, process_index, process_count)
+
+
 def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage: str,
                     process_index: int = 0, process_count: int = 1
                     ) -> tuple[BatchSource, Callable[[], Iterator] | None, str]:
@@ -112,12 +117,14 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
   dcfg.seq_len, dcfg.batch_size = t.seq_len, t.batch_size // process_count
   dcfg.seed = c.seed if not dcfg.seed else dcfg.seed
   dcfg.thinking_target = c.data.thinking_target
-  it = pipeline.make_train_iterator(dcfg, tok, stage, process_index, process_count)
+  # agent-bc: the agent's view of the trajectories, loss on its actions only
+  make = _agent_iterator if stage == "agent-bc" else pipeline.make_train_iterator
+  it = make(dcfg, tok, stage, process_index, process_count)
   evals = None
   if c.data.eval_jsonl:
     ecfg = ml_collections.ConfigDict(dcfg.to_dict())
     ecfg.jsonl, ecfg.tfds_dir, ecfg.shuffle, ecfg.num_epochs = c.data.eval_jsonl, "", False, -1
     def evals():
-      return pipeline.make_train_iterator(ecfg, tok, stage, process_index, process_count)
+      return make(ecfg, tok, stage, process_index, process_count)
   return (IteratorSource(it, data_description(c.data)), evals,
           os.path.abspath(c.data.tokenizer))

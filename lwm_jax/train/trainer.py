@@ -64,7 +64,7 @@ class StepKind:
 XENT = StepKind(steps_lib.compile_xent_step, steps_lib.XENT_KEYS, (), "loss_weight", True)
 POLICY = StepKind(steps_lib.compile_gspo_step, steps_lib.RL_KEYS, ("advantages",),
                   "response_tokens", False, empty_ok=True)
-STEPS = {"cpt": XENT, "sft": XENT, "rl": POLICY}
+STEPS = {"cpt": XENT, "sft": XENT, "rl": POLICY, "agent-bc": XENT, "agent-rl": POLICY}
 
 
 # ----------------------------------------------------------------------- the loop
@@ -161,7 +161,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
     ckpt.close()
   if primary:
     summary["loss_png"] = metrics_lib.plot_losses(workdir)
-    if c.stage == "rl":
+    if c.stage in ("rl", "agent-rl"):
       summary["reward_png"] = metrics_lib.plot_rewards(workdir)
   if c.export_hf:
     summary["export_hf"] = _export_hf(c, graphdef, state, workdir, tok_path)

@@ -1,0 +1,51 @@
+"""Agent RL (GSPO on multi-turn episodes): `python launch/train.py
+--config=configs/agent_rl.py:PRESET --workdir=DIR --config.data.tokenizer=TOKENIZER
+--config.init_from_hf=AGENT_BC_EXPORT [--config.agent.arm=sim --config.agent.world_model=WM]`.
+
+Stage "agent-rl" (lwm_jax/rl/agent_episodes.py): each batch is `agent.tasks_per_batch` training
+tasks x `rl.group_size` episodes played by the live policy, in the real environment
+(agent.arm="real", in `agent.workers` processes) or in the world model (agent.arm="sim",
+`agent.world_model` a checkpoint), scored by the task verifier at the end, with GSPO on the
+agent's tokens only. Held-out tasks are played greedily in the REAL environment every
+`train.eval_every` steps. Presets: tiny (tiny model, seconds per step on CPU), demo (the demo
+model), small, and the released sizes on pods.
+"""
+import ml_collections
+
+from configs import common
+
+# preset -> (seq_len, tasks per batch, group size, turn limit, tokens per action)
+SHAPES = {"tiny": (1024, 2, 4, 4, 48), "demo": (2048, 2, 4, 6, 48), "small": (2048, 4, 8, 8, 64)}
+POD = (16384, 8, 16, 20, 512)
+
+
+def get_config(arg: str | None = None):
+  preset = arg or "tiny"
+  c = common.get_stage_config("agent-rl", preset)
+  seq_len, tasks, group, turns, new = SHAPES.get(preset, POD)
+  c.data.source = "rollouts"
+  c.rl.algo = "gspo"
+  c.rl.group_size = group
+  c.rl.updates_per_batch = 1
+  c.rl.filter_zero_variance = True
+  c.optim.lr = c.optim.lr / 10
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+  c.train.seq_len = seq_len
+  c.train.batch_size = tasks * group
+  c.train.micro_batches = 1
+  c.train.eval_every = 5
+  c.agent = ml_collections.ConfigDict(dict(
+      domain="search",        # one of lwm_jax.envs' domains (docs/agents.md says why search)
+      arm="real",             # real | sim
+      world_model="",         # the sim arm's world-model checkpoint (HF folder or workdir)
+      wm_temperature=0.0,     # the world model's sampling
+      wm_max_new_tokens=384,
+      workers=2,              # processes stepping the real envs (0: in this process)
+      train_tasks=64,         # task seeds verify.task_seeds("train", n)
+      eval_tasks=16,          # held-out seeds verify.task_seeds("heldout", n), real env, greedy
+      tasks_per_batch=tasks,
+      max_turns=turns,
+      max_new_tokens=new,     # per action
+      reward="credit"))       # credit (partial credit, 1 on success) | success (0/1)
+  return c

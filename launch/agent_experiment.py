@@ -1,0 +1,309 @@
+"""Agents trained inside the world model: BC only, Real RL, Sim RL and warm-up, scored on held-out
+tasks in the REAL environment.
+
+  python launch/agent_experiment.py --budget=tiny [--out=runs/agent_tiny]
+  python launch/agent_experiment.py --budget=full --world_model=WM_HF --tokenizer=WM_HF/... \
+      [--base=BASE_HF] [--seeds=3] [--arms=bc,real,sim,warmup]
+
+Per seed (the run's seed: BC data order, rollouts, parameter init of a fresh base):
+1. BC: the agent learns the scripted agents' actions of the domain's corpus split
+   (configs/agent_bc.py) from the base (`--base`, or a fresh model of the preset).
+2. Real RL: GSPO on multi-turn episodes in the real environment (configs/agent_rl.py,
+   agent.arm="real"), from the BC checkpoint.
+3. Sim RL: the same, with episodes in `SimulatedEnv` backed by the world model (`--world_model`);
+   its reward is the transcript verifier (`verify_transcript.check_transcript`) applied to the
+   simulated episode, i.e. the world model's observations judged by the same rules the real
+   checks use.
+4. warm-up: BC from the world-model checkpoint (after its RL) instead of the base, then the
+   agent RL of `--warmup_rl` (real by default).
+Every RL arm gets the same episode budget (`--episodes`). Every arm is evaluated with greedy
+episodes on `verify.task_seeds("heldout", n)` in the real environment: at the start of RL and
+every few steps (success vs episodes), and at the end. Outputs in --out: results.json,
+results.md (success with a 95% CI over seeds, or the Wilson interval over tasks with one seed;
+wall-clock per arm), success_vs_episodes.png.
+
+`--budget=tiny` trains its own tokenizer and a tiny world model (a few SFT steps on the corpus)
+when none is given, and runs end to end in minutes on a CPU; its numbers only show the machinery.
+Domain: search (docs/agents.md says why).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [p for p in (ROOT, os.path.dirname(os.path.abspath(__file__))) if p not in sys.path]
+
+import stages  # noqa: E402  (launch/stages.py: the corpus tokenizer and stage configs)
+from configs import agent_bc, agent_rl  # noqa: E402
+from lwm_jax.data import agent_targets, schema  # noqa: E402
+from lwm_jax.envs import verify  # noqa: E402
+from lwm_jax.rl import agent_stage  # noqa: E402
+from lwm_jax.rl.agent_episodes import evaluate_policy, wilson  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("budget", "tiny", ["tiny", "full"], "tiny: minutes on CPU; full: the experiment")
+flags.DEFINE_string("out", "", "run folder (default runs/agent_<budget>; replaced)")
+flags.DEFINE_string("domain", "search", "environment domain")
+flags.DEFINE_list("arms", ["bc", "real", "sim", "warmup"], "arms to run")
+flags.DEFINE_integer("seeds", 0, "seeds per arm (0: the budget's)")
+flags.DEFINE_integer("episodes", 0, "RL episodes per arm (0: the budget's)")
+flags.DEFINE_integer("eval_tasks", 0, "held-out tasks (0: the budget's)")
+flags.DEFINE_string("world_model", "", "world-model checkpoint (HF folder) for sim and warm-up")
+flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's for warm-up)")
+flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
+flags.DEFINE_enum("warmup_rl", "real", ["real", "sim"], "the agent RL after the warm-up's BC")
+flags.DEFINE_integer("workers", 2, "processes stepping the real envs")
+
+# budget -> settings; "preset" is the model/shape preset of configs/agent_{bc,rl}.py
+BUDGETS = {
+    "tiny": dict(preset="tiny", vocab=1024, bc_steps=30, wm_steps=30, episodes=16, seeds=1,
+                 eval_tasks=6, train_tasks=8, max_turns=3, max_new_tokens=32, seq_len=2048,
+                 bc_seq_len=1024,
+                 wm_max_new_tokens=48, eval_every=1, rl_lr=1e-4),
+    "full": dict(preset="demo", vocab=2048, bc_steps=400, wm_steps=300, episodes=512, seeds=3,
+                 eval_tasks=64, train_tasks=256, max_turns=6, max_new_tokens=48, seq_len=2048,
+                 bc_seq_len=2048,
+                 wm_max_new_tokens=384, eval_every=8, rl_lr=3e-5),
+}
+
+
+def _budget() -> dict:
+  b = dict(BUDGETS[FLAGS.budget])
+  for k in ("seeds", "episodes", "eval_tasks"):
+    if getattr(FLAGS, k):
+      b[k] = getattr(FLAGS, k)
+  return b
+
+
+def _banner(text: str) -> None:
+  print(f"\n=== {text}", flush=True)
+
+
+def tokenizer(out: str, b: dict) -> tuple[str, int]:
+  """(tokenizer path, model vocabulary): --tokenizer, or SentencePiece on the domain's corpus."""
+  if FLAGS.tokenizer:
+    from lwm_jax.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+    return FLAGS.tokenizer, -(-tok_lib.load_tokenizer(FLAGS.tokenizer).vocab_size // 128) * 128
+  trajs = list(schema.read_jsonl(_split("train")))
+  extra = [agent_targets.agent_system_prompt(t) for t in trajs]
+  extra += [agent_targets.observation_message(x.observation) for t in trajs for x in t.turns]
+  path, _, vocab = stages.train_tokenizer(trajs, b["vocab"], os.path.join(out, "sp"), extra)
+  return path, vocab
+
+
+def _split(name: str) -> str:
+  return os.path.join(ROOT, "data", "corpus", f"{FLAGS.domain}_{name}.jsonl.gz")
+
+
+def train_world_model(out: str, tok: str, vocab: int, b: dict) -> str:
+  """A stand-in world model for the tiny budget: SFT of a fresh model on the domain's corpus."""
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  wd = os.path.join(out, "world_model")
+  c = stages.stage_config("sft", preset=b["preset"], vocab=vocab, steps=b["wm_steps"], batch=4,
+                          seq_len=b["bc_seq_len"], workdir=wd, tokenizer=tok, train=_split("train"),
+                          valid=_split("validation"), export_hf=True)
+  c.train.progress = False
+  return trainer.train(c, wd)["export_hf"]
+
+
+def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str) -> dict:
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  c = agent_bc.get_config(b["preset"])
+  c.seed, c.model.vocab_size, c.data.tokenizer = seed, vocab, tok
+  c.data.pipeline.jsonl, c.data.eval_jsonl = _split("train"), _split("validation")
+  c.train.update(dict(num_steps=b["bc_steps"], seq_len=b["bc_seq_len"], eval_every=b["bc_steps"],
+                      progress=False, log_every=10))
+  c.checkpoint.every = b["bc_steps"]
+  c.init_from_hf, c.export_hf, c.export_hf_dir = init, True, os.path.join(wd, "hf")
+  t0 = time.perf_counter()
+  s = trainer.train(c, wd)
+  return {"hf": s["export_hf"], "bc_s": time.perf_counter() - t0, "bc_loss": s["losses"][-1]}
+
+
+def rl_config(b: dict, tok: str, vocab: int, seed: int, init: str, arm: str, wm: str):
+  c = agent_rl.get_config(b["preset"])
+  a = c.agent
+  a.domain, a.arm, a.world_model, a.workers = FLAGS.domain, arm, wm, FLAGS.workers
+  a.train_tasks, a.eval_tasks = b["train_tasks"], b["eval_tasks"]
+  a.max_turns, a.max_new_tokens, a.wm_max_new_tokens = (b["max_turns"], b["max_new_tokens"],
+                                                        b["wm_max_new_tokens"])
+  per_step = a.tasks_per_batch * c.rl.group_size // c.rl.updates_per_batch
+  steps = max(1, b["episodes"] // per_step)
+  c.seed, c.model.vocab_size, c.data.tokenizer, c.init_from_hf = seed, vocab, tok, init
+  c.train.update(dict(num_steps=steps, seq_len=b["seq_len"], eval_every=b["eval_every"],
+                      progress=False, log_every=1))
+  c.checkpoint.every = steps
+  c.optim.lr = b["rl_lr"]
+  return c
+
+
+def agent_rl_run(wd: str, c) -> dict:
+  """The agent-rl stage through the trainer (what launch/train.py runs); the held-out curve."""
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  t0 = time.perf_counter()
+  src = agent_stage.agent_source(c)
+  try:
+    trainer.train(c, wd, source=src)
+  finally:
+    for envs in {id(e): e for e in (src.envs, src.eval_envs)}.values():
+      getattr(envs, "shutdown", lambda: None)()
+  curve = [(h["episodes_trained"], h["success"]) for h in src.history]
+  final = src.history[-1]
+  return {"rl_s": time.perf_counter() - t0, "curve": curve, "success": final["success"],
+          "credit": final["credit"], "tasks": int(final["tasks"]),
+          "episodes": src.episodes_played}
+
+
+def evaluate_checkpoint(hf: str, b: dict) -> dict:
+  """Greedy held-out episodes of a checkpoint in the real environment."""
+  from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
+  from lwm_jax.rl.agent_episodes import AgentConfig  # pylint: disable=import-outside-toplevel
+  sampler = Sampler.from_checkpoint(hf, decode_layout="model")
+  envs = agent_stage.real_envs(FLAGS.domain, FLAGS.workers)
+  cfg = AgentConfig(domain=FLAGS.domain, tasks=(0,), seq_len=b["seq_len"],
+                    max_turns=b["max_turns"], max_new_tokens=b["max_new_tokens"])
+  try:
+    m = evaluate_policy(sampler, envs, cfg, list(verify.task_seeds("heldout", b["eval_tasks"])))
+  finally:
+    getattr(envs, "shutdown", lambda: None)()
+  eps = m.pop("_episodes")
+  m["tasks"] = int(m["tasks"])
+  m["examples"] = [{"seed": e.seed, "end": e.end, "turns": e.turns[:3], "reason": e.reason}
+                   for e in eps[:2]]
+  return m
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+  """Per arm: mean success over seeds with a 95% CI (t over seeds; Wilson over tasks for one)."""
+  out = {}
+  for arm, rs in runs.items():
+    xs = [r["success"] for r in rs]
+    mean = sum(xs) / len(xs)
+    if len(xs) > 1:
+      sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+      t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(xs), 2.0)
+      lo, hi, how = mean - t * sd / math.sqrt(len(xs)), mean + t * sd / math.sqrt(len(xs)), "seeds"
+    else:
+      n = rs[0]["tasks"]
+      lo, hi = wilson(round(mean * n), n)
+      how = f"Wilson over {n} tasks"
+    wall = [r.get("bc_s", 0) + r.get("rl_s", 0) + (r.get("eval_s", 0) if arm == "bc" else 0)
+            for r in rs]
+    credit = sum(r["credit"] for r in rs) / len(rs)
+    out[arm] = {"success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
+                "credit": credit,
+                "seeds": len(xs), "wall_s": sum(wall) / len(wall),
+                "episodes": rs[0].get("episodes", 0)}
+  return out
+
+
+def write_report(out: str, runs: dict, table: dict, meta: dict) -> None:
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump({"meta": meta, "summary": table, "runs": runs}, f, indent=2, default=str)
+  lines = [f"# Agent RL on {FLAGS.domain}: held-out success in the real environment", "",
+           f"budget={FLAGS.budget}; held-out tasks={meta['eval_tasks']}; RL episodes per arm="
+           f"{meta['episodes']}; world model: {meta['world_model']}", "",
+           "| arm | success | 95% CI | CI over | mean credit | seeds | RL episodes | "
+           "wall-clock (s) |", "|---|---|---|---|---|---|---|---|"]
+  for arm, s in table.items():
+    lines.append(f"| {arm} | {s['success']:.3f} | {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f} | "
+                 f"{s['ci_over']} | {s['credit']:.3f} | {s['seeds']} | {s['episodes']} | "
+                 f"{s['wall_s']:.0f} |")
+  lines += ["", "Wall-clock per seed: bc = BC from the base and its evaluation (shared by real and "
+            "sim); real / sim = their RL with its periodic held-out evaluations; warmup = its own "
+            "BC plus its RL. Compilation falls on the first arm that needs each shape.",
+            f"Total: {meta['total_s']:.0f} s."]
+  with open(os.path.join(out, "results.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  plot(out, runs)
+
+
+def plot(out: str, runs: dict) -> str:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for arm, rs in runs.items():
+    if arm == "bc":
+      ax.axhline(sum(r["success"] for r in rs) / len(rs), ls="--", color="gray", label="BC only")
+      continue
+    pts: dict[float, list[float]] = {}
+    for r in rs:
+      for e, s in r["curve"]:
+        pts.setdefault(e, []).append(s)
+    xs = sorted(pts)
+    ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], marker="o", label=arm)
+  ax.set_xlabel("training episodes")
+  ax.set_ylabel("held-out success (real env)")
+  ax.set_ylim(-0.02, 1.02)
+  ax.legend()
+  path = os.path.join(out, "success_vs_episodes.png")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def main(argv):
+  del argv
+  logging.getLogger().setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  b = _budget()
+  out = os.path.abspath(FLAGS.out or os.path.join(ROOT, "runs", f"agent_{FLAGS.budget}"))
+  shutil.rmtree(out, ignore_errors=True)
+  os.makedirs(out)
+  t_all = time.perf_counter()
+  _banner("tokenizer")
+  tok, vocab = tokenizer(out, b)
+  wm = FLAGS.world_model
+  if not wm and {"sim", "warmup"} & set(FLAGS.arms):
+    if FLAGS.budget != "tiny":
+      raise SystemExit("--world_model is required for the sim and warmup arms (a trained LWM "
+                       "checkpoint, after its RL)")
+    _banner("a tiny stand-in world model (SFT on the corpus)")
+    wm = train_world_model(out, tok, vocab, b)
+  runs: dict[str, list[dict]] = {a: [] for a in FLAGS.arms}
+  for seed in range(b["seeds"]):
+    _banner(f"seed {seed}: BC from the base")
+    bc = behaviour_clone(os.path.join(out, f"bc_{seed}"), tok, vocab, b, seed, FLAGS.base)
+    if "bc" in runs:
+      t0 = time.perf_counter()
+      m = evaluate_checkpoint(bc["hf"], b)
+      m["eval_s"] = time.perf_counter() - t0  # with the checkpoint load and env start
+      runs["bc"].append(dict(bc, **m, curve=[]))
+      print(f"BC only: success {m['success']:.3f} on {int(m['tasks'])} held-out tasks", flush=True)
+    for arm in ("real", "sim", "warmup"):
+      if arm not in runs:
+        continue
+      start, env_arm, extra = bc, arm, {}
+      if arm == "warmup":
+        _banner(f"seed {seed}: BC from the world model (warm-up)")
+        start = behaviour_clone(os.path.join(out, f"bc_warm_{seed}"), tok, vocab, b, seed, wm)
+        env_arm, extra = FLAGS.warmup_rl, {"bc_s": start["bc_s"]}
+      _banner(f"seed {seed}: agent RL, arm {arm} ({env_arm} episodes)")
+      c = rl_config(b, tok, vocab, seed, start["hf"], env_arm, wm)
+      r = agent_rl_run(os.path.join(out, f"{arm}_{seed}"), c)
+      runs[arm].append(dict(r, **extra))
+      print(f"{arm}: success {r['success']:.3f} after {r['episodes']} episodes "
+            f"({r['rl_s']:.0f} s)", flush=True)
+  table = summarize(runs)
+  meta = {"budget": b, "domain": FLAGS.domain, "world_model": wm or "(none)",
+          "eval_tasks": b["eval_tasks"], "episodes": b["episodes"],
+          "total_s": time.perf_counter() - t_all}
+  write_report(out, runs, table, meta)
+  print(f"\nwrote {out}/results.md, results.json, success_vs_episodes.png "
+        f"({meta['total_s']:.0f} s in all)")
+
+
+if __name__ == "__main__":
+  app.run(main)
