@@ -152,10 +152,16 @@ def test_transformers_loads_what_we_save(tmp_path):
     out = str(tmp_path / f"{case}_{layout}")
     hf.save_pretrained(model, out, expert_layout=layout, released_layout=released,
                        max_shard_bytes=60_000)
-    tm = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    ids = torch.from_numpy(ref["input_ids"]).long()
     with torch.no_grad():
-      logits = tm(torch.from_numpy(ref["input_ids"]).long()).logits.numpy()
-    assert np.abs(logits - ref["logits"]).max() < 1e-5, (case, layout)
+      logits = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")(ids).logits.numpy()
+      # The same transformers on the fixture's own folder: what we save must load as the same model.
+      orig = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, case),
+                                                  attn_implementation="eager")(ids).logits.numpy()
+    assert np.abs(logits - orig).max() < 1e-6, (case, layout)
+    # Against the recorded logits, transformers' Gated DeltaNet path today differs from the one
+    # that wrote the fixture by ~1.5e-5 on the fixture folder itself, hence the wider bound.
+    assert np.abs(logits - ref["logits"]).max() < 5e-5, (case, layout)
 
 
 def test_bfloat16_load_and_save(tmp_path):
