@@ -4,7 +4,8 @@ Rewards (`rewards`: rule verifiers, the judge's rubric, judge-free similarity, t
 actions re-run in the real environment) and the anti-hacking guard (`guard`); the RL prompt pool
 and the CPT/SFT/RL split (`pool`); the rollout source that feeds the trainer (`rollout`), built
 from a config (`stage`), with held-out evaluation (`heldout`); rejection sampling of SFT
-reasoning traces (`rejection`). May import train, sampling, data, envs (replay), lwm_jax.judge
-and lwm_jax.eval.metrics (the judge-free similarities); meets sim only through the Env
-interface. Nothing imports rl.
+reasoning traces (`rejection`); agents trained by behaviour cloning and multi-turn GSPO against
+real or simulated environments (`agent_episodes`, `agent_envs`, `agent_stage`). May import train,
+sampling, data, envs (replay, verifiers), sim (simulated episodes for Sim RL), lwm_jax.judge and
+lwm_jax.eval.metrics (the judge-free similarities). Nothing imports rl.
 """
