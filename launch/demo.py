@@ -103,7 +103,8 @@ def main(_):
     print(f"{d:>10} | {c[0]:9.3f} | {s[0]:9.3f} | {s[1]:9.3f} | {s[2]}")
   a_cpt, a_sft = table["cpt"], table["sft"]
   print(f"{'all':>10} | {a_cpt.model:9.3f} | {a_sft.model:9.3f} | {a_sft.copy_previous:9.3f} | "
-        f"{a_sft.tokens} ({a_sft.samples} trajectories)")
+        f"{a_sft.tokens} ({a_sft.samples} of {len(held)} held-out trajectories; longer than "
+        f"{2 * FLAGS.seq_len} tokens skipped)")
   groups = a_sft.per_group  # separate, labelled rows only when seen worlds or a mix are present
   if len(groups) > 1 or "seen worlds, new episodes" in groups:
     for g, s in groups.items():
