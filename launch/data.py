@@ -149,6 +149,18 @@ def cmd_build() -> None:
   print(f"built {res.data_dir}: " + ", ".join(f"{k}={v}" for k, v in res.split_sizes.items()))
 
 
+def load_clean(with_splits: bool = False):
+  """`load_trajectories`, with its load reports and the hygiene summary printed, and the
+  trajectories that pass hygiene: (loaded, kept[, split names of `loaded`])."""
+  out = load_trajectories(with_splits=with_splits)
+  for r in out[1]:
+    print(r.summary())
+  hrep = hygiene.HygieneReport()
+  kept = hygiene.filter_trajectories(out[0], hrep)
+  print("hygiene:", hrep.summary())
+  return (out[0], kept, out[2]) if with_splits else (out[0], kept)
+
+
 def _pct(xs, qs=(50, 90, 99, 100)) -> str:
   if not xs:
     return "-"
@@ -156,12 +168,7 @@ def _pct(xs, qs=(50, 90, 99, 100)) -> str:
 
 
 def cmd_stats() -> None:
-  loaded, reports, names = load_trajectories(with_splits=True)
-  for r in reports:
-    print(r.summary())
-  hrep = hygiene.HygieneReport()
-  trajs = hygiene.filter_trajectories(loaded, hrep)
-  print("hygiene:", hrep.summary())
+  loaded, trajs, names = load_clean(with_splits=True)
   tok = get_tokenizer(trajs)
   cfg = pipeline.default_data_config()
   cfg.update(dict(seq_len=FLAGS.seq_len, seed=FLAGS.seed, mask_seed=FLAGS.seed))
@@ -276,12 +283,7 @@ def cmd_inspect() -> None:
 
 def cmd_agent_targets() -> None:
   from lwm_jax.data import agent_targets
-  loaded, reports, names = load_trajectories(with_splits=True)
-  for r in reports:
-    print(r.summary())
-  hrep = hygiene.HygieneReport()
-  kept = hygiene.filter_trajectories(loaded, hrep)
-  print("hygiene:", hrep.summary())
+  loaded, kept, names = load_clean(with_splits=True)
   tok = get_tokenizer(kept)
   cfg = pipeline.default_data_config()
   cfg.update(dict(seq_len=FLAGS.seq_len, seed=FLAGS.seed))
@@ -311,12 +313,7 @@ def cmd_pools() -> None:
   """The CPT / SFT / RL pool sizes of the inputs (trajectories per domain), and how many RL
   prompts fit the token limit (the RL stage drops longer ones)."""
   from lwm_jax.rl import pool as pool_lib, stage  # pylint: disable=import-outside-toplevel
-  trajs, reports = load_trajectories()
-  for r in reports:
-    print(r.summary())
-  hyg = hygiene.HygieneReport()
-  trajs = hygiene.filter_trajectories(trajs, hyg)
-  print("hygiene:", hyg.summary())
+  _, trajs = load_clean()
   fractions = stage.parse_fractions(FLAGS.pool_fractions)
   pools = pool_lib.split_pools(trajs, fractions, FLAGS.seed)
   domains = sorted({t.domain for t in trajs})
