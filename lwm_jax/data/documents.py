@@ -17,13 +17,13 @@ mixes them into CPT at `knowledge_share` of the tokens (docs/reproduce.md).
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from lwm_jax.data import jsonl
 from lwm_jax.data.tokenizer import ENDOFTEXT, Tokenizer
 
 
@@ -45,11 +45,6 @@ class DocumentStats:
   characters: int = 0
 
 
-def _open(path: str):
-  return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(
-      path, encoding="utf-8")
-
-
 def read_documents(paths: str | Sequence[str], stats: DocumentStats | None = None
                    ) -> list[Document]:
   """Documents of comma-separated (or listed) files; see the module docstring for the format."""
@@ -64,10 +59,10 @@ def read_documents(paths: str | Sequence[str], stats: DocumentStats | None = Non
     stats.files += 1
     base = os.path.basename(path)
     if base.endswith((".txt", ".md", ".txt.gz", ".md.gz")):
-      with _open(path) as f:
+      with jsonl.open_text(path, "r") as f:
         rows = [(1, {"id": base.split(".")[0], "text": f.read()})]
     else:
-      with _open(path) as f:
+      with jsonl.open_text(path, "r") as f:
         rows = list(_json_rows(path, f))
     for line, row in rows:
       where = f"{path}:{line}"
@@ -110,8 +105,7 @@ def write_documents(docs: Iterable[Document], path: str) -> int:
   """Writes a document file (gzip when `path` ends in .gz); returns the number written."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   n = 0
-  with (gzip.open(path, "wt", encoding="utf-8") if path.endswith(".gz")
-        else open(path, "w", encoding="utf-8")) as f:
+  with jsonl.open_text(path, "w") as f:
     for d in docs:
       f.write(json.dumps(dataclasses.asdict(d), ensure_ascii=False) + "\n")
       n += 1
