@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test bench corpus fixtures clean sandbox-tool reproduce
+.PHONY: demo test bench corpus fixtures clean sandbox-tool reproduce world-model
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,11 @@ BUDGET ?= full
 REPRODUCE_FLAGS ?=
 reproduce: $(VENV)/.installed
 	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
+
+# The shipped world model (data/world_model/, used by the demo's last part): the main model of
+# the full reproduction, copied with provenance.json (command, settings, corpus sha256, scores).
+world-model: $(VENV)/.installed
+	$(PY) launch/reproduce.py --budget=full --workdir=runs/reproduce_full --ship=data/world_model
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/model_step.py

@@ -6,6 +6,9 @@
   4. held-out next-observation token accuracy of both models beside a copy-previous baseline
   5. one simulated terminal episode: the SFT model answers a real episode's actions, each simulated
      observation printed beside the real one with its edit similarity (and their mean)
+  6. the same episode played by the shipped world model (data/world_model/, made by
+     `make world-model`: launch/reproduce.py's main model, trained for about an hour), which a
+     few minutes of demo training cannot match; skipped with a note when the folder is absent
 
   python launch/demo.py [--workdir=runs/demo] [--cpt_steps=N] [--sft_steps=N]
 """
@@ -31,6 +34,8 @@ from lwm_jax.train import trainer  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "demo"), "output folder (replaced)")
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "bundled corpus folder")
+flags.DEFINE_string("world_model", os.path.join(ROOT, "data", "world_model"),
+                    "the shipped world model for part 6 ('' to skip)")
 flags.DEFINE_integer("vocab", 2048, "SentencePiece vocabulary size")
 flags.DEFINE_integer("cpt_steps", 80, "CPT steps")
 flags.DEFINE_integer("sft_steps", 40, "SFT steps")
@@ -119,18 +124,40 @@ def main(_):
           "own earlier answers are its history)")
   episode = next(t for t in test_trajs if t.domain == "terminal")
   sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
+  shipped = _shipped_episode(episode, stages.load_corpus(FLAGS.corpus).digest())
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
                           "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens},
              "worlds": {"evaluated": coverage.worlds, "seen_in_train": coverage.seen_in_train,
                         "without_world_id": coverage.missing},
-             "simulated_episode": {"model": "sft (this demo's SFT run)", **sim}}
+             "simulated_episode": {"model": "sft (this demo's SFT run)", **sim},
+             "shipped_world_model": shipped}
   with open(os.path.join(wd, "demo_summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"\ndone in {summary['seconds']:.0f} s; summary in {wd}/demo_summary.json")
   if not beats:
     sys.exit(1)
+
+
+def _shipped_episode(episode, corpus_sha: str) -> dict:
+  """Part 6: the episode of part 5 played by the shipped world model, with where it came from."""
+  path = FLAGS.world_model
+  if not path or not os.path.isfile(os.path.join(path, "provenance.json")):
+    print(f"\n(no shipped world model at {path!r}: `make world-model` makes one)")
+    return {"path": path, "present": False}
+  with open(os.path.join(path, "provenance.json")) as f:
+    prov = json.load(f)
+  same = prov.get("corpus", {}).get("sha256") == corpus_sha
+  _banner(f"6. The same episode played by the shipped world model ({path})")
+  print(f"made by `{prov.get('made_by')}` on corpus sha256 "
+        f"{prov.get('corpus', {}).get('sha256', '?')[:16]} "
+        f"({'this corpus' if same else 'NOT this corpus'}); model {prov.get('model')}")
+  from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
+  sampler = Sampler.from_checkpoint(path)
+  sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=320)
+  return {"path": path, "present": True, "model": prov.get("model"),
+          "same_corpus": same, **sim}
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ flags.DEFINE_string("preset", None, "model preset of configs/common.py (demo, ti
 flags.DEFINE_integer("vocab", None, "SentencePiece vocabulary size")
 flags.DEFINE_integer("seq_len", None, "tokens per packed row")
 flags.DEFINE_integer("batch", None, "rows per batch")
+flags.DEFINE_integer("sft_seq_len", None, "tokens per SFT row (0: --seq_len)")
+flags.DEFINE_integer("sft_batch", None, "rows per SFT batch (0: --batch)")
 flags.DEFINE_integer("cpt_steps", None, "CPT steps")
 flags.DEFINE_integer("sft_steps", None, "SFT steps")
 flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
@@ -79,8 +81,11 @@ flags.DEFINE_integer("eval_max_new_tokens", None, "generated tokens per turn at 
 flags.DEFINE_integer("eval_batch", None, "turns generated together")
 flags.DEFINE_integer("seed", 0, "seed of the turn sample")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
+flags.DEFINE_string("ship", "", "copy the final main model (its Hugging Face export) to this "
+                    "folder with provenance.json (command, settings, corpus sha256, results); "
+                    "`make world-model` ships data/world_model/ this way")
 
-SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "cpt_steps", "sft_steps", "knowledge_share",
+SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps", "sft_steps", "knowledge_share",
               "ablations", "eval_max_turns", "eval_max_new_tokens", "eval_batch", "rl_steps")
 
 
@@ -91,6 +96,8 @@ class Settings:
   vocab: int
   seq_len: int
   batch: int
+  sft_seq_len: int
+  sft_batch: int
   cpt_steps: int
   sft_steps: int
   masking: str
@@ -106,6 +113,11 @@ class Settings:
   validate: bool = True          # validation loss at the end of each training run
   fast_compile: bool = False     # FAST_COMPILE XLA flags
   seed: int = 0
+
+  @property
+  def context(self) -> int:
+    """The trained models' context: the longest row any of their stages trained on."""
+    return max(self.seq_len, self.sft_seq_len)
 
 
 def resolve(values: dict[str, Any]) -> Settings:
@@ -134,6 +146,8 @@ def resolve(values: dict[str, Any]) -> Settings:
     raise ValueError(f"--eval_max_turns must be >= 0 (0: every turn), got {v['eval_max_turns']}")
   return Settings(budget=budget, preset=str(v["preset"]), vocab=int(v["vocab"]),
                   seq_len=int(v["seq_len"]), batch=int(v["batch"]),
+                  sft_seq_len=int(v.get("sft_seq_len") or v["seq_len"]),
+                  sft_batch=int(v.get("sft_batch") or v["batch"]),
                   cpt_steps=int(v["cpt_steps"]), sft_steps=int(v["sft_steps"]),
                   masking=values.get("masking") or "it", thinking=values.get("thinking") or "on",
                   knowledge=knowledge if share > 0 else (), knowledge_share=share,
@@ -208,8 +222,10 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
     return _rl_config(spec, s, wd, tokenizer, vocab, corpus)
   c = stages.stage_config(
       spec.stage, preset=s.preset, vocab=vocab,
-      steps=s.cpt_steps if spec.stage == "cpt" else s.sft_steps, batch=s.batch,
-      seq_len=s.seq_len, workdir=os.path.join(wd, spec.name), tokenizer=tokenizer,
+      steps=s.cpt_steps if spec.stage == "cpt" else s.sft_steps,
+      batch=s.batch if spec.stage == "cpt" else s.sft_batch,
+      seq_len=s.seq_len if spec.stage == "cpt" else s.sft_seq_len, context=s.context,
+      workdir=os.path.join(wd, spec.name), tokenizer=tokenizer,
       train=corpus.train_jsonl, valid=corpus.valid_jsonl,
       init_from_hf=os.path.join(wd, spec.init_from, "hf") if spec.init_from else "",
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
@@ -287,13 +303,18 @@ def _train(spec: RunSpec, c, wd: str) -> dict[str, Any]:
           "config": c.to_dict()}
 
 
-def _evaluate(name: str, wd: str, selection, s: Settings):
+def _evaluate(spec: RunSpec, wd: str, s: Settings, test):
+  """Free-running predictions of one trained run, prompted the way its stage was trained
+  (`free_running.prompting`: a CPT model in its own template, behind the observation header)."""
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
+  name = spec.name
+  variant, prefix = free_running.prompting(spec.stage)
+  selection = _selection(test, s, variant)
   sampler = Sampler.from_checkpoint(os.path.join(wd, name))
   done = lambda i, n: print(f"\r  {name}: {i}/{n} turns", end="", flush=True)
   preds, stats = free_running.generate(sampler, selection.cases, s.eval_max_new_tokens,
-                                       s.eval_batch, progress=done)
+                                       s.eval_batch, progress=done, reply_prefix=prefix)
   print(flush=True)
   free_running.write_predictions(selection.cases, preds,
                                  os.path.join(wd, "predictions", f"{name}.jsonl"))
@@ -345,7 +366,8 @@ def main(argv):
   sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
                                           extra_texts)
   print(f"{sp}: {tok.vocab_size} pieces")
-  exports = {r.init_from for r in runs if r.init_from}
+  final = [r for r in runs if r.main][-1]   # the main pipeline's last model: always exported
+  exports = {r.init_from for r in runs if r.init_from} | {final.name}
   configs = {r.name: run_config(r, s, wd, sp, vocab, corpus, knowledge_jsonl, r.name in exports)
              for r in runs}
   header.update(knowledge=knowledge_info, tokenizer=sp,
@@ -367,11 +389,11 @@ def main(argv):
 
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
   _banner("Free-running evaluation on the test split")
-  selection = free_running.select_cases(corpus.test, s.eval_max_turns or None, s.seed)
+  selection = _selection(corpus.test, s, free_running.EVAL_VARIANT)
   print(selection.describe())
   preds, gen, main_sampler = {}, {}, None
   for r in runs:
-    p, gen[r.name], sampler = _evaluate(r.name, wd, selection, s)
+    p, gen[r.name], sampler = _evaluate(r, wd, s, corpus.test)
     preds[r.name] = {k: v["prediction"] for k, v in p.items()}
     rows[r.name]["cut_per_domain"] = _cut_per_domain(selection, p)
     if r.main and r.stage == "sft":
@@ -393,8 +415,38 @@ def main(argv):
   report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),
                                   round(time.time() - t0, 1), paths, simulated)
   reproduce_report.write(report, wd)
+  if FLAGS.ship:
+    ship(os.path.join(wd, final.name, "hf"), FLAGS.ship, header, configs[final.name], res,
+         final.name, simulated)
   print(reproduce_report.summary(report))
   print(f"\ndone in {time.time() - t0:.0f} s; report in {wd}/report.md")
+
+
+def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
+         simulated: dict | None) -> None:
+  """Copies a run's Hugging Face export to `dest` (replaced) beside provenance.json: how it was
+  made (command, settings, corpus sha256, its training config) and what it scored."""
+  from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  shutil.rmtree(dest, ignore_errors=True)
+  shutil.copytree(export, dest)
+  vs = free_running.versus(res, name)
+  prov = {"model": name, "made_by": header["command"], "settings": header["settings"],
+          "corpus": header["corpus"], "config": config.to_dict(),
+          "free_running": {sys_: {m: res["systems"][sys_]["free"][m]["overall"]
+                                  for m in res["systems"][sys_]["free"]}
+                           for sys_ in (name, "copy_previous")},
+          "token_f1_vs_copy_previous": vs,
+          "simulated_episode": {k: v for k, v in (simulated or {}).items() if k != "transcript"}}
+  with open(os.path.join(dest, "provenance.json"), "w") as f:
+    json.dump(prov, f, indent=2, default=str)
+  size = sum(os.path.getsize(os.path.join(dest, n)) for n in os.listdir(dest))
+  print(f"shipped {name} to {dest} ({size / 2**20:.1f} MiB)")
+
+
+def _selection(test, s: Settings, variant: int):
+  """The evaluated test turns in template `variant` (the same turns for every variant)."""
+  from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  return free_running.select_cases(test, s.eval_max_turns or None, s.seed, variant)
 
 
 def _cut_per_domain(selection, preds) -> dict[str, int]:

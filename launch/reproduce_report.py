@@ -131,9 +131,11 @@ def markdown(rep: dict[str, Any]) -> str:
            f"Command: `{rep['command']}`", "",
            f"Corpus: `{c['folder']}` (sha256 `{c['sha256'][:16]}`), {c['train_trajectories']} "
            f"training and {c['test_trajectories']} test trajectories.",
-           f"Model preset `{s['preset']}`, vocabulary {s['vocab']}, rows of {s['seq_len']} "
-           f"tokens, batch {s['batch']}; CPT {s['cpt_steps']} steps (masking `{s['masking']}`), "
-           f"SFT {s['sft_steps']} steps (thinking `{s['thinking']}`)"
+           f"Model preset `{s['preset']}`, vocabulary {s['vocab']}, context "
+           f"{max(s['seq_len'], s.get('sft_seq_len') or 0)} tokens; CPT {s['cpt_steps']} steps "
+           f"of {s['batch']} x {s['seq_len']} (masking `{s['masking']}`), SFT {s['sft_steps']} "
+           f"steps of {s.get('sft_batch') or s['batch']} x {s.get('sft_seq_len') or s['seq_len']} "
+           f"(thinking `{s['thinking']}`)"
            + (f", GSPO {s['rl_steps']} steps" if s["rl"] else "") + ".", know_line,
            f"Evaluation: greedy, at most {s['eval_max_new_tokens']} new tokens per turn, "
            + (f"at most {s['eval_max_turns']} turn(s) per domain" if s["eval_max_turns"]

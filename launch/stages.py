@@ -72,11 +72,16 @@ def train_tokenizer(trajs, vocab: int, prefix: str, extra_texts=()) -> tuple[str
 def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int, seq_len: int,
                  workdir: str, tokenizer: str, train: str, valid: str, init_from_hf: str = "",
                  export_hf: bool = False, loss_masking: bool = True, thinking: bool = True,
-                 knowledge_jsonl: str = "", knowledge_share: float = 0.0):
+                 knowledge_jsonl: str = "", knowledge_share: float = 0.0, context: int = 0):
   """The `preset` of the stage's config (configs/common.py) with this run's data, steps,
-  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches."""
+  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches.
+  The model's context (max_position_embeddings) is `seq_len`, or `context` when larger."""
   c = STAGE_CONFIGS[stage].get_config(preset)
   c.model.vocab_size = vocab
+  # The model's context is the longest row it was trained on: a sampler (free-running evaluation,
+  # the simulated episode) then cuts history to fit it instead of feeding positions no row had.
+  # (`context`, when the run's lineage trained on longer rows than this stage's).
+  c.model.max_position_embeddings = max(seq_len, context)
   c.train.update(dict(num_steps=steps, batch_size=batch, seq_len=seq_len, eval_every=steps))
   c.checkpoint.every = steps
   c.data.source, c.data.tokenizer = "pipeline", tokenizer

@@ -133,3 +133,27 @@ def test_long_prompts_lose_oldest_history_or_go_unanswered():
   # even without history their prompts do not fit: unanswered, scored as empty
   preds, stats = F.generate(FakeSampler(context=full[0] + 16), sel.cases, max_new_tokens=16)
   assert stats.unanswered == 2 and preds["terminal:term-1:2"]["prediction"] == ""
+
+
+def test_reply_prefix_is_written_before_generation_and_kept_in_the_raw_reply():
+  """A CPT model is prompted in its own template with the observation header already written
+  (`prompting`); the sampler gets the chat's ids followed by the header's ids."""
+  class PrefixSampler(FakeSampler):
+    tokenizer = types.SimpleNamespace(encode_content=lambda role, text: [9] * len(text))
+
+    def generate(self, prompts, params):
+      self.batches.append(prompts)
+      return [types.SimpleNamespace(text="3 x", finish_reason="stop") for _ in prompts]
+
+  assert F.prompting("sft") == (F.EVAL_VARIANT, "")
+  variant, header = F.prompting("cpt")
+  assert variant == 1 and header == format_observation("")
+  sel = F.select_cases([TERM], variant=variant)
+  assert sel.cases[0].messages[0] != F.select_cases([TERM]).cases[0].messages[0]
+  sampler = PrefixSampler(context=10_000)
+  preds, _ = F.generate(sampler, sel.cases, max_new_tokens=16, reply_prefix=header)
+  for ids, c in zip(sampler.batches[0], sorted(sel.cases, key=lambda c: len(
+      sampler.encode_prompt(c.messages)))):
+    assert ids == sampler.encode_prompt(c.messages) + [9] * len(header)
+  raw = preds["terminal:term-1:3"]
+  assert raw["raw"] == header + "3 x" and raw["prediction"] == "3 x"

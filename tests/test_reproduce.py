@@ -4,6 +4,7 @@ model."""
 import importlib.util
 import os
 import sys
+import types
 
 import pytest
 
@@ -132,6 +133,47 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
   assert think.train.num_steps == nothink.train.num_steps == 3
   assert think.data.pipeline.knowledge_jsonl == ""              # knowledge text is CPT only
   assert it.train.eval_every == 0                               # tiny skips validation
+
+
+def test_sft_rows_and_the_models_context(rp):
+  """SFT may train on other rows than CPT; every model's context is the longest row of the
+  pipeline, so a sampler never feeds positions no row had and SFT keeps CPT's reach."""
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  s = rp.resolve({"budget": "tiny", "seq_len": 1024, "batch": 2, "sft_seq_len": 512,
+                  "sft_batch": 8, "knowledge": ""})
+  assert s.context == 1024
+  cpt, sft = (rp.run_config(r, s, "/w", "tok.model", 1024, corpus, "", True) for r in rp.plan(s))
+  assert (cpt.train.batch_size, cpt.train.seq_len) == (2, 1024)
+  assert (sft.train.batch_size, sft.train.seq_len) == (8, 512)
+  assert cpt.model.max_position_embeddings == sft.model.max_position_embeddings == 1024
+  same = rp.resolve({"budget": "tiny", "knowledge": ""})
+  assert (same.sft_seq_len, same.sft_batch) == (same.seq_len, same.batch)
+
+
+def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
+  import json
+  export = tmp_path / "hf"
+  export.mkdir()
+  (export / "config.json").write_text("{}")
+  free = lambda f1: {"free": {"token_f1": {"overall": f1, "domains": {"os": f1, "mcp": f1 / 2}},
+                              "exact": {"overall": 0.0, "domains": {"os": 0.0, "mcp": 0.0}}}}
+  res = {"systems": {"sft_it_think": free(0.6), "copy_previous": free(0.4)}}
+  cfg = types.SimpleNamespace(to_dict=lambda: {"train": {"num_steps": 3}})
+  header = {"command": "reproduce.py --budget=tiny", "settings": {"preset": "tiny"},
+            "corpus": {"sha256": "ab" * 32}}
+  dest = tmp_path / "ship"
+  (dest / "old").mkdir(parents=True)          # replaced, not merged
+  rp.ship(str(export), str(dest), header, cfg, res, "sft_it_think",
+          {"mean_edit_similarity": 0.7, "transcript": "long text"})
+  assert sorted(os.listdir(dest)) == ["config.json", "provenance.json"]
+  prov = json.loads((dest / "provenance.json").read_text())
+  assert prov["made_by"] == "reproduce.py --budget=tiny" and prov["corpus"]["sha256"] == "ab" * 32
+  assert prov["free_running"]["sft_it_think"]["token_f1"] == 0.6
+  assert prov["free_running"]["copy_previous"]["token_f1"] == 0.4
+  assert prov["token_f1_vs_copy_previous"]["ahead"] == ["os", "mcp"]
+  assert prov["simulated_episode"] == {"mean_edit_similarity": 0.7}
+  assert prov["config"] == {"train": {"num_steps": 3}}
 
 
 class _FakeSampler:

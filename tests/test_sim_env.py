@@ -41,3 +41,28 @@ def test_simulated_env_prompts_match_benchmark_rendering():
   assert wm.prompts[1] == rec.messages()
   assert "the disk is full" in wm.prompts[0][0]["content"]
   assert "<think>" not in obs1
+
+
+def test_long_episode_drops_its_oldest_history_to_fit_the_context():
+  """Past the model's context the oldest turns leave the prompt (counted in info), the newest
+  stay, and the episode goes on instead of failing."""
+  import types
+  from lwm_jax.sampling import SamplingParams
+
+  class SmallContext(ScriptedWorldModel):
+    engine = types.SimpleNamespace(context=900)
+
+    def encode_prompt(self, msgs):  # one token per character
+      return [0] * sum(len(m["content"]) for m in msgs)
+
+  wm = SmallContext()
+  env = SimulatedEnv(wm, World.from_trajectory(_traj()),
+                     params=SamplingParams(temperature=0.0, max_new_tokens=100))
+  env.reset()
+  dropped = [env.step_result(f"echo {'x' * 60} {i}").info["history_dropped"] for i in range(12)]
+  assert dropped[0] == 0 and dropped[-1] > 0 and dropped == sorted(dropped)
+  for p in wm.prompts:
+    assert wm.encode_prompt(p).__len__() <= 900 - 100
+  last = wm.prompts[-1]
+  assert last[-1]["content"].endswith(f"echo {'x' * 60} 11\n```")
+  assert len(last) == 1 + 2 * (12 - dropped[-1]) - 1

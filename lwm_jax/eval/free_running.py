@@ -36,6 +36,7 @@ from lwm_jax.eval import report as report_lib
 from lwm_jax.eval.metrics import FREE_METRICS, aggregate_free, free_metrics
 from lwm_jax.eval.teacher_forced import world_coverage
 from lwm_jax.sampling.params import SamplingParams
+from lwm_jax.sampling.sampler import fit_chat
 
 BASELINES = ("copy_previous", "empty")
 EVAL_VARIANT = 0
@@ -112,39 +113,35 @@ class GenerationStats:
   seconds: float = 0.0
 
 
-def fit_prompt(sampler: Any, messages: Sequence[dict], budget: int
-               ) -> tuple[list[dict] | None, int]:
-  """(messages without their oldest history turns so that the prompt has at most `budget` tokens,
-  or None when even the system prompt and the action do not fit; turns dropped)."""
-  msgs, dropped = list(messages), 0
-  while True:
-    try:
-      n = len(sampler.encode_prompt(msgs))
-    except ValueError:  # the sampler refuses a prompt over its context: drop history too
-      n = budget + 1
-    if n <= budget:
-      return msgs, dropped
-    if len(msgs) <= 2:
-      return None, dropped
-    msgs = [msgs[0]] + msgs[3:]
-    dropped += 1
+def prompting(stage: str) -> tuple[int, str]:
+  """(template variant, reply prefix) that a model of `stage` is evaluated with. An SFT or RL model
+  answers the evaluation template (v0) from a bare assistant turn. A CPT model was trained on the
+  CPT template (v1) with every observation behind the fixed `**Environment Observation:**` header,
+  which carries no loss (docs/recipe.md), so it is prompted in that template with the header
+  already written: the reply it learned to write starts after it."""
+  if stage == "cpt":
+    return prompts.variant_for("cpt", "", 0), prompts.format_observation("")
+  return EVAL_VARIANT, ""
 
 
 def generate(sampler: Any, cases: Sequence[Case], max_new_tokens: int = 256,
-             batch_size: int = 8, progress: Any = None
+             batch_size: int = 8, progress: Any = None, reply_prefix: str = ""
              ) -> tuple[dict[str, dict[str, Any]], GenerationStats]:
   """Greedy predictions of `sampler` (a `lwm_jax.sampling.Sampler`) for every case, batched by
-  prompt length: {key: {"prediction", "raw", "finish_reason", "history_dropped"}} and stats."""
+  prompt length: {key: {"prediction", "raw", "finish_reason", "history_dropped"}} and stats.
+  `reply_prefix` is written at the start of the assistant's reply before generation (see
+  `prompting`); the raw reply recorded includes it."""
   if max_new_tokens < 1 or batch_size < 1:
     raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens}, "
                      f"{batch_size}")
   t0 = time.time()
   stats = GenerationStats(cases=len(cases), max_new_tokens=max_new_tokens)
-  budget = int(sampler.engine.context) - max_new_tokens
+  prefix_ids = sampler.tokenizer.encode_content("assistant", reply_prefix) if reply_prefix else []
+  budget = int(sampler.engine.context) - max_new_tokens - len(prefix_ids)
   out: dict[str, dict[str, Any]] = {}
   ready = []
   for c in cases:
-    msgs, dropped = fit_prompt(sampler, c.messages, budget)
+    msgs, dropped = fit_chat(sampler, c.messages, budget)
     stats.history_cut += int(dropped > 0)
     stats.history_turns_dropped += dropped
     if msgs is None:
@@ -152,7 +149,9 @@ def generate(sampler: Any, cases: Sequence[Case], max_new_tokens: int = 256,
       out[c.key] = {"prediction": "", "raw": "", "finish_reason": "unanswered",
                     "history_dropped": dropped}
       continue
-    ready.append((len(sampler.encode_prompt(msgs)), c, msgs, dropped))
+    ids = sampler.encode_prompt(msgs)
+    ready.append((len(ids) + len(prefix_ids), c, ids + prefix_ids if prefix_ids else msgs,
+                  dropped))
   ready.sort(key=lambda r: r[0])
   params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
   for start in range(0, len(ready), batch_size):
@@ -161,7 +160,8 @@ def generate(sampler: Any, cases: Sequence[Case], max_new_tokens: int = 256,
     stats.batches += 1
     for (_, c, _, dropped), g in zip(chunk, gens):
       stats.cut_at_max_new_tokens += int(g.finish_reason == "length")
-      out[c.key] = {"prediction": R.clean_prediction(parse_prediction(g.text)), "raw": g.text,
+      raw = reply_prefix + g.text
+      out[c.key] = {"prediction": R.clean_prediction(parse_prediction(raw)), "raw": raw,
                     "finish_reason": g.finish_reason, "history_dropped": dropped}
     if progress is not None:
       progress(min(start + batch_size, len(ready)), len(ready))

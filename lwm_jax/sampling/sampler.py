@@ -79,6 +79,25 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
   return results
 
 
+def fit_chat(sampler: Any, messages: Sequence[dict], budget: int
+             ) -> tuple[list[dict] | None, int]:
+  """(messages without their oldest history turns (user/assistant pairs after the system prompt)
+  so that `sampler`'s prompt has at most `budget` tokens, or None when even the system prompt and
+  the last message do not fit; turns dropped)."""
+  msgs, dropped = list(messages), 0
+  while True:
+    try:
+      n = len(sampler.encode_prompt(msgs))
+    except ValueError:  # the sampler refuses a prompt over its context: drop history too
+      n = budget + 1
+    if n <= budget:
+      return msgs, dropped
+    if len(msgs) <= 2:
+      return None, dropped
+    msgs = [msgs[0]] + msgs[3:]
+    dropped += 1
+
+
 def _is_chat(p: Any) -> bool:
   return isinstance(p, (list, tuple)) and len(p) > 0 and all(isinstance(m, dict) for m in p)
 

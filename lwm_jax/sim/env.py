@@ -39,6 +39,7 @@ from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs import base
 from lwm_jax.envs.base import EnvInfo
 from lwm_jax.sampling.params import Generation, SamplingParams
+from lwm_jax.sampling.sampler import fit_chat
 
 # Action names that end an episode: `finish(...)`, `submit(answer="...")`, a bare `done`, or the
 # MCP form `{"tool": "finish", ...}`. The terminal's `exit` ends a shell session too.
@@ -177,6 +178,7 @@ class SimulatedEnv(base.Env):
     self.verifier = verifier
     self.turns: list[Turn] = []
     self.raw: list[str] = []          # the model's full replies (thinking included)
+    self.history_dropped = 0          # history pairs the last prompt lost to fit the context
     self.seed = 0
     self.started = False
     self.done = False
@@ -228,7 +230,16 @@ class SimulatedEnv(base.Env):
     """The chat the world model sees for the next observation after `action`."""
     pending = self.trajectory()
     pending.turns.append(Turn(action, ""))
-    return prompts.prompt_messages(pending, len(pending.turns) - 1, self.variant)
+    msgs = prompts.prompt_messages(pending, len(pending.turns) - 1, self.variant)
+    # An episode longer than the model's context keeps its newest turns: the oldest history
+    # pairs are dropped (counted in `info["history_dropped"]`) so that the reply still fits.
+    self.history_dropped = 0
+    engine = getattr(self.sampler, "engine", None)
+    if engine is None or not hasattr(self.sampler, "encode_prompt"):
+      return msgs
+    budget = int(engine.context) - int(self.params.max_new_tokens)
+    fitted, self.history_dropped = fit_chat(self.sampler, msgs, budget)
+    return msgs if fitted is None else fitted
 
   def params_for_turn(self) -> SamplingParams:
     """This turn's sampling params: the seed follows (episode seed, turn), so a sampled episode
@@ -246,7 +257,8 @@ class SimulatedEnv(base.Env):
     truncated = not terminated and len(self.turns) >= self.max_turns
     self.done = terminated or truncated
     info: dict[str, Any] = {"turn": len(self.turns), "finish_action": terminated,
-                            "latency_s": latency_s}
+                            "latency_s": latency_s,
+                            "history_dropped": 0 if gen is None else self.history_dropped}
     if gen is not None:
       info.update(raw=gen.text, reasoning=gen.reasoning, prompt_tokens=gen.prompt_tokens,
                   completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason)
