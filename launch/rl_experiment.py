@@ -1,6 +1,7 @@
 """GSPO with real rollouts against a "keep doing SFT" control, on one CPU, from the bundled corpus.
 
   python launch/rl_experiment.py [--workdir=runs/gspo_vs_sft] [--rl_steps=N] [--eval_prompts=N]
+  python launch/rl_experiment.py --start=data/world_model     # from a given SFT model (below)
 
 1. The training split's trajectories are split by id into disjoint CPT / SFT / RL pools
    (`lwm_jax.rl.pool.split_pools`), written as JSONL files in the run folder.
@@ -10,6 +11,11 @@
    replies per rollout, 4 updates per rollout) on the RL pool, through launch/train.py's code path.
 4. The control: SFT continued from the same start on the RL pool's trajectories (their real
    observations as targets) for as many target tokens as GSPO generated in its rollouts.
+With --start=DIR (a Hugging Face folder with its tokenizer.model, e.g. the shipped world model of
+launch/reproduce.py, which trained on the whole training split) steps 1-2 are skipped: DIR is the
+start, the RL pool is the corpus's VALIDATION split (trajectories the start never trained on), and
+the rows are as long as the start's context.
+
 5. Free-running (greedy) evaluation of the three models on the same test-split prompts: the
    reward mix, token F1, edit similarity and the share of replies that parse. The table goes to
    results.md / results.json, GSPO's reward curve to reward.png (both in the run folder).
@@ -52,14 +58,17 @@ flags.DEFINE_integer("eval_prompts", 48, "test-split prompts of the final evalua
 flags.DEFINE_integer("curve_prompts", 16, "held-out prompts of GSPO's periodic evaluation")
 flags.DEFINE_float("rl_lr", 3e-4, "GSPO learning rate")
 flags.DEFINE_bool("reuse_start", False, "keep an existing SFT start in --workdir")
+flags.DEFINE_string("start", "", "an SFT model's Hugging Face folder (with tokenizer.model) to "
+                    "start from; the RL pool is then the validation split")
 
 SEQ_LEN = 1024
 
 
 def _pipeline_config(stage_name: str, steps: int, tok: str, train: str, vocab: int,
-                     init_from_hf: str = ""):
+                     init_from_hf: str = "", context: int = SEQ_LEN):
   c = {"cpt": cpt_config, "sft": sft_config}[stage_name].get_config("demo")
   c.model.vocab_size = vocab
+  c.model.max_position_embeddings = context
   c.train.update(dict(num_steps=steps, batch_size=8, seq_len=SEQ_LEN, eval_every=0,
                       log_every=5, progress=False))
   c.checkpoint.every = steps
@@ -123,6 +132,62 @@ def _evaluate(name: str, hf_dir: str, held: HeldOut, reward, out_dir: str) -> di
   return m
 
 
+def _train_start(wd: str, pools: dict) -> tuple[str, str, object, int]:
+  """Tokenizer, CPT and SFT on the CPT and SFT pools: (SFT export, tokenizer path, tokenizer,
+  vocabulary)."""
+  sp = os.path.join(wd, "tokenizer.model")
+  start_hf = os.path.join(wd, "sft", "hf")
+  if not (FLAGS.reuse_start and os.path.isdir(start_hf)):
+    texts = []
+    for t in pools["cpt"] + pools["sft"]:
+      texts.append(prompts.system_prompt(t, 1))
+      texts += [x for turn in t.turns for x in (turn.action, turn.observation)]
+    sp = tok_lib.train_sentencepiece(texts, FLAGS.vocab, os.path.join(wd, "tokenizer"))
+  tok = tok_lib.load_tokenizer(sp)
+  vocab = -(-tok.vocab_size // 128) * 128
+  if not (FLAGS.reuse_start and os.path.isdir(start_hf)):
+    t0 = time.time()
+    cpt = trainer.train(_pipeline_config("cpt", FLAGS.cpt_steps, sp, paths_of(wd, "cpt"), vocab),
+                        os.path.join(wd, "cpt"))
+    print(f"CPT: loss {cpt['losses'][0]:.3f} -> {cpt['losses'][-1]:.3f} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    t0 = time.time()
+    sft = trainer.train(_pipeline_config("sft", FLAGS.sft_steps, sp, paths_of(wd, "sft"), vocab,
+                                         os.path.join(wd, "cpt", "hf")), os.path.join(wd, "sft"))
+    print(f"SFT: loss {sft['losses'][0]:.3f} -> {sft['losses'][-1]:.3f} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+  return start_hf, sp, tok, vocab
+
+
+def paths_of(wd: str, pool: str) -> str:
+  return os.path.join(wd, f"pool_{pool}.jsonl")
+
+
+def _given_start(folder: str) -> tuple[str, str, int, int]:
+  """(folder, its tokenizer.model, vocabulary, context) of a --start model, checked."""
+  cfg_path, sp = os.path.join(folder, "config.json"), os.path.join(folder, "tokenizer.model")
+  for need in (cfg_path, sp):
+    if not os.path.isfile(need):
+      raise SystemExit(f"--start: {need} is missing (a Hugging Face folder with its "
+                       "SentencePiece tokenizer.model is expected)")
+  with open(cfg_path) as f:
+    hf_cfg = json.load(f)
+  for key in ("vocab_size", "max_position_embeddings"):
+    if not isinstance(hf_cfg.get(key), int):
+      raise SystemExit(f"--start: {cfg_path}: '{key}' is missing or not an integer")
+  return folder, sp, hf_cfg["vocab_size"], hf_cfg["max_position_embeddings"]
+
+
+def _sft_target_tokens(trajs, tok) -> float:
+  """Mean target tokens of one SFT sample of `trajs` (rows of SEQ_LEN, the control's rows)."""
+  c = _pipeline_config("sft", 1, "", "", 0).data.pipeline
+  c.seq_len = SEQ_LEN
+  from lwm_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  ws = [float(sum(w > 0 for w in pipeline.sft_sample(t, tok, c)["loss_weights"]))
+        for t in trajs]
+  return sum(ws) / max(len(ws), 1)
+
+
 def main(_):
   logging.getLogger().setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)
@@ -137,38 +202,32 @@ def main(_):
     raise SystemExit(f"no corpus under {FLAGS.corpus}")
   trajs = [t for p in train_files for t in schema.read_jsonl(p)]
   tests = [t for p in test_files for t in schema.read_jsonl(p)]
-  pools = pool_lib.split_pools(trajs, stage.parse_fractions(FLAGS.fractions), seed=0)
+  if FLAGS.start:
+    # the start trained on the whole training split: RL and its control get the validation split
+    valid = [t for p in sorted(glob.glob(os.path.join(FLAGS.corpus, "*_validation.jsonl.gz")))
+             for t in schema.read_jsonl(p)]
+    pools = {"rl": valid}
+  else:
+    pools = pool_lib.split_pools(trajs, stage.parse_fractions(FLAGS.fractions), seed=0)
   paths = {}
   for name, items in pools.items():
     paths[name] = os.path.join(wd, f"pool_{name}.jsonl")
     with open(paths[name], "w") as f:
       for t in items:
         f.write(json.dumps(t.to_dict()) + "\n")
-  print(f"pools of {len(trajs)} training trajectories: "
+  print(("RL pool: the validation split, " if FLAGS.start else
+         f"pools of {len(trajs)} training trajectories: ")
         + ", ".join(f"{k} {len(v)}" for k, v in pools.items()) + f"; {len(tests)} test", flush=True)
 
   # ------------------------------------------------------------------ the SFT start
-  sp = os.path.join(wd, "tokenizer.model")
-  start_hf = os.path.join(wd, "sft", "hf")
-  if not (FLAGS.reuse_start and os.path.isdir(start_hf)):
-    texts = []
-    for t in pools["cpt"] + pools["sft"]:
-      texts.append(prompts.system_prompt(t, 1))
-      texts += [x for turn in t.turns for x in (turn.action, turn.observation)]
-    sp = tok_lib.train_sentencepiece(texts, FLAGS.vocab, os.path.join(wd, "tokenizer"))
-  tok = tok_lib.load_tokenizer(sp)
-  vocab = -(-tok.vocab_size // 128) * 128
-  if not (FLAGS.reuse_start and os.path.isdir(start_hf)):
-    t0 = time.time()
-    cpt = trainer.train(_pipeline_config("cpt", FLAGS.cpt_steps, sp, paths["cpt"], vocab),
-                        os.path.join(wd, "cpt"))
-    print(f"CPT: loss {cpt['losses'][0]:.3f} -> {cpt['losses'][-1]:.3f} "
-          f"({time.time() - t0:.0f} s)", flush=True)
-    t0 = time.time()
-    sft = trainer.train(_pipeline_config("sft", FLAGS.sft_steps, sp, paths["sft"], vocab,
-                                         os.path.join(wd, "cpt", "hf")), os.path.join(wd, "sft"))
-    print(f"SFT: loss {sft['losses'][0]:.3f} -> {sft['losses'][-1]:.3f} "
-          f"({time.time() - t0:.0f} s)", flush=True)
+  if FLAGS.start:
+    start_hf, sp, vocab, context = _given_start(FLAGS.start)
+    tok = tok_lib.load_tokenizer(sp)
+    per_step = _sft_target_tokens(pools["rl"], tok) * 8
+  else:
+    start_hf, sp, tok, vocab = _train_start(wd, pools)
+    context = SEQ_LEN
+    per_step = _target_tokens_per_step(os.path.join(wd, "sft"))
 
   # ------------------------------------------------------------------ GSPO
   c = rl_config.get_config("demo")
@@ -176,7 +235,8 @@ def main(_):
   c.data.tokenizer, c.data.pipeline.jsonl = sp, paths["rl"]
   c.rl.update(dict(pool_fractions="rl=1.0", max_new_tokens=FLAGS.max_new_tokens,
                    eval_jsonl=",".join(test_files), eval_prompts=FLAGS.curve_prompts))
-  c.train.update(dict(num_steps=FLAGS.rl_steps, seq_len=SEQ_LEN, log_every=1, progress=False,
+  c.model.max_position_embeddings = context
+  c.train.update(dict(num_steps=FLAGS.rl_steps, seq_len=context, log_every=1, progress=False,
                       eval_every=max(FLAGS.rl_steps // 4, 1)))
   c.optim.lr = FLAGS.rl_lr
   c.checkpoint.every = FLAGS.rl_steps
@@ -192,9 +252,8 @@ def main(_):
         f"({gspo_s:.0f} s); reward curve {gspo.get('reward_png')}", flush=True)
 
   # ------------------------------------------------------------------ the SFT control
-  per_step = _target_tokens_per_step(os.path.join(wd, "sft"))
   ctl_steps = max(1, math.ceil(generated / max(per_step, 1.0)))
-  ctl = _pipeline_config("sft", ctl_steps, sp, paths["rl"], vocab, start_hf)
+  ctl = _pipeline_config("sft", ctl_steps, sp, paths["rl"], vocab, start_hf, context)
   ctl.optim.warmup_steps = 0
   ctl_wd = os.path.join(wd, "sft_control")
   shutil.rmtree(ctl_wd, ignore_errors=True)
@@ -205,13 +264,14 @@ def main(_):
         f"({time.time() - t0:.0f} s)", flush=True)
 
   # ------------------------------------------------------------------ the table
-  held_pool = pool_lib.build_pool(tests, tok, SEQ_LEN - FLAGS.max_new_tokens, seed=0)
+  held_pool = pool_lib.build_pool(tests, tok, context - FLAGS.max_new_tokens, seed=0)
   held = HeldOut(held_pool, limit=FLAGS.eval_prompts, max_new_tokens=FLAGS.max_new_tokens)
   reward = stage.make_reward(c)
   table = {name: _evaluate(name, path, held, reward, wd) for name, path in
            [("sft_start", start_hf), ("gspo", gspo["export_hf"]),
             ("sft_control", control["export_hf"])]}
-  summary = {"corpus": FLAGS.corpus, "pools": {k: len(v) for k, v in pools.items()},
+  summary = {"corpus": FLAGS.corpus, "start": FLAGS.start or os.path.join(wd, "sft", "hf"),
+             "context": context, "pools": {k: len(v) for k, v in pools.items()},
              "test_prompts": len(held.items), "test_pool": held_pool.stats,
              "rl_steps": FLAGS.rl_steps, "generated_tokens": generated,
              "control_steps": ctl_steps, "control_target_tokens": ctl_tokens,

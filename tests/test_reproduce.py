@@ -205,3 +205,20 @@ def test_simulated_episode_prints_both_sides_and_the_mean():
   assert row.split("|")[1].strip() == "abc"                    # simulated | real, side by side
   # the model's own first answer, not the real one, is its history at the second turn
   assert "abd" in fake.seen[1][2]["content"]
+
+
+def test_rl_experiment_start_folder_is_checked(tmp_path):
+  """launch/rl_experiment.py --start: a Hugging Face folder with its tokenizer; what is missing
+  is named."""
+  import json
+  rx = _load("rl_experiment")
+  with pytest.raises(SystemExit, match="config.json is missing"):
+    rx._given_start(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048}))
+  (tmp_path / "tokenizer.model").write_bytes(b"x")
+  with pytest.raises(SystemExit, match="'max_position_embeddings' is missing"):
+    rx._given_start(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048,
+                                                    "max_position_embeddings": 2048}))
+  assert rx._given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
+                                            2048, 2048)
