@@ -442,8 +442,8 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   vs = free_running.versus(res, name)
   prov = {"model": name, "made_by": header["command"], "settings": header["settings"],
           "corpus": header["corpus"], "config": config.to_dict(),
-          "free_running": {sys_: {m: res["systems"][sys_]["free"][m]["overall"]
-                                  for m in res["systems"][sys_]["free"]}
+          "free_running": {sys_: {m: v["overall"] for m, v in res["systems"][sys_]["free"].items()
+                                  if isinstance(v, dict) and "overall" in v}
                            for sys_ in (name, "copy_previous")},
           "token_f1_vs_copy_previous": vs,
           "simulated_episode": {k: v for k, v in (simulated or {}).items() if k != "transcript"}}

@@ -159,7 +159,8 @@ def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
   export.mkdir()
   (export / "config.json").write_text("{}")
   free = lambda f1: {"free": {"token_f1": {"overall": f1, "domains": {"os": f1, "mcp": f1 / 2}},
-                              "exact": {"overall": 0.0, "domains": {"os": 0.0, "mcp": 0.0}}}}
+                              "exact": {"overall": 0.0, "domains": {"os": 0.0, "mcp": 0.0}},
+                              "counts": {"os": 1, "mcp": 1}}}   # the shape results() gives
   res = {"systems": {"sft_it_think": free(0.6), "copy_previous": free(0.4)}}
   cfg = types.SimpleNamespace(to_dict=lambda: {"train": {"num_steps": 3}})
   header = {"command": "reproduce.py --budget=tiny", "settings": {"preset": "tiny"},
