@@ -261,8 +261,12 @@ def _rl_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
   from configs import rl as rl_cfg  # pylint: disable=import-outside-toplevel
   c = rl_cfg.get_config("demo")
   c.model.vocab_size = vocab
-  c.data.tokenizer, c.data.pipeline.jsonl = tokenizer, corpus.train_jsonl
-  c.train.update(dict(num_steps=s.rl_steps, seq_len=s.seq_len, eval_every=s.rl_steps))
+  # CPT and SFT trained on every training trajectory, so GSPO's prompts come from the validation
+  # split (all of it), which no earlier stage has seen
+  c.data.tokenizer, c.data.pipeline.jsonl = tokenizer, corpus.valid_jsonl
+  c.rl.pool_fractions = "rl=1.0"
+  c.model.max_position_embeddings = s.context
+  c.train.update(dict(num_steps=s.rl_steps, seq_len=s.context, eval_every=s.rl_steps))
   c.checkpoint.every = s.rl_steps
   c.init_from_hf = os.path.join(wd, spec.init_from, "hf")
   return c

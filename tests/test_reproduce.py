@@ -149,6 +149,12 @@ def test_sft_rows_and_the_models_context(rp):
   assert (cpt.train.batch_size, cpt.train.seq_len) == (2, 1024)
   assert (sft.train.batch_size, sft.train.seq_len) == (8, 512)
   assert cpt.model.max_position_embeddings == sft.model.max_position_embeddings == 1024
+  rl = rp.resolve({"budget": "tiny", "seq_len": 1024, "sft_seq_len": 512, "knowledge": "",
+                   "rl": True})
+  gspo = rp.run_config(rp.plan(rl)[-1], rl, "/w", "tok.model", 1024, corpus, "", True)
+  # GSPO prompts come from the validation split, which CPT and SFT never saw
+  assert gspo.data.pipeline.jsonl == "a_validation.jsonl.gz" and gspo.rl.pool_fractions == "rl=1.0"
+  assert gspo.train.seq_len == gspo.model.max_position_embeddings == 1024
   same = rp.resolve({"budget": "tiny", "knowledge": ""})
   assert (same.sft_seq_len, same.sft_batch) == (same.seq_len, same.batch)
 
