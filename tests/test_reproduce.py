@@ -32,6 +32,17 @@ def _load(name):
   raise RuntimeError(f"launch/{name}.py: flag clashes did not resolve")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_launch_flags():
+  """The launch scripts loaded here define absl flags in the process-wide registry; they are
+  removed after this file, so that a later test file in the same worker can define its own."""
+  from absl import flags
+  before = set(flags.FLAGS)
+  yield
+  for name in set(flags.FLAGS) - before:
+    delattr(flags.FLAGS, name)
+
+
 @pytest.fixture(scope="module")
 def rp():
   return _load("reproduce")
