@@ -160,6 +160,7 @@ def _train_start(wd: str, pools: dict) -> tuple[str, str, object, int]:
 
 
 def paths_of(wd: str, pool: str) -> str:
+  """Where a pool's trajectories are written in the run folder (pool_<name>.jsonl)."""
   return os.path.join(wd, f"pool_{pool}.jsonl")
 
 
@@ -211,7 +212,7 @@ def main(_):
     pools = pool_lib.split_pools(trajs, stage.parse_fractions(FLAGS.fractions), seed=0)
   paths = {}
   for name, items in pools.items():
-    paths[name] = os.path.join(wd, f"pool_{name}.jsonl")
+    paths[name] = paths_of(wd, name)
     with open(paths[name], "w") as f:
       for t in items:
         f.write(json.dumps(t.to_dict()) + "\n")
