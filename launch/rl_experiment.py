@@ -43,6 +43,8 @@ from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
 from lwm_jax.rl import pool as pool_lib, stage  # noqa: E402
 from lwm_jax.rl.heldout import HeldOut  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stages  # noqa: E402  (launch/stages.py)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "gspo_vs_sft"), "run folder (replaced "
@@ -164,21 +166,6 @@ def paths_of(wd: str, pool: str) -> str:
   return os.path.join(wd, f"pool_{pool}.jsonl")
 
 
-def _given_start(folder: str) -> tuple[str, str, int, int]:
-  """(folder, its tokenizer.model, vocabulary, context) of a --start model, checked."""
-  cfg_path, sp = os.path.join(folder, "config.json"), os.path.join(folder, "tokenizer.model")
-  for need in (cfg_path, sp):
-    if not os.path.isfile(need):
-      raise SystemExit(f"--start: {need} is missing (a Hugging Face folder with its "
-                       "SentencePiece tokenizer.model is expected)")
-  with open(cfg_path) as f:
-    hf_cfg = json.load(f)
-  for key in ("vocab_size", "max_position_embeddings"):
-    if not isinstance(hf_cfg.get(key), int):
-      raise SystemExit(f"--start: {cfg_path}: '{key}' is missing or not an integer")
-  return folder, sp, hf_cfg["vocab_size"], hf_cfg["max_position_embeddings"]
-
-
 def _sft_target_tokens(trajs, tok) -> float:
   """Mean target tokens of one SFT sample of `trajs` (rows of SEQ_LEN, the control's rows)."""
   c = _pipeline_config("sft", 1, "", "", 0).data.pipeline
@@ -222,7 +209,7 @@ def main(_):
 
   # ------------------------------------------------------------------ the SFT start
   if FLAGS.start:
-    start_hf, sp, vocab, context = _given_start(FLAGS.start)
+    start_hf, sp, vocab, context = stages.given_start(FLAGS.start)
     tok = tok_lib.load_tokenizer(sp)
     per_step = _sft_target_tokens(pools["rl"], tok) * 8
   else:

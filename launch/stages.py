@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import hashlib
+import json
 import os
 import sys
 
@@ -67,6 +68,23 @@ def train_tokenizer(trajs, vocab: int, prefix: str, extra_texts=()) -> tuple[str
   sp = tok_lib.train_sentencepiece(texts, vocab, prefix)
   tok = tok_lib.load_tokenizer(sp)
   return sp, tok, -(-tok.vocab_size // 128) * 128
+
+
+def given_start(folder: str, flag: str = "--start") -> tuple[str, str, int, int]:
+  """(folder, its tokenizer.model, vocabulary, context) of a trained model's Hugging Face folder
+  given as a starting point (e.g. the shipped data/world_model), checked: what is missing is
+  named."""
+  cfg_path, sp = os.path.join(folder, "config.json"), os.path.join(folder, "tokenizer.model")
+  for need in (cfg_path, sp):
+    if not os.path.isfile(need):
+      raise SystemExit(f"{flag}: {need} is missing (a Hugging Face folder with its "
+                       "SentencePiece tokenizer.model is expected)")
+  with open(cfg_path) as f:
+    hf_cfg = json.load(f)
+  for key in ("vocab_size", "max_position_embeddings"):
+    if not isinstance(hf_cfg.get(key), int):
+      raise SystemExit(f"{flag}: {cfg_path}: '{key}' is missing or not an integer")
+  return folder, sp, hf_cfg["vocab_size"], hf_cfg["max_position_embeddings"]
 
 
 def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int, seq_len: int,

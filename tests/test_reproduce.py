@@ -231,12 +231,12 @@ def test_rl_experiment_start_folder_is_checked(tmp_path):
   import json
   rx = _load("rl_experiment")
   with pytest.raises(SystemExit, match="config.json is missing"):
-    rx._given_start(str(tmp_path))
+    rx.stages.given_start(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048}))
   (tmp_path / "tokenizer.model").write_bytes(b"x")
   with pytest.raises(SystemExit, match="'max_position_embeddings' is missing"):
-    rx._given_start(str(tmp_path))
+    rx.stages.given_start(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048,
                                                     "max_position_embeddings": 2048}))
-  assert rx._given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
+  assert rx.stages.given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
                                             2048, 2048)

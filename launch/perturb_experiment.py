@@ -1,0 +1,281 @@
+"""Does a world model learn to follow simulation instructions from perturbed real trajectories?
+
+  python launch/perturb_experiment.py [--start=data/world_model] [--workdir=runs/perturb_vs_plain]
+
+1. A perturbed copy of the corpus's domains with real perturbations (mcp, search, web):
+   tools/make_corpus.py with `--perturb_share` (0.5) into WORKDIR/corpus_perturbed. Its episodes
+   are the bundled corpus's (same seeds, same worlds, same splits); about half of them were played
+   under an instruction of the domain's menu (`lwm_jax.envs.perturb.CORPUS_MENU`), so their system
+   prompts carry the instruction and their observations show the real misbehaviour. The others
+   are byte-identical to the bundled ones.
+2. Two SFT runs from the same start at equal compute (same steps, rows, row length, learning
+   rate, seed; only the data differ): `perturbed` on the copy's training split, `plain` on the
+   bundled corpus's training split of the same domains.
+3. Instruction fidelity (evals/fidelity.py) of the start and of both runs, on the same held-out
+   episodes (test-split seeds, played for real under each menu perturbation; their actions
+   replayed in the world model with and without the instruction), sampled at `--temperature`:
+   a rate-type instruction ("20% of the calls fail") can only show at its rate when sampled.
+4. results.md, results.json and fidelity.png in the run folder (the per-model fidelity reports
+   are in WORKDIR/fidelity_<model>/).
+
+The comparison asks one thing: given the instruction, does the `perturbed` model show the asked
+behaviour more often than the `plain` one? The "without instruction" rates say how much of it the
+model does unprompted. See docs/perturbations.md.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "evals"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fidelity  # noqa: E402  (evals/fidelity.py)
+import stages  # noqa: E402  (launch/stages.py)
+from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
+from lwm_jax.envs import perturb  # noqa: E402
+from lwm_jax.train import trainer  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("start", os.path.join(ROOT, "data", "world_model"),
+                    "the Hugging Face folder (with tokenizer.model) both runs start from")
+flags.DEFINE_string("preset", "demo", "model preset of configs/common.py matching --start")
+flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "perturb_vs_plain"), "run folder")
+flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "the bundled corpus")
+flags.DEFINE_string("domains", ",".join(perturb.CORPUS_MENU), "domains with real perturbations")
+flags.DEFINE_float("perturb_share", 0.5, "share of the copy's episodes played under a perturbation")
+flags.DEFINE_integer("sft_steps", 120, "SFT steps of each run")
+flags.DEFINE_integer("sft_batch", 8, "SFT rows per step")
+flags.DEFINE_integer("sft_seq_len", 1024, "SFT row length")
+flags.DEFINE_integer("episodes", 4, "held-out episodes per domain and perturbation")
+flags.DEFINE_integer("max_turns", 6, "turns per held-out episode")
+flags.DEFINE_integer("max_tokens", 192, "new tokens per simulated observation")
+flags.DEFINE_float("temperature", 1.0, "sampling temperature of the fidelity runs (0: greedy)")
+flags.DEFINE_integer("batch", 16, "episodes stepped per engine call")
+flags.DEFINE_bool("reuse", False, "keep finished parts (corpus copy, trained runs) in --workdir")
+
+MODELS = ("start", "plain", "perturbed")
+
+
+def _perturbed_copy(wd: str, domains: list[str]) -> str:
+  out = os.path.join(wd, "corpus_perturbed")
+  if FLAGS.reuse and os.path.exists(os.path.join(out, "MANIFEST.json")):
+    return out
+  shutil.rmtree(out, ignore_errors=True)
+  with open(os.path.join(FLAGS.corpus, "MANIFEST.json")) as f:
+    manifest = json.load(f)
+  cmd = [sys.executable, os.path.join(ROOT, "tools", "make_corpus.py"),
+         f"--per_domain={manifest['per_domain']}", f"--seed={manifest['seed']}",
+         f"--domains={','.join(domains)}", f"--perturb_share={FLAGS.perturb_share}",
+         f"--corpus_dir={out}", f"--bench_dir={os.path.join(wd, 'bench_perturbed')}"]
+  print("perturbed copy:", " ".join(cmd[1:]), flush=True)
+  subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+  return out
+
+
+def _files(folder: str, domains: list[str], split: str) -> str:
+  paths = [os.path.join(folder, f"{d}_{split}.jsonl.gz") for d in domains]
+  for p in paths:
+    if not os.path.exists(p):
+      raise SystemExit(f"{p} is missing")
+  return ",".join(paths)
+
+
+def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) -> dict:
+  start_hf, sp, vocab, context = start
+  run_wd = os.path.join(wd, name)
+  hf = os.path.join(run_wd, "hf")
+  if FLAGS.reuse and os.path.exists(os.path.join(hf, "config.json")):
+    return {"export_hf": hf, "reused": True}
+  shutil.rmtree(run_wd, ignore_errors=True)
+  c = stages.stage_config("sft", preset=FLAGS.preset, vocab=vocab, steps=FLAGS.sft_steps,
+                          batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len, workdir=run_wd,
+                          tokenizer=sp, train=_files(folder, domains, "train"),
+                          valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
+                          export_hf=True, context=context)
+  c.train.progress = False
+  t0 = time.time()
+  out = trainer.train(c, run_wd)
+  rows = [r for _, r in iter_jsonl(os.path.join(run_wd, "metrics.jsonl"))]
+  train_rows = [r for r in rows if r.get("split") == "train"]
+  valid = [r for r in rows if r.get("split") == "eval"]
+  summary = {"export_hf": out["export_hf"], "seconds": round(time.time() - t0, 1),
+             "steps": FLAGS.sft_steps, "data": folder,
+             "loss_first": train_rows[0].get("loss") if train_rows else None,
+             "loss_last": train_rows[-1].get("loss") if train_rows else None,
+             "validation_loss": valid[-1].get("loss") if valid else None,
+             # loss tokens per step, logged every few steps: their mean times the steps
+             "loss_tokens": FLAGS.sft_steps * sum(r.get("loss_weight", 0.0) for r in train_rows)
+                            / max(len(train_rows), 1)}
+  print(f"{name}: {summary}", flush=True)
+  return summary
+
+
+def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str) -> dict:
+  from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
+  out = os.path.join(wd, f"fidelity_{name}")
+  path = os.path.join(out, "fidelity.json")
+  if FLAGS.reuse and os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
+  report = fidelity.run(sampler, domains=domains, specs=fidelity.parse_specs("", domains),
+                        corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
+                        max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,
+                        batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature)
+  os.makedirs(out, exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, sort_keys=True)
+  with open(os.path.join(out, "fidelity.md"), "w") as f:
+    f.write(fidelity.markdown(report))
+  print(f"fidelity of {name}: {report['seconds']}", flush=True)
+  return report
+
+
+def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
+  """Rows (domain, spec, check) with each model's rates with and without the instruction, and
+  per model the mean over the checks that applied (each check weighs the same)."""
+  rows: dict[tuple, dict] = {}
+  for model, rep in reports.items():
+    for r in rep["rows"]:
+      for check, c in r["checks"].items():
+        row = rows.setdefault((r["domain"], r["spec"], check),
+                              {"domain": r["domain"], "spec": r["spec"], "check": check,
+                               "turns": c["turns"], "real": c["real"], "target": c["target"]})
+        row[model] = {"with": c["with_instruction"], "without": c["without_instruction"]}
+      sim = r["similarity_to_real"]["with"]
+      rows[(r["domain"], r["spec"], "similarity")] = rows.get(
+          (r["domain"], r["spec"], "similarity"), {"domain": r["domain"], "spec": r["spec"]})
+      rows[(r["domain"], r["spec"], "similarity")][model] = sim
+  checks = [r for k, r in rows.items() if k[2] != "similarity"]
+  means = {}
+  for model in reports:
+    got = [r[model] for r in checks if r.get(model) and r[model]["with"] is not None
+           and r[model]["without"] is not None]
+    sims = [r[model] for k, r in rows.items() if k[2] == "similarity" and r.get(model)]
+    means[model] = {"checks": len(got),
+                    "with": sum(g["with"] for g in got) / max(len(got), 1),
+                    "without": sum(g["without"] for g in got) / max(len(got), 1),
+                    "edit_sim_with": sum(s["edit_sim"] for s in sims) / max(len(sims), 1),
+                    "token_f1_with": sum(s["token_f1"] for s in sims) / max(len(sims), 1)}
+  return checks, means
+
+
+def _pct(x) -> str:
+  return "-" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: dict) -> str:
+  models = list(means)
+  lines = ["# Perturbed vs plain training: instruction fidelity", "",
+           f"Command: `{settings['command']}`", "",
+           f"Start: `{settings['start']}`. Both runs: {settings['sft_steps']} SFT steps of "
+           f"{settings['sft_batch']} x {settings['sft_seq_len']} tokens from the start, on the "
+           f"training split of {', '.join(settings['domains'])}; `perturbed` on a copy with "
+           f"{settings['perturb_share']:g} of the episodes played under a menu perturbation, "
+           "`plain` on the bundled corpus. Fidelity: "
+           f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
+           f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
+           f"temperature {settings['temperature']:g}.", "",
+           "| run | loss tokens | train loss first -> last | validation loss | seconds |",
+           "|---|---|---|---|---|"]
+  for name, r in runs.items():
+    if r.get("reused"):
+      lines.append(f"| {name} | (reused) | | | |")
+      continue
+    lines.append(f"| {name} | {r['loss_tokens']:.0f} | {r['loss_first']:.3f} -> "
+                 f"{r['loss_last']:.3f} | "
+                 f"{r['validation_loss'] if r['validation_loss'] is None else round(r['validation_loss'], 3)}"
+                 f" | {r['seconds']:.0f} |")
+  lines += ["", "## Mean over the checks (each (domain, perturbation, check) weighs the same)", "",
+            "| model | checks | shows it WITH the instruction, % | without, % | lift, points | "
+            "edit sim to real (with), % | token F1 to real (with), % |",
+            "|---|---|---|---|---|---|---|"]
+  for m in models:
+    x = means[m]
+    lines.append(f"| {m} | {x['checks']} | {_pct(x['with'])} | {_pct(x['without'])} | "
+                 f"{100 * (x['with'] - x['without']):+.1f} | {_pct(x['edit_sim_with'])} | "
+                 f"{_pct(x['token_f1_with'])} |")
+  lines += ["", "## Per check (% of the turns where the check applies: with / without the "
+            "instruction)", "",
+            "| domain | perturbation | check | turns | real | target | "
+            + " | ".join(models) + " |", "|---|---|---|---|---|---|" + "---|" * len(models)]
+  for r in checks:
+    cells = " | ".join(f"{_pct(r[m]['with'])} / {_pct(r[m]['without'])}" if r.get(m) else "-"
+                       for m in models)
+    lines.append(f"| {r['domain']} | `{r['spec']}` | {r['check']} | {r['turns']} | "
+                 f"{_pct(r['real'])} | {_pct(r['target'])} | {cells} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(checks: list[dict], models: list[str], path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  shown = [r for r in checks if any(r.get(m) and r[m]["with"] is not None for m in models)]
+  labels = [f"{r['domain']}\n{r['spec'][:22]}\n{r['check']}" for r in shown]
+  fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(shown)), 4.5))
+  width = 0.8 / (len(models) + 1)
+  for i, m in enumerate(models):
+    ys = [100 * (r[m]["with"] or 0) if r.get(m) else 0 for r in shown]
+    ax.bar([k + i * width for k in range(len(shown))], ys, width, label=f"{m} (with instruction)")
+  ax.bar([k + len(models) * width for k in range(len(shown))],
+         [100 * (r["real"] or 0) for r in shown], width, label="real environment", color="grey")
+  ax.set_xticks([k + 0.4 for k in range(len(shown))], labels, fontsize=6)
+  ax.set_ylabel("% of turns showing the instructed behaviour")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  logging.getLogger().setLevel(logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  t0 = time.time()
+  wd = os.path.abspath(FLAGS.workdir)
+  os.makedirs(wd, exist_ok=True)
+  domains = [d.strip() for d in FLAGS.domains.split(",") if d.strip()]
+  bad = [d for d in domains if d not in perturb.CORPUS_MENU]
+  if bad:
+    raise SystemExit(f"--domains: '{bad[0]}' has no real perturbations "
+                     f"(use {', '.join(perturb.CORPUS_MENU)})")
+  start = stages.given_start(FLAGS.start)
+  copy = _perturbed_copy(wd, domains)
+  runs = {"plain": _train("plain", FLAGS.corpus, domains, wd, start),
+          "perturbed": _train("perturbed", copy, domains, wd, start)}
+  hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
+  reports = {m: _fidelity(m, hf[m], start[1], domains, wd) for m in MODELS}
+  checks, means = compare(reports)
+  settings = {"command": " ".join(["python launch/perturb_experiment.py"] + sys.argv[1:]),
+              "start": FLAGS.start, "domains": domains, "perturb_share": FLAGS.perturb_share,
+              "sft_steps": FLAGS.sft_steps, "sft_batch": FLAGS.sft_batch,
+              "sft_seq_len": FLAGS.sft_seq_len, "episodes": FLAGS.episodes,
+              "max_turns": FLAGS.max_turns, "max_tokens": FLAGS.max_tokens,
+              "temperature": FLAGS.temperature}
+  with open(os.path.join(copy, "MANIFEST.json")) as f:
+    settings["perturbed_counts"] = {d: v.get("perturbed", {}) for d, v in
+                                    json.load(f)["domains"].items()}
+  text = markdown(checks, means, runs, settings)
+  with open(os.path.join(wd, "results.md"), "w") as f:
+    f.write(text)
+  with open(os.path.join(wd, "results.json"), "w") as f:
+    json.dump({"settings": settings, "runs": runs, "means": means, "checks": checks,
+               "seconds": round(time.time() - t0, 1)}, f, indent=1)
+  plot(checks, list(MODELS), os.path.join(wd, "fidelity.png"))
+  print(text)
+  print(f"done in {time.time() - t0:.0f} s: {wd}/results.md, {wd}/fidelity.png")
+
+
+if __name__ == "__main__":
+  app.run(main)
