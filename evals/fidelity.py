@@ -7,10 +7,13 @@ then replayed in the world model (`SimulatedEnv`, all episodes stepped together 
 twice: with the perturbation's instruction in the system prompt and without it. A small detector
 per perturbation kind says, turn by turn, whether an observation shows the instructed behaviour
 (an error of the asked kind, at most `size` listed items, no withheld field, a partial failure, a
-rate-limit rejection); the report gives its rate on the simulated observations with and without
-the instruction, and on the real ones (the detectors' own check), plus judge-free similarity
-(`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the simulated observations to the
-real ones under the same perturbation. `stale` has no detector (not measured).
+rate-limit rejection, a stale read); the report gives its rate on the simulated observations with
+and without the instruction, and on the real ones (the detectors' own check), plus judge-free
+similarity (`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the simulated
+observations to the real ones under the same perturbation. The stale detector needs the episode
+so far: a read is stale when it does not show what an earlier, acknowledged write of the same
+episode set; each observation sequence (real, simulated with and without the instruction) is
+judged against its own earlier turns.
 
   python evals/fidelity.py --checkpoint=runs/demo/sft --out=runs/fidelity --episodes=8
 
@@ -24,7 +27,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax.data import schema  # noqa: E402
@@ -59,8 +62,21 @@ def shows_rate_limit(obs: str) -> bool:
   return bool(_RATE_LIMIT_RE.search(obs))
 
 
+def _update_result(obs: str) -> dict[str, Any] | None:
+  """The MCP tool server's update_customer result ({"updated": [...], "customer": ...}), if it is one."""
+  value = _json(obs)
+  if isinstance(value, dict) and isinstance(value.get("updated"), list) and "customer" in value:
+    return value
+  return None
+
+
 def shows_partial(obs: str) -> bool:
-  """Some items of one action failed while others succeeded, and the observation says so."""
+  """Some items of one action failed while others succeeded, and the observation says so: the
+  shop's "Added k of n" page, or an MCP update whose result names the fields that failed (a
+  batch whose every item failed is reported the same way, and counts too)."""
+  upd = _update_result(obs)
+  if upd is not None:
+    return bool(upd.get("failed"))
   failed = re.search(r"\bfail|could not|not be (added|reserved)|error", obs, re.I)
   done = re.search(r"\badded\b|succeeded|\bok\b", obs, re.I)
   return bool(failed and done)
@@ -121,9 +137,132 @@ def is_result(obs: str) -> bool:
   return isinstance(value, (dict, list)) and not (isinstance(value, dict) and value.get("isError"))
 
 
-def followed(p: perturb.Perturbation, sim: str, real: str) -> bool | None:
+# -- the stale detector: a read checked against the episode's earlier writes ---------------------
+History = Sequence[tuple[str, str]]  # (action, observation) of the earlier turns
+
+
+def _tool_call(action: str) -> tuple[str, dict[str, Any]] | None:
+  call = _json(action)
+  if isinstance(call, dict) and isinstance(call.get("tool"), str):
+    args = call.get("arguments")
+    return call["tool"], args if isinstance(args, dict) else {}
+  return None
+
+
+def _ok_result(obs: str) -> Any:
+  """A tool result that is not an error, parsed; None otherwise."""
+  value = _json(obs)
+  if isinstance(value, dict) and (value.get("isError") or "error" in value):
+    return None
+  return value
+
+
+def written(history: History) -> dict[tuple[str, Any], dict[str, Any]]:
+  """What the acknowledged writes of `history` set, as the tool server's rows:
+  (table, key) -> {column: value}, with "_created" set for a row the episode made (an order, a
+  refund); a later write of a field overrides an earlier one."""
+  recs: dict[tuple[str, Any], dict[str, Any]] = {}
+  for action, obs in history:
+    call, res = _tool_call(action), _ok_result(obs)
+    if call is None or not isinstance(res, dict):
+      continue
+    tool, args = call
+    if tool == "update_customer" and isinstance(res.get("updated"), list):
+      rec = recs.setdefault(("customers", args.get("customer_id")), {})
+      rec.update({f: args[f] for f in res["updated"] if f in args})
+    elif tool == "create_order" and "order_id" in res:
+      recs[("orders", res["order_id"])] = {"_created": True, "customer_id": args.get("customer_id"),
+                                           "status": res.get("status", "paid")}
+      if "stock_left" in res:
+        recs.setdefault(("products", args.get("product_id")), {})["stock"] = res["stock_left"]
+    elif tool == "refund_order" and res.get("status") == "refunded":
+      oid = res.get("order_id", args.get("order_id"))
+      recs.setdefault(("orders", oid), {})["status"] = "refunded"
+      recs[("refunds", oid)] = {"_created": True}
+  return recs
+
+
+_KEY = {"customers": "id", "orders": "id", "products": "id", "refunds": "order_id"}
+_SIMPLE_SELECT = re.compile(r"^\s*select\s+.+?\s+from\s+(\w+)(?:\s+where\s+(\w+)\s*=\s*(\d+))?"
+                            r"\s*;?\s*$", re.I | re.S)
+_ONE_TABLE = re.compile(r"^\s*select\s+.+?\s+from\s+(\w+)\b(?!.*\bjoin\b)(?!\s*,)", re.I | re.S)
+
+
+def _read(action: str, obs: str) -> tuple[str, list[dict[str, Any]], Callable[[Any, dict], bool]
+                                          ] | None:
+  """(table, rows as dicts, whether a record (key, written fields) must be listed) of a read, or
+  None when the turn is no read of one table (or its result is an error)."""
+  call, res = _tool_call(action), _ok_result(obs)
+  if call is None or res is None:
+    return None
+  tool, args = call
+  nothing = lambda key, rec: False
+  if tool == "get_customer" and isinstance(res, dict) and "id" in res:
+    return "customers", [res], lambda key, rec: key == args.get("customer_id")
+  if not isinstance(res, dict) or not isinstance(res.get("columns"), list) or \
+      not isinstance(res.get("rows"), list):
+    return None
+  rows = [dict(zip(res["columns"], r)) for r in res["rows"] if isinstance(r, list)]
+  whole = not res.get("truncated")  # a cut list says nothing about what it left out
+  if tool == "list_orders":
+    want = args.get("status")
+    cid = args.get("customer_id")
+    return "orders", rows, lambda key, rec: (whole and cid is not None and rec.get("customer_id") == cid
+                                             and want in (None, rec.get("status")))
+  if tool == "search_products":
+    return "products", rows, nothing
+  if tool == "query" and isinstance(args.get("sql"), str):
+    m = _ONE_TABLE.match(args["sql"])
+    if not m or m.group(1).lower() not in _KEY:
+      return None
+    table = m.group(1).lower()
+    s = _SIMPLE_SELECT.match(args["sql"])
+    if not (whole and s and s.group(1).lower() == table):
+      return table, rows, nothing
+    col, val = s.group(2), s.group(3)
+    if col is None:
+      return table, rows, lambda key, rec: True
+    if col.lower() == _KEY[table]:
+      return table, rows, lambda key, rec: key == int(val)
+    if table == "orders" and col.lower() == "customer_id":
+      return table, rows, lambda key, rec: rec.get("customer_id") == int(val)
+    return table, rows, nothing
+  return None
+
+
+def shows_stale(action: str, obs: str, history: History) -> bool | None:
+  """Whether the read `action` -> `obs` shows data as it was before an acknowledged write of
+  `history` (the episode's earlier turns) changed it: a written field with another value, or a
+  record the write created (an order, a refund) missing from a complete listing that would hold
+  it. False when the read shows every written value it covers; None when the turn is not a read,
+  reads no record written earlier, or cannot tell (the field left out, the list cut)."""
+  got = _read(action, obs)
+  if got is None:
+    return None
+  table, rows, must_list = got
+  key_col = _KEY[table]
+  verdicts = []
+  for (t, key), rec in written(history).items():
+    if t != table:
+      continue
+    row = next((r for r in rows if r.get(key_col) == key), None)
+    if row is None:
+      if must_list(key, rec):
+        verdicts.append(True)
+      continue
+    shown = [f for f in rec if f in row]
+    if shown:
+      verdicts.append(any(row[f] != rec[f] for f in shown))
+    elif rec.get("_created"):
+      verdicts.append(False)  # a row the episode made, listed
+  return any(verdicts) if verdicts else None
+
+
+def followed(p: perturb.Perturbation, sim: str, real: str, *, action: str = "",
+             sim_history: History = (), real_history: History = ()) -> bool | None:
   """Whether the simulated observation `sim` shows what `p` asks, on a turn where it applies
-  (judged from the real observation `real` under the same perturbation); None elsewhere."""
+  (judged from the real observation `real` under the same perturbation); None elsewhere.
+  `stale` needs the turn's `action` and the earlier turns of each side."""
   if p.name == "errors":
     return shows_error(sim, p.params["kind"])
   if p.name == "page_size":
@@ -136,12 +275,16 @@ def followed(p: perturb.Perturbation, sim: str, real: str) -> bool | None:
       return None
     return is_result(sim) and not any(shows_field(sim, f) for f in p.params["fields"])
   if p.name == "partial":
-    if not re.search(r"\bAdded \d+ (of \d+ )?x ", real):
+    if not (re.search(r"\bAdded \d+ (of \d+ )?x ", real) or _update_result(real)):
       return None
     return shows_partial(sim)
   if p.name == "rate_limit":
     return shows_rate_limit(sim) if shows_rate_limit(real) else None
-  return None  # stale: no detector
+  if p.name == "stale":
+    if shows_stale(action, real, real_history) is not True:
+      return None
+    return shows_stale(action, sim, sim_history) is True
+  return None
 
 
 def _rate(xs: Sequence[bool | None]) -> tuple[int, float | None]:
@@ -218,11 +361,14 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
       c = row["checks"].setdefault(p.name, {"with": [], "without": [], "real": [],
                                             "target": p.params.get("rate")
                                             if p.name == "errors" else 1.0})
+      seen: dict[str, list[tuple[str, str]]] = {"with": [], "without": [], "real": []}
       for turn, sw, so in zip(t.turns, w_obs, o_obs):
-        real = turn.observation
-        c["with"].append(followed(p, sw, real))
-        c["without"].append(followed(p, so, real))
-        c["real"].append(followed(p, real, real))
+        real, a = turn.observation, turn.action
+        for cond, obs in (("with", sw), ("without", so), ("real", real)):
+          c[cond].append(followed(p, obs, real, action=a, sim_history=seen[cond],
+                                  real_history=seen["real"]))
+        for cond, obs in (("with", sw), ("without", so), ("real", real)):
+          seen[cond].append((a, obs))
     for turn, sw, so in zip(t.turns, w_obs, o_obs):
       row["sim"]["with"].append(metrics.free_metrics(sw, turn.observation))
       row["sim"]["without"].append(metrics.free_metrics(so, turn.observation))
@@ -235,8 +381,6 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
       _, real = _rate(c["real"])
       checks[name] = {"turns": n, "with_instruction": w, "without_instruction": wo, "real": real,
                       "target": c["target"] if n else None}
-      if name == "stale":
-        checks[name]["note"] = "no detector"
     sim = {}
     for cond, ms in row["sim"].items():
       sim[cond] = {k: (sum(m[k] for m in ms) / len(ms) if ms else None)
@@ -263,7 +407,6 @@ def markdown(report: dict[str, Any]) -> str:
            "|---|---|---|---|---|---|---|---|"]
   for r in report["rows"]:
     for name, c in r["checks"].items():
-      name = f"{name} ({c['note']})" if c.get("note") else name
       lines.append(f"| {r['domain']} | `{r['spec']}` | {name} | {c['turns']} | "
                    f"{_pct(c['with_instruction'])} | {_pct(c['without_instruction'])} | "
                    f"{_pct(c['real'])} | {_pct(c['target'])} |")

@@ -1,6 +1,7 @@
 """The real environments' perturbations on fixed seeds: the search engine (errors, pages,
 withheld fields, rate limit), the web shop (error pages, pages, partial add-to-cart failures),
-McpEnv (per-episode options through the server's side file), and how trajectories record them."""
+McpEnv (per-episode options through the server's side file, partial updates judged by the
+verifiers), and how trajectories record them."""
 from __future__ import annotations
 
 import json
@@ -131,26 +132,70 @@ def test_unsupported_perturbations_are_refused_by_name():
 
 
 # -- mcp ---------------------------------------------------------------------------------------
-def test_mcp_env_reset_applies_each_episodes_options():
+@pytest.fixture(scope="module")
+def mcp_env_():
+  """One McpEnv (its server process starts once) for the MCP tests of this file."""
   from lwm_jax.envs import mcp_env
-  env = mcp_env.McpEnv(perturb="page_size:size=2; withhold:fields=email")
+  env = mcp_env.McpEnv()
+  yield env
+  env.close()
+
+
+def test_mcp_env_reset_applies_each_episodes_options(mcp_env_):
+  env = mcp_env_
+  env.set_perturb("page_size:size=2; withhold:fields=email")
+  env.reset(5)
+  out = json.loads(env.step(json.dumps({"tool": "query", "arguments": {
+      "sql": "SELECT id, email, city FROM customers ORDER BY id"}})))
+  assert out["rows"] == [[1, out["rows"][0][1]], [2, out["rows"][1][1]]]
+  assert out["columns"] == ["id", "city"] and out["truncated"]
+  env.set_perturb("errors:rate=1.0,kind=server_error")
+  env.reset(5)
+  failed = json.loads(env.step(json.dumps({"tool": "list_tables", "arguments": {}})))
+  assert failed["isError"] and ERROR_MESSAGES["server_error"] in failed["content"]
+  env.set_perturb(None)
+  env.reset(5)
+  full = json.loads(env.step(json.dumps({"tool": "query", "arguments": {
+      "sql": "SELECT id, email FROM customers ORDER BY id LIMIT 3"}})))
+  assert full["columns"] == ["id", "email"] and len(full["rows"]) == 3
+
+
+def test_mcp_env_partial_updates_and_the_verifiers_agree(mcp_env_):
+  """McpEnv under `partial`: the update task (seed 4) is done exactly when the email field of an
+  update went through, whichever other field failed; the database and transcript verifiers agree."""
+  from lwm_jax.envs import verify, verify_transcript
+  env = mcp_env_
+  env.set_perturb("partial:rate=1.0")
   try:
-    env.reset(5)
-    out = json.loads(env.step(json.dumps({"tool": "query", "arguments": {
-        "sql": "SELECT id, email, city FROM customers ORDER BY id"}})))
-    assert out["rows"] == [[1, out["rows"][0][1]], [2, out["rows"][1][1]]]
-    assert out["columns"] == ["id", "city"] and out["truncated"]
-    env.set_perturb("errors:rate=1.0,kind=server_error")
-    env.reset(5)
-    failed = json.loads(env.step(json.dumps({"tool": "list_tables", "arguments": {}})))
-    assert failed["isError"] and ERROR_MESSAGES["server_error"] in failed["content"]
-    env.set_perturb(None)
-    env.reset(5)
-    full = json.loads(env.step(json.dumps({"tool": "query", "arguments": {
-        "sql": "SELECT id, email FROM customers ORDER BY id LIMIT 3"}})))
-    assert full["columns"] == ["id", "email"] and len(full["rows"]) == 3
+    env.reset(4)
+    g = env.goal
+    assert g["kind"] == "update"
+    before = next(c for c in env.world["tables"]["customers"] if c[0] == g["customer_id"])
+    act = json.dumps({"tool": "update_customer", "arguments": {
+        "customer_id": g["customer_id"], "email": g["email"], "city": "Atlantis"}})
+    res = json.loads(env.step(act))
+    assert res["updated"] == [] and sorted(res["failed"]) == ["city", "email"]
+    assert res["customer"]["email"] == before[2] and res["customer"]["city"] == before[3]
+    turns = [(act, json.dumps(res))]
+    assert not verify.check(env, turns).success
+    assert not verify_transcript.check_transcript("mcp", 4, turns, env).success
+    # At rate 0.5 the seed's item stream fails the city and writes the email on some call.
+    env.set_perturb("partial:rate=0.5")
+    env.reset(4)
+    turns, city = [], before[3]
+    for _ in range(12):
+      obs = env.step(act)
+      turns.append((act, obs))
+      res = json.loads(obs)
+      if res["updated"] == ["email"]:
+        break
+      city = res["customer"]["city"]
+    assert res["updated"] == ["email"] and list(res["failed"]) == ["city"]
+    assert res["customer"]["email"] == g["email"] and res["customer"]["city"] == city  # kept
+    assert verify.check(env, turns).success
+    assert verify_transcript.check_transcript("mcp", 4, turns, env).success
   finally:
-    env.close()
+    env.set_perturb(None)
 
 
 # -- trajectories ------------------------------------------------------------------------------

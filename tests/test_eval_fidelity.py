@@ -113,3 +113,137 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   assert errs["turns"] == rows["errors:rate=0.5,kind=timeout"]["turns"] and errs["target"] == 0.5
   md = (out / "fidelity.md").read_text()
   assert "| search | `page_size:size=2` | page_size |" in md
+
+
+# -- partial and stale on the MCP tool server --------------------------------------------------
+def _act(tool, **args):
+  return json.dumps({"tool": tool, "arguments": args})
+
+
+def _cust(cid=3, email="old@x.test", city="Oslo", tier="basic"):
+  return json.dumps({"id": cid, "name": "Ana Silva", "email": email, "city": city, "tier": tier})
+
+
+def _listing(columns, rows, **extra):
+  return json.dumps({"columns": columns, "rows": rows, "row_count": len(rows), **extra})
+
+
+def test_partial_detector_on_the_real_mcp_update_result(tmp_path):
+  import asyncio
+  from lwm_jax.envs import mcp_env, mcp_server
+  db = str(tmp_path / "shop.db")
+  mcp_env.write_database(db, mcp_env.generate_world(2))
+
+  def update(opts):
+    app = mcp_server.make_server(db, opts)
+    result = asyncio.run(app.call_tool("update_customer", {"customer_id": 1, "email": "n@x.test",
+                                                           "city": "Tartu", "tier": "gold"}))
+    return result.content[0].text
+
+  plain = update(None)
+  mixed = next(o for o in (update({"partial_rate": 0.5, "seed": s}) for s in range(20))
+               if 0 < len(json.loads(o).get("failed", {})) < 3)
+  failed_all = update({"partial_rate": 1.0, "seed": 0})
+  assert fidelity.shows_partial(mixed) and fidelity.shows_partial(failed_all)
+  assert not fidelity.shows_partial(plain)
+  part = perturb.parse("partial:rate=0.3")[0]
+  assert fidelity.followed(part, mixed, plain) is True  # applies to every update result
+  assert fidelity.followed(part, plain, mixed) is False
+  assert fidelity.followed(part, mixed, _cust()) is None  # a read: not a batch action
+
+
+def test_stale_detector_on_crafted_episodes():
+  upd = (_act("update_customer", customer_id=3, email="new@x.test"),
+         json.dumps({"updated": ["email"], "customer": json.loads(_cust(email="new@x.test"))}))
+  read = _act("get_customer", customer_id=3)
+  S = fidelity.shows_stale
+  assert S(read, _cust(), [upd]) is True  # the old email after an acknowledged write
+  assert S(read, _cust(email="new@x.test"), [upd]) is False
+  assert S(read, _cust(), []) is None  # nothing written before
+  assert S(_act("get_customer", customer_id=4), _cust(4), [upd]) is None  # another record
+  assert S(read, json.dumps({"id": 3, "name": "A", "city": "Oslo"}), [upd]) is None  # withheld
+  assert S(*upd, []) is None and S(*upd, [upd]) is None  # a write is no read
+  refused = (upd[0], '{"isError": true, "content": "sqlite3.IntegrityError: UNIQUE"}')
+  assert S(read, _cust(), [refused]) is None  # a refused write changed nothing
+  part = (_act("update_customer", customer_id=3, email="new@x.test", city="Lyon"),
+          json.dumps({"updated": ["city"], "failed": {"email": "Write conflict (409): ..."},
+                      "customer": json.loads(_cust(city="Lyon"))}))
+  assert S(read, _cust(city="Lyon"), [part]) is False  # only the city was written
+  assert S(read, _cust(), [part]) is True
+  assert S(_act("query", sql="SELECT id, email FROM customers"),
+           _listing(["id", "email"], [[2, "b@x.test"], [3, "old@x.test"]]), [upd]) is True
+  # A created order: missing from the customer's complete listing is stale.
+  order = (_act("create_order", customer_id=3, product_id=5, quantity=2),
+           json.dumps({"order_id": 41, "status": "paid", "product": "Mug", "quantity": 2,
+                       "total": 9.0, "stock_left": 10}))
+  cols = ["id", "status", "total", "created_at"]
+  lst = _act("list_orders", customer_id=3)
+  assert S(lst, _listing(cols, [[7, "paid", 3.0, "t"]]), [order]) is True
+  assert S(lst, _listing(cols, [[7, "paid", 3.0, "t"], [41, "paid", 9.0, "t"]]), [order]) is False
+  assert S(lst, _listing(cols, [[7, "paid", 3.0, "t"]], truncated=True), [order]) is None
+  assert S(_act("list_orders", customer_id=3, status="pending"), _listing(cols, []), [order]) is None
+  assert S(_act("list_orders", customer_id=9), _listing(cols, []), [order]) is None
+  stock = _act("search_products", keyword="Mug")
+  assert S(stock, _listing(["id", "name", "category", "price", "stock"],
+                           [[5, "Mug", "cups", 4.5, 12]]), [order]) is True
+  # A refund: the order's status and the refunds row.
+  refund = (_act("refund_order", order_id=7, reason="broken"),
+            json.dumps({"order_id": 7, "refunded": 3.0, "status": "refunded"}))
+  q = _act("query", sql="SELECT * FROM refunds WHERE order_id = 7")
+  rcols = ["order_id", "amount", "reason", "created_at"]
+  assert S(q, _listing(rcols, []), [refund]) is True
+  assert S(q, _listing(rcols, [[7, 3.0, "broken", "t"]]), [refund]) is False
+  assert S(lst, _listing(cols, [[7, "paid", 3.0, "t"]]), [refund]) is True
+  assert S(lst, _listing(cols, [[7, "refunded", 3.0, "t"]]), [refund]) is False
+  join = _act("query", sql="SELECT o.id FROM orders o JOIN refunds r ON r.order_id = o.id")
+  assert S(join, _listing(["id"], []), [refund]) is None
+  assert S('{"tool": "list_tables"}', '["customers"]', [refund]) is None
+  # followed: applies where the real read was stale, each side judged on its own history.
+  st = perturb.parse("stale")[0]
+  assert fidelity.followed(st, _cust(), _cust(), action=read, sim_history=[upd],
+                           real_history=[upd]) is True
+  assert fidelity.followed(st, _cust(email="new@x.test"), _cust(), action=read,
+                           sim_history=[upd], real_history=[upd]) is False
+  assert fidelity.followed(st, _cust(), _cust(email="new@x.test"), action=read,
+                           sim_history=[upd], real_history=[upd]) is None
+
+
+@pytest.fixture(scope="module")
+def mcp_real():
+  from lwm_jax.envs import mcp_env
+  env = mcp_env.McpEnv()
+  yield env
+  env.close()
+
+
+def test_stale_detector_on_real_mcp_episodes(mcp_real):
+  """Episodes of the order, update and refund tasks recorded with `stale:refresh=0` and without:
+  the detector fires exactly on the turns whose stale observation differs from the plain one
+  (the reads the real server served from its snapshot), and never without the perturbation."""
+  from lwm_jax.envs import recorder
+  stale, plain = [], []
+  for seed, kind in ((0, "order"), (4, "update"), (5, "refund")):
+    mcp_real.set_perturb("stale:refresh=0")
+    stale.append(recorder.record("mcp", seed, f"s{seed}", env=mcp_real))
+    assert mcp_real.goal["kind"] == kind
+    mcp_real.set_perturb(None)
+    plain.append(recorder.record("mcp", seed, f"p{seed}", env=mcp_real))
+  fired = 0
+  for s, p in zip(stale, plain):
+    assert [t.action for t in s.turns] == [t.action for t in p.turns]
+    hs, hp = [], []
+    for ts, tp in zip(s.turns, p.turns):
+      got = fidelity.shows_stale(ts.action, ts.observation, hs)
+      assert (got is True) == (ts.observation != tp.observation), ts.action
+      assert fidelity.shows_stale(tp.action, tp.observation, hp) is not True
+      fired += got is True
+      hs.append((ts.action, ts.observation))
+      hp.append((tp.action, tp.observation))
+  assert fired >= 3  # at least one stale read per task
+  # The report: replaying the real stale observations follows the instruction on every stale
+  # turn; the plain ones (what a world model ignoring it would show) on none.
+  rows = fidelity.measure(stale, [[t.observation for t in s.turns] for s in stale],
+                          [[t.observation for t in p.turns] for p in plain])
+  check = rows[0]["checks"]["stale"]
+  assert rows[0]["spec"] == "stale:refresh=0" and check["turns"] == fired
+  assert (check["real"], check["with_instruction"], check["without_instruction"]) == (1.0, 1.0, 0.0)

@@ -1,5 +1,6 @@
 """The perturbation catalogue (specs, rendering into the system prompt) and its real counterpart
-in the MCP tool server (errors at a seeded rate, pages, withheld fields, rate limit, stale reads)."""
+in the MCP tool server (errors at a seeded rate, pages, withheld fields, partial batch failures,
+rate limit, stale reads)."""
 from __future__ import annotations
 
 import asyncio
@@ -67,8 +68,10 @@ def test_real_options_for_the_mcp_server_and_the_hook_for_others():
                               seed=9)
   assert opts == {"seed": 9, "error_rate": 0.1, "error_kind": "unavailable", "withhold": ["email"]}
   assert mcp_server.check_perturb(opts) == opts
-  with pytest.raises(NotImplementedError, match="'partial' is not implemented by the real 'mcp'"):
-    perturb.real_options("partial:rate=0.5", "mcp")
+  # The tool server implements partial batch failures (update_customer's fields); search does not.
+  assert perturb.real_options("partial:rate=0.5", "mcp", seed=2) == {"seed": 2, "partial_rate": 0.5}
+  with pytest.raises(NotImplementedError, match="'partial' is not implemented by the real 'search'"):
+    perturb.real_options("partial:rate=0.5", "search")
   with pytest.raises(NotImplementedError, match="'search' environment"):
     perturb.real_options("stale", "search")
 
@@ -131,6 +134,77 @@ def test_mcp_page_size_and_withheld_fields(tmp_path):
   # Without perturbations the server answers as before.
   _, plain = _server(tmp_path)
   assert "email" in json.loads(_call(plain, "get_customer", customer_id=2)[1])
+
+
+def _partial_run(tmp_path, name, seed, rate, n):
+  """`n` three-field update_customer calls on customer 3 under `partial_rate`; for each call the
+  result, the fields asked and the row the database holds afterwards (read with sqlite3)."""
+  db = str(tmp_path / f"{name}.db")
+  mcp_env.write_database(db, mcp_env.generate_world(3))
+  app = mcp_server.make_server(db, {"partial_rate": rate, "seed": seed} if rate else None)
+  tiers = ("basic", "silver", "gold")
+  out = []
+  for i in range(n):
+    asked = {"email": f"p{i}@partial.test", "city": f"City{i}", "tier": tiers[i % 3]}
+    bad, text = _call(app, "update_customer", customer_id=3, **asked)
+    assert not bad, text
+    con = sqlite3.connect(db)
+    row = dict(zip(("email", "city", "tier"), con.execute(
+        "SELECT email, city, tier FROM customers WHERE id=3").fetchone()))
+    con.close()
+    out.append((json.loads(text), asked, row))
+  return out
+
+
+def test_mcp_partial_update_fails_fields_at_the_rate_and_applies_the_rest(tmp_path):
+  n, rate = 40, 0.3
+  runs = _partial_run(tmp_path, "a", 11, rate, n)
+  failed_items, mixed = 0, 0
+  prev = dict(zip(("email", "city", "tier"), mcp_env.generate_world(3)["tables"]["customers"][2][2:]))
+  for res, asked, row in runs:
+    failed = res.get("failed", {})
+    assert sorted(res["updated"]) == res["updated"]
+    assert set(res["updated"]) | set(failed) == set(asked) and not set(res["updated"]) & set(failed)
+    for f in asked:
+      if f in failed:  # named with its own error, and not written: the row keeps its old value
+        assert failed[f] == mcp_server.PARTIAL_MESSAGE.format(field=f)
+        assert row[f] == prev[f]
+      else:
+        assert row[f] == asked[f]
+    assert res["customer"] == {"id": 3, "name": res["customer"]["name"], **row}  # the row as it is
+    failed_items += len(failed)
+    mixed += 0 < len(failed) < len(asked)
+    prev = row
+  assert abs(failed_items - 3 * n * rate) < 3.5 * math.sqrt(3 * n * rate * (1 - rate)), failed_items
+  assert mixed >= 5  # genuinely partial: some fields of one call fail, the others are written
+  # The fields that fail are those of the shared item stream (the web shop's units draw the
+  # same way): the same seed gives the same failures, another seed other ones.
+  faults = perturb.Faults({"seed": 11, "partial_rate": rate})
+  assert [sorted(f for f, bad in zip(("email", "city", "tier"), faults.partial(3)) if bad)
+          for _ in range(n)] == [sorted(r.get("failed", {})) for r, _, _ in runs]
+  again = _partial_run(tmp_path, "b", 11, rate, n)
+  assert [r for r, _, _ in again] == [r for r, _, _ in runs]
+  other = _partial_run(tmp_path, "c", 12, rate, 15)
+  assert [sorted(r.get("failed", {})) for r, _, _ in other] != \
+      [sorted(r.get("failed", {})) for r, _, _ in runs[:15]]
+
+
+def test_mcp_partial_keeps_real_errors_and_the_plain_result(tmp_path):
+  plain = _partial_run(tmp_path, "plain", 0, 0.0, 3)
+  for res, asked, row in plain:  # no perturbation: every field written, the result as before
+    assert list(res) == ["updated", "customer"] and res["updated"] == ["city", "email", "tier"]
+    assert row == asked
+  db, app = _server(tmp_path, {"partial_rate": 0.0001, "seed": 1})
+  bad, text = _call(app, "update_customer", customer_id=999, city="Oslo")
+  assert bad and "customer 999 not found" in text
+  taken = mcp_env.generate_world(3)["tables"]["customers"][0][2]
+  bad, text = _call(app, "update_customer", customer_id=2, email=taken, city="Oslo")
+  assert bad and "UNIQUE" in text  # a real refusal still fails the whole call
+  con = sqlite3.connect(db)
+  assert con.execute("SELECT city FROM customers WHERE id=2").fetchone()[0] != "Oslo"
+  con.close()
+  with pytest.raises(ValueError, match="perturb.partial_rate: must be in"):
+    mcp_server.check_perturb({"partial_rate": 1.5})
 
 
 def test_mcp_rate_limit_and_stale_reads(tmp_path):

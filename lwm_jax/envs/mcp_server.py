@@ -12,7 +12,11 @@ tool calls, drawn per call from a hash of (seed, call number); `page_size` cuts 
 many rows (saying how many there were); `withhold` drops the named fields from every result;
 `rate_limit` (+ `retry_after`) rejects every call after the first `rate_limit`; `stale_refresh`
 serves reads from a snapshot of the database taken at the first call and renewed every that many
-calls (0: never), so writes do not show in later reads. A JSON file `PATH.perturb.json` next to
+calls (0: never), so writes do not show in later reads; `partial_rate` makes `update_customer`,
+whose fields (email, city, tier) are the items of one batch, fail each field at that rate: a
+failed field is not written, the others are, and the result lists the fields updated and an
+error per field that failed (drawn per field from a hash of (seed, field number), a stream apart
+from the call draws). A JSON file `PATH.perturb.json` next to
 the database (`write_perturb_file`), when present, replaces these options, and rewriting it starts
 the counts afresh: a client sets each episode's perturbations (and seed) that way without
 restarting the server.
@@ -64,7 +68,10 @@ ERROR_MESSAGES = {
     "unavailable": "Service unavailable (503): the server is overloaded; try again later",
 }
 _PERTURB_TYPES = {"seed": int, "error_rate": float, "error_kind": str, "page_size": int,
-                  "withhold": list, "rate_limit": int, "retry_after": int, "stale_refresh": int}
+                  "withhold": list, "rate_limit": int, "retry_after": int, "stale_refresh": int,
+                  "partial_rate": float}
+# The error of one field that a partial batch failure left unwritten.
+PARTIAL_MESSAGE = "Write conflict (409): the new {field} was not saved; the other fields are unaffected"
 
 
 def check_perturb(opts: Any, where: str = "perturb") -> dict[str, Any]:
@@ -81,8 +88,9 @@ def check_perturb(opts: Any, where: str = "perturb") -> dict[str, Any]:
     if isinstance(v, bool) or not isinstance(v, t) or (
         t is list and not all(isinstance(x, str) for x in v)):
       raise ValueError(f"{where}.{k}: expected {t.__name__}, got {v!r}")
-  if not 0.0 <= out.get("error_rate", 0.0) <= 1.0:
-    raise ValueError(f"{where}.error_rate: must be in [0, 1], got {out['error_rate']}")
+  for k in ("error_rate", "partial_rate"):
+    if not 0.0 <= out.get(k, 0.0) <= 1.0:
+      raise ValueError(f"{where}.{k}: must be in [0, 1], got {out[k]}")
   if out.get("error_kind", "timeout") not in ERROR_MESSAGES:
     raise ValueError(f"{where}.error_kind: must be one of {', '.join(ERROR_MESSAGES)}")
   for k in ("page_size", "rate_limit"):
@@ -135,7 +143,7 @@ class Perturber:
   """The misbehaviour of one configuration (one episode when set by the side file)."""
 
   def __init__(self, opts: dict[str, Any], db_path: str):
-    self.opts, self.db_path, self.calls = opts, db_path, 0
+    self.opts, self.db_path, self.calls, self.items = opts, db_path, 0, 0
     self.snapshot = db_path + ".stale" if "stale_refresh" in opts else None
 
   def before_call(self, error: type) -> None:
@@ -155,6 +163,20 @@ class Perturber:
       finally:
         src.close()
         dst.close()
+
+  def failed_items(self, names: list[str]) -> dict[str, str]:
+    """The items of one batch call that fail, each with its error ({} without `partial_rate`).
+    Every item takes the next draw of the episode's item stream, so which ones fail depends only
+    on the seed and the item's place in the episode."""
+    rate = self.opts.get("partial_rate", 0.0)
+    if rate <= 0:
+      return {}
+    out = {}
+    for name in names:
+      self.items += 1
+      if draw(f"{self.opts.get('seed', 0)}-partial", self.items) < rate:
+        out[name] = PARTIAL_MESSAGE.format(field=name)
+    return out
 
   def read_path(self) -> str:
     return self.snapshot or self.db_path
@@ -322,12 +344,22 @@ def make_server(db_path: str, perturb: dict[str, Any] | None = None) -> Any:
       fields = {k: v for k, v in (("email", email), ("city", city), ("tier", tier)) if v is not None}
       if not fields:
         raise ToolError("nothing to update: give email, city or tier")
-      sets = ", ".join(f"{k}=?" for k in fields)
-      cur = c.execute(f"UPDATE customers SET {sets} WHERE id=?", (*fields.values(), customer_id))
-      if cur.rowcount == 0:
+      if c.execute("SELECT 1 FROM customers WHERE id=?", (customer_id,)).fetchone() is None:
         raise ToolError(f"customer {customer_id} not found")
+      # A partial batch failure: each field is one item; those drawn to fail are not written.
+      # A real refusal (UNIQUE email, tier CHECK) of a field that is written still fails the call.
+      p = state["perturber"]
+      failed = p.failed_items(list(fields)) if p is not None else {}
+      done = {k: v for k, v in fields.items() if k not in failed}
+      if done:
+        sets = ", ".join(f"{k}=?" for k in done)
+        c.execute(f"UPDATE customers SET {sets} WHERE id=?", (*done.values(), customer_id))
       r = c.execute("SELECT id, name, email, city, tier FROM customers WHERE id=?", (customer_id,)).fetchone()
-      return json.dumps({"updated": sorted(fields), "customer": dict(zip(("id", "name", "email", "city", "tier"), r))})
+      out: dict[str, Any] = {"updated": sorted(done)}
+      if failed:
+        out["failed"] = {k: failed[k] for k in sorted(failed)}
+      out["customer"] = dict(zip(("id", "name", "email", "city", "tier"), r))
+      return json.dumps(out)
     return run(fn, writes=True)
 
   @app.tool()

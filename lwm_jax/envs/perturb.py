@@ -221,7 +221,7 @@ def as_list(perts: Sequence[Perturbation] | str | None) -> list[Perturbation]:
 
 # Which perturbations each real environment implements.
 REAL_SUPPORT = {
-    "mcp": ("errors", "page_size", "withhold", "rate_limit", "stale"),
+    "mcp": ("errors", "page_size", "withhold", "partial", "rate_limit", "stale"),
     "search": ("errors", "page_size", "withhold", "rate_limit"),
     "web": ("errors", "page_size", "partial", "rate_limit"),
 }
@@ -233,7 +233,7 @@ def real_options(perts: Sequence[Perturbation] | str, domain: str, seed: int = 0
                  ) -> dict[str, Any]:
   """The options that make the real environment of `domain` behave as instructed (for the MCP
   tool server: the `perturb` dict of `lwm_jax.envs.mcp_server.make_server`; the search engine and
-  the web shop take the same keys, plus `partial_rate`). Raises NotImplementedError naming a
+  the web shop take the same keys). Raises NotImplementedError naming a
   perturbation the environment does not implement, ValueError for a field it cannot withhold."""
   perts = as_list(perts)
   supported = REAL_SUPPORT.get(domain, ())
