@@ -38,16 +38,6 @@ def test_drop_rows_after(tmp_path):
   assert p.read_text() == '{"step": 1}\nnot json\n{"step": 2}\n'  # untouched
 
 
-WRITE_SCALARS = textwrap.dedent("""
-  import sys
-  from lwm_jax.train import metrics
-  w = metrics.MetricsWriter(sys.argv[1])
-  w.write(7, {"loss": 1.25, "lr": 0.5})
-  w.close()
-  print("TORCH", "torch" in sys.modules)
-""")
-
-
 def _event_scalars(path) -> list[tuple[int, str, float]]:
   """(step, tag, value) of every scalar in a TensorBoard event file, read record by record
   (TFRecord framing: 8-byte length, 4-byte CRC, the Event proto, 4-byte CRC)."""
@@ -61,13 +51,12 @@ def _event_scalars(path) -> list[tuple[int, str, float]]:
   return out
 
 
-def test_tensorboard_scalars_are_written_without_importing_torch(tmp_path):
-  """tensorboardX imports an installed torch (seconds) though we only write floats: the writer
-  keeps it out, and the event file still holds every scalar."""
-  p = subprocess.run([sys.executable, "-c", WRITE_SCALARS, str(tmp_path)], capture_output=True,
-                     text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert "TORCH False" in p.stdout
+def test_tensorboard_event_file_holds_every_scalar(tmp_path):
+  """The TensorBoard writer (imported with torch hidden, see test_train_distributed) still writes
+  each scalar of a row to the event file, next to the metrics.jsonl row."""
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(7, {"loss": 1.25, "lr": 0.5})
+  w.close()
   (events,) = (tmp_path / "tensorboard").iterdir()
   assert _event_scalars(events) == [(7, "train/loss", 1.25), (7, "train/lr", 0.5)]
   assert [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
