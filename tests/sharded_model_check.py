@@ -40,7 +40,15 @@ def parse_case(case: str):
 def main(cases):
   refs = {}
   for backend, batch, axes, preset in map(parse_case, cases):
-    extra = dict(mlp_only_layers=(0,), num_hidden_layers=3) if preset == "tiny" else {}
+    # The fewest layers that still cover every layer kind: one dense and one MoE layer for `tiny`,
+    # one linear-attention and one full-attention layer (each with MoE) for `tiny_hybrid`. The
+    # layers are unrolled, so every extra layer is compiled again (twice: reference and sharded).
+    if preset == "tiny":
+      extra = dict(mlp_only_layers=(0,), num_hidden_layers=2)
+    elif preset == "tiny_hybrid":
+      extra = dict(num_hidden_layers=2, full_attention_interval=2)
+    else:
+      extra = {}
     cfg = get_preset(preset, moe_backend=backend, capacity_factor=8.0, **extra)
     tokens = jax.random.randint(jax.random.key(3), (batch, 24), 0, cfg.vocab_size)
     seg = jnp.concatenate([jnp.ones((batch, 10), jnp.int32), 2 * jnp.ones((batch, 14), jnp.int32)],

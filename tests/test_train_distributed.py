@@ -76,7 +76,7 @@ WORKER = textwrap.dedent("""
   out = trainer.train(c, sys.argv[3])
   import jax
   print("RESULT", json.dumps(dict(losses=out["losses"], devices=jax.device_count(),
-                                  processes=jax.process_count())))
+                                  processes=jax.process_count(), torch="torch" in sys.modules)))
 """)
 
 
@@ -102,3 +102,5 @@ def test_two_processes_on_loopback(tmp_path):
   assert len(results[0]["losses"]) == 4
   assert results[0]["losses"] == pytest.approx(results[1]["losses"], abs=1e-6)
   assert (tmp_path / "wd" / "checkpoints" / "4").exists()
+  # A training run never imports torch (tensorboardX would, for seconds, when it is installed).
+  assert not results[0]["torch"] and not results[1]["torch"]

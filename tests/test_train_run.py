@@ -38,6 +38,31 @@ def test_drop_rows_after(tmp_path):
   assert p.read_text() == '{"step": 1}\nnot json\n{"step": 2}\n'  # untouched
 
 
+def _event_scalars(path) -> list[tuple[int, str, float]]:
+  """(step, tag, value) of every scalar in a TensorBoard event file, read record by record
+  (TFRecord framing: 8-byte length, 4-byte CRC, the Event proto, 4-byte CRC)."""
+  from tensorboardX.proto import event_pb2
+  data, i, out = path.read_bytes(), 0, []
+  while i < len(data):
+    n = int.from_bytes(data[i:i + 8], "little")
+    event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+    out += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+    i += 12 + n + 4
+  return out
+
+
+def test_tensorboard_event_file_holds_every_scalar(tmp_path):
+  """The TensorBoard writer (imported with torch hidden, see test_train_distributed) still writes
+  each scalar of a row to the event file, next to the metrics.jsonl row."""
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(7, {"loss": 1.25, "lr": 0.5})
+  w.close()
+  (events,) = (tmp_path / "tensorboard").iterdir()
+  assert _event_scalars(events) == [(7, "train/loss", 1.25), (7, "train/lr", 0.5)]
+  assert [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+      {"step": 7, "split": "train", "loss": 1.25, "lr": 0.5}]
+
+
 def test_same_config_on_resume_writes_no_second_file(tmp_path):
   resolved = {"optim": {"lr": 1e-3}, "train": {"num_steps": 8}}
   assert run_config.save_run_config(str(tmp_path), resolved, 0) == str(tmp_path / "config.json")

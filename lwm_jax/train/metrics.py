@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -58,6 +59,23 @@ def peak_flops_per_device(measure_cpu: bool = True) -> tuple[float, str]:
   return float("nan"), f"unknown device kind '{kind}'"
 
 
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without PyTorch.
+
+  tensorboardX imports torch whenever it is installed (2-8 s) only to accept torch tensors; we
+  write Python floats, so a torch that no one has imported yet is hidden during the import. A
+  process that imported torch itself is left as it is."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsWriter:
   """Appends scalars to <workdir>/metrics.jsonl and TensorBoard event files (primary process only)."""
 
@@ -66,8 +84,7 @@ class MetricsWriter:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
     if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, scalars: dict[str, Any], prefix: str = "train") -> None:
     if not self.enabled:
