@@ -240,3 +240,38 @@ def test_rl_experiment_start_folder_is_checked(tmp_path):
                                                     "max_position_embeddings": 2048}))
   assert rx.stages.given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
                                             2048, 2048)
+
+
+def test_perturb_experiment_compares_models_check_by_check():
+  """launch/perturb_experiment.py's table: per (domain, spec, check) each model's rates with and
+  without the instruction, and per model the mean over the checks that applied."""
+  px = _load("perturb_experiment")
+
+  def report(err_with, page_with, sim):
+    check = lambda w, wo, real, target: {"turns": 4, "with_instruction": w,  # noqa: E731
+                                         "without_instruction": wo, "real": real,
+                                         "target": target}
+    sims = {"with": {"exact": 0.0, "token_f1": sim, "edit_sim": sim},
+            "without": {"exact": 0.0, "token_f1": 0.0, "edit_sim": 0.0}}
+    return {"rows": [
+        {"domain": "mcp", "spec": "errors:rate=0.2,kind=timeout",
+         "checks": {"errors": check(err_with, 0.0, 0.25, 0.2)}, "similarity_to_real": sims},
+        {"domain": "search", "spec": "page_size:size=2",
+         "checks": {"page_size": check(page_with, 0.5, 1.0, 1.0)}, "similarity_to_real": sims},
+        {"domain": "web", "spec": "rate_limit:limit=5,retry_after=20",   # never applied
+         "checks": {"rate_limit": check(None, None, None, 1.0)}, "similarity_to_real": sims}]}
+
+  checks, means = px.compare({"plain": report(0.0, 0.5, 0.2), "perturbed": report(0.25, 1.0, 0.4)})
+  assert [(r["domain"], r["check"]) for r in checks] == [("mcp", "errors"), ("search", "page_size"),
+                                                        ("web", "rate_limit")]
+  assert checks[1]["perturbed"] == {"with": 1.0, "without": 0.5} and checks[1]["real"] == 1.0
+  assert means["plain"]["checks"] == 2                          # the check that never applied is out
+  assert means["plain"]["with"] == pytest.approx(0.25) and means["plain"]["without"] == 0.25
+  assert means["perturbed"]["with"] == pytest.approx(0.625)
+  assert means["perturbed"]["edit_sim_with"] == pytest.approx(0.4)
+  text = px.markdown(checks, means, {}, {"command": "c", "start": "s", "sft_steps": 1,
+                                         "sft_batch": 1, "sft_seq_len": 8, "domains": ["mcp"],
+                                         "perturb_share": 0.5, "episodes": 1, "max_turns": 1,
+                                         "max_tokens": 8, "temperature": 1.0})
+  assert "| perturbed | 2 | 62.5 | 25.0 | +37.5 |" in text
+  assert "| web | `rate_limit:limit=5,retry_after=20` | rate_limit | 4 | - | 100.0 | - / - | - / - |" in text
