@@ -72,3 +72,26 @@ def test_unreplayable_sources_and_failures_fall_back_to_the_record():
   # an action the environment rejects is still an observation (its error text), not a failure
   s = r.score([_input(broken, 0, "x")])[0]
   assert s["details"]["replay"]["replayed"] is True and s["total"] == 0.0
+
+
+def test_a_perturbed_episode_replays_under_its_own_perturbation():
+  """A trajectory recorded under a perturbation (`meta["perturb"]`) replays as recorded, and an
+  env reused for a plain episode afterwards is plain again."""
+  from lwm_jax.envs import base, recorder
+  env = base.make_env("search")
+  try:
+    env.set_perturb("page_size:size=2; withhold:fields=snippet")
+    t = recorder.record("search", 7, "search-p", env=env, max_turns=6)
+    env.set_perturb(None)
+    plain = recorder.record("search", 7, "search-plain", env=env, max_turns=6)
+    assert t.meta["perturb"] and t.turns != plain.turns       # the perturbation shows
+    env.set_perturb(None)
+    assert all(replay.replay_matches(t, env))                  # replays under its own spec
+    assert all(replay.replay_matches(plain, env))              # and the env is plain again
+    k = max(i for i, (a, b) in enumerate(zip(t.turns, plain.turns)) if a != b)
+    actions = [x.action for x in t.turns[:k + 1]]
+    assert replay.replay_observation("search", 7, actions, env, perturb=t.meta["perturb"]) \
+        == t.turns[k].observation
+    assert replay.replay_observation("search", 7, actions, env) == plain.turns[k].observation
+  finally:
+    env.close()

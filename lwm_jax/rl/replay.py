@@ -37,15 +37,27 @@ def replayable(domain: str, meta: Mapping[str, Any] | None) -> bool:
           and domain in base.ENV_NAMES)
 
 
-def replay_observation(domain: str, seed: int, actions: Sequence[str], env: Any = None) -> str:
+def _follow(env: Any, spec: str) -> None:
+  """Sets the episode's recorded perturbation (`meta["perturb"]`, "" for none) on a reused env,
+  so a perturbed episode misbehaves again exactly as recorded and a plain one does not."""
+  if hasattr(env, "set_perturb"):
+    env.set_perturb(spec or None)
+  elif spec:
+    raise ValueError(f"replay: the {type(env).__name__} environment cannot follow '{spec}'")
+
+
+def replay_observation(domain: str, seed: int, actions: Sequence[str], env: Any = None,
+                       perturb: str = "") -> str:
   """The observation the real environment prints for the last of `actions`, after resetting it
-  with `seed` and stepping the others. `env` (of `domain`) is reused when given."""
+  with `seed` (under the episode's recorded `perturb` spec) and stepping the others. `env` (of
+  `domain`) is reused when given."""
   from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
   if not actions:
     raise ValueError("replay: no action to replay")
   own = env is None
   env = env or base.make_env(domain)
   try:
+    _follow(env, perturb)
     env.reset(int(seed))
     obs = ""
     for a in actions:
@@ -63,6 +75,7 @@ def replay_matches(trajectory: Any, env: Any = None) -> list[bool]:
   own = env is None
   env = env or base.make_env(trajectory.domain)
   try:
+    _follow(env, str(trajectory.meta.get("perturb", "")))
     env.reset(int(trajectory.meta["seed"]))
     return [mask_volatile(env.step(t.action)) == mask_volatile(t.observation)
             for t in trajectory.turns]
@@ -84,14 +97,14 @@ class ReplayReward(Reward):
     if not replayable(x.domain, x.meta):
       return x.reference, False
     actions = tuple(a for a, _ in x.context) + (x.action,)
-    key = (x.domain, int(x.meta["seed"]), actions)
+    key = (x.domain, int(x.meta["seed"]), str(x.meta.get("perturb", "")), actions)
     if key not in self._cache:
       try:
         env = self._envs.get(x.domain)
         if env is None:
           from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
           env = self._envs[x.domain] = base.make_env(x.domain)
-        self._cache[key] = replay_observation(x.domain, key[1], actions, env)
+        self._cache[key] = replay_observation(x.domain, key[1], actions, env, perturb=key[2])
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("replay of a %s episode (seed %s) failed: %s: %s", x.domain, key[1],
                         type(e).__name__, e)
