@@ -222,15 +222,15 @@ def plot(checks: list[dict], models: list[str], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   shown = [r for r in checks if any(r.get(m) and r[m]["with"] is not None for m in models)]
-  labels = [f"{r['domain']}\n{r['spec'][:22]}\n{r['check']}" for r in shown]
-  fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(shown)), 4.5))
+  labels = [f"{r['domain']} {r['check']}: {r['spec'][:34]}" for r in shown]
+  fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(shown)), 6))
   width = 0.8 / (len(models) + 1)
   for i, m in enumerate(models):
     ys = [100 * (r[m]["with"] or 0) if r.get(m) else 0 for r in shown]
     ax.bar([k + i * width for k in range(len(shown))], ys, width, label=f"{m} (with instruction)")
   ax.bar([k + len(models) * width for k in range(len(shown))],
          [100 * (r["real"] or 0) for r in shown], width, label="real environment", color="grey")
-  ax.set_xticks([k + 0.4 for k in range(len(shown))], labels, fontsize=6)
+  ax.set_xticks([k + 0.4 for k in range(len(shown))], labels, fontsize=7, rotation=35, ha="right")
   ax.set_ylabel("% of turns showing the instructed behaviour")
   ax.legend(fontsize=7)
   fig.tight_layout()
