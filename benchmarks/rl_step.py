@@ -89,19 +89,23 @@ def main():
   batch_s = source.batch_s[:len(step_s)]
   update_s = [s - b for s, b in zip(step_s, batch_s)]
   per_step = [{"step": r["step"], "step_s": s, "next_batch_s": b, "update_s": u,
-               "rollout_s": r.get("rollout_s"), "reward_s": r.get("reward_s"),
-               "response_len": r.get("response_len"), "loss": r.get("loss")}
+               "new_rollout": r.get("rollout/minibatch") == 0,
+               "rollout_s": r.get("rollout/rollout_s"), "reward_s": r.get("rollout/reward_s"),
+               "response_len": r.get("rollout/response_len"), "loss": r.get("loss")}
               for r, s, b, u in zip(rows, step_s, batch_s, update_s)]
   for p in per_step:
     print(p, flush=True)
-  rollouts = [b for b in batch_s if b > 0.05 * max(batch_s)]
+  # the trainer's logged rollout seconds, once per rollout batch (minibatch 0 of its updates)
+  rollouts = [p["rollout_s"] for p in per_step if p["new_rollout"] and p["rollout_s"] is not None]
   res = {"preset": a.preset, "args": vars(a), "steps": per_step, "total_s": total,
-         "median_rollout_batch_s": statistics.median(rollouts) if rollouts else None,
+         "median_rollout_s_per_batch": statistics.median(rollouts) if rollouts else None,
          "median_update_s_after_first": statistics.median(update_s[1:]) if len(update_s) > 1
          else None,
          "rollout_share": sum(batch_s) / max(sum(step_s), 1e-9),
          "final_step": summary["final_step"],
-         "note": "rollout = inside next_batch (sampling, rewards, batch); update = rest of step"}
+         "updates_per_rollout": a.updates,
+         "note": "rollout_s: the source's logged seconds per rollout batch; next_batch_s: wall "
+                 "time in next_batch; update_s = step_s - next_batch_s (first step compiles)"}
   print({k: v for k, v in res.items() if k != "steps"})
   print("wrote", write_result(a.out, res))
 
