@@ -6,10 +6,9 @@
 Runs the real RL stage (`configs/rl.py:demo`, `lwm_jax.rl.stage.rollout_source`,
 `trainer.train`) from the shipped demo model on the bundled corpus's trajectories (judge-free
 rewards), `--steps` optimizer steps with `log_every=1`. Each rollout batch feeds
-`updates_per_batch` steps; the source reports its own `rollout_s` and `reward_s` (the trainer logs
-them), and the benchmark times every `next_batch` call and every whole step, so per step:
-rollout s = time inside `next_batch` (sampling, rewards, batch assembly; zero on the steps that
-reuse a rollout), update s = the rest of the step (the compiled GSPO step; the first includes
+`updates_per_batch` steps. Per step it records the source's own `rollout_s` and `reward_s` as
+the trainer logs them (once per rollout batch), the wall time inside `next_batch` and of the
+whole step; update s = step s - next_batch s (the compiled GSPO step; the first includes
 compiling it). Raw per-step times and the medians go to benchmarks/results/rl_step.json.
 The `small` preset runs with `--preset small` (random weights of that size, the demo tokenizer).
 """
