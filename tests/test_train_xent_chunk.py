@@ -96,3 +96,16 @@ def test_head_matrix_matches_logits(tied):
   via_head, logits = both(s0.params)
   assert logits.shape == (1, 10, cfg.vocab_size)
   np.testing.assert_allclose(np.asarray(via_head), np.asarray(logits), rtol=1e-5, atol=1e-5)
+
+
+def test_config_option_reaches_the_step_and_is_checked():
+  from configs import cpt
+  from lwm_jax.train import run_config, trainer
+  c = cpt.get_config("tiny")
+  assert c.train.xent_chunk == 0  # off by default: the plain loss
+  c.train.xent_chunk = 64
+  model_cfg = run_config.validate_config(c)
+  assert trainer._step_config(c, model_cfg).xent_chunk == 64  # pylint: disable=protected-access
+  c.train.xent_chunk = -1
+  with pytest.raises(ValueError, match=r"train\.xent_chunk"):
+    run_config.validate_config(c)
