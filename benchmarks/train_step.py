@@ -5,8 +5,8 @@ same machine, same config and same weights (docs/benchmark.md).
       [--moe_backends blocked,sorted] [--xent_chunk 8192] [--no_hf]
 
 Ours is the trainer's compiled step (`steps.compile_xent_step`) once per MoE backend; with
-`--xent_chunk N` also a variant whose loss is `losses.chunked_cross_entropy_sums` (the output head
-applied in N-column slices, no [B*S, V] logits). HF's is `transformers`' Qwen3-MoE (torch CPU, the
+`--xent_chunk N` also the same compiled step with `StepConfig(xent_chunk=N)` (the trainer's
+`train.xent_chunk`: the output head applied in N-column slices, no [B*S, V] logits). HF's is `transformers`' Qwen3-MoE (torch CPU, the
 model loaded from our HF export) with torch's AdamW (same betas, eps, weight decay on matrices
 only, global-norm clip 1.0) and its load-balancing loss at the same coefficient. The runs
 interleave (every round times every system once) so that a shared machine's slow phases hit all
@@ -33,8 +33,9 @@ OPTIM = dict(lr=1e-4, warmup_steps=0, decay_steps=0, end_lr_ratio=0.1, b1=0.9, b
              weight_decay=0.1, grad_clip=1.0)
 
 
-def our_runner(cfg, batch, seed=0):
-  """The trainer's step for `cfg`; returns (run, last metrics getter, graphdef, params)."""
+def our_runner(cfg, batch, seed=0, xent_chunk=0):
+  """The trainer's step for `cfg` (with `xent_chunk` > 0, its chunked cross-entropy, as
+  `train.xent_chunk` sets it); returns (run, last metrics getter, graphdef, params)."""
   import jax
   import ml_collections
   from lwm_jax import sharding as shd
@@ -43,7 +44,7 @@ def our_runner(cfg, batch, seed=0):
   mesh = shd.make_mesh(data=-1)
   g, s, sh = state.create_train_state(cfg, tx, mesh, seed)
   params0 = jax.tree.map(lambda x: x.copy(), s.params)
-  f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(), mesh, sh,
+  f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(xent_chunk=xent_chunk), mesh, sh,
                               {k: v.shape for k, v in batch.items()})
   box = {"s": s, "m": None}
 
@@ -51,55 +52,6 @@ def our_runner(cfg, batch, seed=0):
     box["s"], box["m"] = f(box["s"], batch)
     jax.block_until_ready(box["m"]["loss"])
   return run, lambda: box["m"], g, params0
-
-
-def chunked_runner(cfg, batch, chunk: int, graphdef, params):
-  """The same step with the loss from `chunked_cross_entropy_sums` on the head's kernel."""
-  import jax
-  import jax.numpy as jnp
-  import ml_collections
-  import optax
-  from flax import nnx
-  from lwm_jax.train import losses, optimizer
-  if cfg.tie_word_embeddings:
-    raise ValueError("--xent_chunk: this benchmark variant expects an untied output head")
-
-  class Identity(nnx.Module):
-    """Stands in for the output head: the model then returns its final hidden states."""
-
-    def __call__(self, x):
-      return x
-
-  model = nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), params))
-  head = model.lm_head.kernel[...]
-  model.lm_head = Identity()
-  body_def, body = nnx.split(model, nnx.Param)
-  tx, _ = optimizer.make_optimizer(ml_collections.ConfigDict(OPTIM), 1000)
-  # Committed to the device like the step's outputs, so that the second call does not compile anew.
-  dev = jax.devices()[0]
-  p = jax.device_put({"body": body, "head": head}, dev)
-  opt = jax.device_put(tx.init(p), dev)
-  batch = jax.device_put({k: jnp.asarray(v) for k, v in batch.items()}, dev)
-
-  def loss_fn(p):
-    out = nnx.merge(body_def, p["body"])(batch["tokens"], batch["positions"], batch["segment_ids"])
-    s = losses.chunked_cross_entropy_sums(out.logits, p["head"], batch["tokens"],
-                                          batch["segment_ids"], batch["loss_weights"], chunk=chunk)
-    w = jnp.maximum(s["weight"], 1e-8)
-    return s["loss"] / w + 0.001 * out.aux_loss, (s["nll"] / w, out.dropped_tokens)
-
-  @jax.jit
-  def step(p, opt):
-    (_, (xent, dropped)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
-    updates, opt = tx.update(grads, opt, p)
-    return optax.apply_updates(p, updates), opt, {"loss": xent, "dropped_tokens": dropped}
-
-  box = {"p": p, "o": opt, "m": None}
-
-  def run():
-    box["p"], box["o"], box["m"] = step(box["p"], box["o"])
-    jax.block_until_ready(box["m"]["loss"])
-  return run, lambda: box["m"]
 
 
 def hf_runner(cfg, graphdef, params, tokens):
@@ -165,10 +117,10 @@ def main():
     runners[f"lwm_jax {backend}"], metrics[f"lwm_jax {backend}"] = run, get
     first = first or (backend, g, p0)
   if a.xent_chunk:
-    backend, g, p0 = first
+    backend = first[0]
     name = f"lwm_jax {backend} + chunked xent {a.xent_chunk}"
-    runners[name], metrics[name] = chunked_runner(base.replace(moe_backend=backend), batch,
-                                                  a.xent_chunk, g, p0)
+    runners[name], metrics[name], _, _ = our_runner(base.replace(moe_backend=backend), batch,
+                                                    xent_chunk=a.xent_chunk)
   versions = None
   if not a.no_hf:
     import torch

@@ -119,9 +119,10 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_BxS: jax.Array, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, cache: list | None = None,
-               logits_at: jax.Array | None = None) -> ModelOutput:
+               logits_at: jax.Array | None = None, return_hidden: bool = False) -> ModelOutput:
     """`logits_at` [B] (optional): return logits only at that position of each row, [B, 1, V]
-    (prefill then never builds the [B, S, V] tensor)."""
+    (prefill then never builds the [B, S, V] tensor). `return_hidden`: skip the output head; the
+    `logits` field then holds the final normed hidden states [B, S, D] (pair with `head_DxV`)."""
     cfg = self.cfg
     b, s = tokens_BxS.shape
     if positions is None:
@@ -144,6 +145,8 @@ class Transformer(nnx.Module):
     if logits_at is not None:
       x = x[jnp.arange(b), logits_at][:, None]
     x = self.norm(x)
+    if return_hidden:
+      return self._output(x, all_stats, new_cache if cache is not None else None)
     if cfg.tie_word_embeddings and self.decode_layout:
       logits = rows_matmul(x, self.tied_head[...])
     elif cfg.tie_word_embeddings:
@@ -151,6 +154,15 @@ class Transformer(nnx.Module):
     else:
       logits = self.lm_head(x)
     return self._output(logits, all_stats, new_cache if cache is not None else None)
+
+  def head_DxV(self) -> jax.Array:
+    """The output head as a [D, V] matrix in the compute dtype: the embedding transposed when tied."""
+    dt = DTYPES[self.cfg.dtype]
+    if self.decode_layout:
+      raise ValueError("head_DxV: not available on a decode-layout copy of the model")
+    if self.cfg.tie_word_embeddings:
+      return self.embed_tokens[...].astype(dt).T
+    return self.lm_head.kernel[...].astype(dt)
 
   def _output(self, logits, all_stats, cache) -> ModelOutput:
     cfg = self.cfg

@@ -38,6 +38,8 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
        f"{t.micro_batches} does not divide train.batch_size={t.batch_size}")
   need(t.seq_len <= model.max_position_embeddings, "train.seq_len",
        f"{t.seq_len} exceeds model.max_position_embeddings={model.max_position_embeddings}")
+  need(int(t.get("xent_chunk", 0)) >= 0, "train.xent_chunk",
+       f"must be >= 0 (0 = off), got {t.get('xent_chunk', 0)}")
   need(t.precision in ("auto", "float32", "bfloat16"), "train.precision",
        f"'{t.precision}' is not auto, float32 or bfloat16")
   need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")

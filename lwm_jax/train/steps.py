@@ -39,6 +39,9 @@ class StepConfig:
   aux_loss_coef: float = 0.001
   router_z_loss_coef: float = 0.0
   z_loss_coef: float = 0.0
+  # > 0: cross-entropy over vocabulary slices of this many columns, never building the [B*S, V]
+  # logits (same loss, metrics and gradients as 0, the plain path)
+  xent_chunk: int = 0
   # RL
   algo: str = "gspo"
   eps_low: float = 3e-4
@@ -112,10 +115,18 @@ def xent_step(graphdef, tx, schedule, cfg: StepConfig, state: TrainState, batch:
   total_w = jnp.maximum(jnp.sum(w_all), 1e-8)
 
   def loss_fn(params, mb):
-    out = nnx.merge(graphdef, params)(mb["tokens"], mb["positions"], mb["segment_ids"])
-    s = losses.cross_entropy_sums(out.logits, mb["tokens"], mb["segment_ids"], mb["loss_weights"],
-                                  cfg.z_loss_coef)
-    loss = (s["nll"] + cfg.z_loss_coef * s["z"]) / total_w
+    model = nnx.merge(graphdef, params)
+    if cfg.xent_chunk > 0:
+      out = model(mb["tokens"], mb["positions"], mb["segment_ids"], return_hidden=True)
+      s = losses.chunked_cross_entropy_sums(out.logits, model.head_DxV(), mb["tokens"],
+                                            mb["segment_ids"], mb["loss_weights"],
+                                            cfg.z_loss_coef, chunk=cfg.xent_chunk)
+      loss = s.pop("loss") / total_w
+    else:
+      out = model(mb["tokens"], mb["positions"], mb["segment_ids"])
+      s = losses.cross_entropy_sums(out.logits, mb["tokens"], mb["segment_ids"], mb["loss_weights"],
+                                    cfg.z_loss_coef)
+      loss = (s["nll"] + cfg.z_loss_coef * s["z"]) / total_w
     loss = loss + (cfg.aux_loss_coef * out.aux_loss + cfg.router_z_loss_coef * out.router_z_loss) / n
     sums = dict(s, aux_loss=out.aux_loss / n, router_z_loss=out.router_z_loss / n,
                 expert_load=out.expert_load / n, dropped_tokens=out.dropped_tokens)

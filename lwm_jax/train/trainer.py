@@ -281,6 +281,7 @@ def _step_config(c, model_cfg) -> steps_lib.StepConfig:
       micro_batches=t.micro_batches,
       aux_loss_coef=t.aux_loss_coef if t.aux_loss_coef >= 0 else model_cfg.router_aux_loss_coef,
       router_z_loss_coef=model_cfg.router_z_loss_coef, z_loss_coef=t.z_loss_coef,
+      xent_chunk=t.get("xent_chunk", 0),
       algo=c.rl.algo, eps_low=c.rl.eps_low, eps_high=c.rl.eps_high,
       log_ratio_cap=c.rl.log_ratio_cap or None, kl_coef=c.rl.kl_coef)
 
