@@ -52,7 +52,7 @@ fixtures: $(VENV)/.installed
 
 # Bundled corpus (7 domains x 300 real trajectories) and the mini benchmark; byte-identical on re-run.
 corpus: $(VENV)/.installed sandbox-tool
-	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2
+	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2 --perturb_share=0.25
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -48,16 +48,18 @@ BUDGETS: dict[str, dict[str, Any]] = {
     # (docs/reproduce.md says why these shapes): CPT rows of 2048 tokens carry each trajectory's
     # system prompt about half as often as rows of 1024, so 42% of their tokens are in the loss
     # against 24%; SFT rows stay at 1024, where its one target turn is twice the share of the row.
-    # The masking ablation is its own budget (`ablation`); the thinking ablation is part of this one.
+    # The ablations are their own budget (`ablation`), so this one spends the hour on the main
+    # pipeline: 850 CPT steps and the thinking ablation ran 64 minutes (experiments/reproduce_full).
     "full": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024, sft_batch=8,
-                 cpt_steps=850, sft_steps=150, knowledge_share=0.1, ablations="thinking",
+                 cpt_steps=800, sft_steps=150, knowledge_share=0.1, ablations="",
                  eval_max_turns=20, eval_max_new_tokens=320, eval_batch=32, rl_steps=24,
                  validate=True, fast_compile=False),
-    # the masking ablation at equal compute, smaller than `full` (about 30 minutes): CPT with and
-    # without information-theoretic masking and an SFT on each, same shapes as `full`
+    # the ablations at equal compute, smaller than `full` (about 35 minutes): CPT with and without
+    # information-theoretic masking and an SFT on each, and an SFT without thinking from the main
+    # CPT; same shapes as `full`
     "ablation": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024,
                      sft_batch=8, cpt_steps=200, sft_steps=60, knowledge_share=0.1,
-                     ablations="masking", eval_max_turns=10, eval_max_new_tokens=320,
+                     ablations="masking,thinking", eval_max_turns=10, eval_max_new_tokens=320,
                      eval_batch=32, rl_steps=24, validate=True, fast_compile=False),
 }
 # LLVM at -O0 and the classic CPU emitters: about 3x cheaper compiles, slower steps (tests use it)
