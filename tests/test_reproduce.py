@@ -74,9 +74,11 @@ def test_tiny_budget_and_overrides_from_the_command_line(rp, parsed):
   assert (s.knowledge, s.knowledge_share, s.eval_max_turns) == (("search",), 0.25, 0)
   assert parsed("--budget=tiny", "--knowledge=").knowledge_share == 0.0
   full = parsed()
-  assert full.budget == "full" and full.ablations == ("thinking",) and full.validate
+  # the full budget spends its hour on the main pipeline; the ablations have their own budget
+  assert full.budget == "full" and full.ablations == () and full.validate
   assert (full.seq_len, full.sft_seq_len, full.context) == (2048, 1024, 2048)
-  assert parsed("--budget=ablation").ablations == ("masking",)
+  assert full.cpt_steps == rp.BUDGETS["full"]["cpt_steps"]
+  assert parsed("--budget=ablation").ablations == ("masking", "thinking")
 
 
 def test_bad_values_are_refused_by_name(rp):
