@@ -36,20 +36,53 @@ def apply_penalties(logits_BxV, counts_BxV, seen_BxV, repetition_B, presence_B, 
   return jax.lax.cond(jnp.any(wants), penalise, lambda x: x, logits_BxV)
 
 
-def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B):
+# Rows are filtered from their `FILTER_HEAD` largest logits (`lax.top_k`) when that settles them,
+# instead of sorting the whole vocabulary (about 1.5 s per decode step at batch 32 over Qwen's
+# 152k-piece vocabulary on CPU); the rest of the batch falls back to the full sort.
+FILTER_HEAD = 256
+_WHOLE_ROW = 2 ** 30   # the top-k of a row that sets none
+
+
+def _keep_sorted(srt_BxL, lse_B, top_k_B, top_p_B, min_p_B):
+  """Over each row's largest logits in descending order (all of them, or a head of them), the
+  count that top-k, then top-p, then min-p keep, each on the renormalised rest. `lse_B` is the
+  log-normaliser of the whole row, used where top-k keeps every token."""
+  keep = jnp.arange(srt_BxL.shape[-1])[None, :] < top_k_B[:, None]
+  norm = jnp.where(top_k_B == _WHOLE_ROW, lse_B,
+                   jax.nn.logsumexp(jnp.where(keep, srt_BxL, NEG_INF), axis=-1))
+  p = jnp.where(keep, jnp.exp(srt_BxL - norm[:, None]), 0.0)
+  keep &= (jnp.cumsum(p, axis=-1) - p) < top_p_B[:, None]                  # first always kept
+  # min-p: p_i >= min_p * p_max, i.e. logit_i - logit_max >= log(min_p), whatever the normaliser
+  keep &= srt_BxL - srt_BxL[:, :1] >= jnp.log(min_p_B)[:, None]
+  return jnp.maximum(jnp.sum(keep, axis=-1), 1)
+
+
+def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B, head: int = FILTER_HEAD):
   """Masks (to -inf) what top-k, then top-p, then min-p remove; each on the renormalised rest."""
   v = scaled_BxV.shape[-1]
-  srt = -jnp.sort(-scaled_BxV, axis=-1)                                   # descending
-  rank = jnp.arange(v)[None, :]
-  k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
-  keep = rank < k[:, None]
-  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
-  keep &= (jnp.cumsum(p, axis=-1) - p) < top_p_B[:, None]                  # first always kept
-  p = jax.nn.softmax(jnp.where(keep, srt, NEG_INF), axis=-1)
-  keep &= p >= min_p_B[:, None] * p[:, :1]
-  count = jnp.maximum(jnp.sum(keep, axis=-1), 1)
-  threshold = jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1)
-  return jnp.where(scaled_BxV >= threshold, scaled_BxV, NEG_INF)
+  k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), _WHOLE_ROW)
+  lse = jax.nn.logsumexp(scaled_BxV, axis=-1)
+
+  def threshold(srt):
+    count = _keep_sorted(srt, lse, k, top_p_B, min_p_B)
+    return jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1), count
+
+  def full(_):
+    return threshold(-jnp.sort(-scaled_BxV, axis=-1))[0]
+
+  if head >= v:
+    cut = full(None)
+  else:
+    top, _ = jax.lax.top_k(scaled_BxV, head)
+    cut_head, count = threshold(top)
+    # A row is settled by its head when its top-k fits in the head (the normaliser is then
+    # inside it), when it has no top-k (the normaliser is `lse`) and its cut falls before the
+    # head's end, or when it filters nothing (a batch mixes such rows with filtered ones).
+    free = (k == _WHOLE_ROW) & (top_p_B >= 1.0) & (min_p_B <= 0.0)
+    settled = (k <= head) | ((k == _WHOLE_ROW) & (count < head)) | free
+    cut_head = jnp.where(free[:, None], NEG_INF, cut_head)
+    cut = jax.lax.cond(jnp.all(settled), lambda _: cut_head, full, None)
+  return jnp.where(scaled_BxV >= cut, scaled_BxV, NEG_INF)
 
 
 def _draw(keys_B, scaled_BxV):
