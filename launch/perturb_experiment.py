@@ -2,15 +2,16 @@
 
   python launch/perturb_experiment.py [--start=data/world_model] [--workdir=runs/perturb_vs_plain]
 
-1. A perturbed copy of the corpus's domains with real perturbations (mcp, search, web):
-   tools/make_corpus.py with `--perturb_share` (0.5) into WORKDIR/corpus_perturbed. Its episodes
-   are the bundled corpus's (same seeds, same worlds, same splits); about half of them were played
-   under an instruction of the domain's menu (`lwm_jax.envs.perturb.CORPUS_MENU`), so their system
-   prompts carry the instruction and their observations show the real misbehaviour. The others
-   are byte-identical to the bundled ones.
+1. Two copies of the corpus's domains with real perturbations (mcp, search, web), regenerated
+   by tools/make_corpus.py: WORKDIR/corpus_perturbed with `--perturb_share` (0.5) and
+   WORKDIR/corpus_plain with none (the bundled corpus itself carries a quarter). Their episodes
+   are the bundled corpus's (same seeds, same worlds, same splits); in the perturbed copy about
+   half of them were played under an instruction of the domain's menu
+   (`lwm_jax.envs.perturb.CORPUS_MENU`), so their system prompts carry the instruction and their
+   observations show the real misbehaviour; the others are the same as the plain copy's.
 2. Two SFT runs from the same start at equal compute (same steps, rows, row length, learning
-   rate, seed; only the data differ): `perturbed` on the copy's training split, `plain` on the
-   bundled corpus's training split of the same domains.
+   rate, seed; only the data differ): `perturbed` on the perturbed copy's training split,
+   `plain` on the plain copy's.
 3. Instruction fidelity (evals/fidelity.py) of the start and of both runs, on the same held-out
    episodes (test-split seeds, played for real under each menu perturbation; their actions
    replayed in the world model with and without the instruction), sampled at `--temperature`:
@@ -66,8 +67,10 @@ flags.DEFINE_bool("reuse", False, "keep finished parts (corpus copy, trained run
 MODELS = ("start", "plain", "perturbed")
 
 
-def _perturbed_copy(wd: str, domains: list[str]) -> str:
-  out = os.path.join(wd, "corpus_perturbed")
+def _corpus_copy(wd: str, domains: list[str], name: str, share: float) -> str:
+  """The perturbable domains of the bundled corpus regenerated into WORKDIR/corpus_<name> with
+  `share` of their episodes played under a menu perturbation (same seeds, worlds and splits)."""
+  out = os.path.join(wd, f"corpus_{name}")
   if FLAGS.reuse and os.path.exists(os.path.join(out, "MANIFEST.json")):
     return out
   shutil.rmtree(out, ignore_errors=True)
@@ -75,9 +78,9 @@ def _perturbed_copy(wd: str, domains: list[str]) -> str:
     manifest = json.load(f)
   cmd = [sys.executable, os.path.join(ROOT, "tools", "make_corpus.py"),
          f"--per_domain={manifest['per_domain']}", f"--seed={manifest['seed']}",
-         f"--domains={','.join(domains)}", f"--perturb_share={FLAGS.perturb_share}",
-         f"--corpus_dir={out}", f"--bench_dir={os.path.join(wd, 'bench_perturbed')}"]
-  print("perturbed copy:", " ".join(cmd[1:]), flush=True)
+         f"--domains={','.join(domains)}", f"--perturb_share={share}",
+         f"--corpus_dir={out}", f"--bench_dir={os.path.join(wd, 'bench_' + name)}"]
+  print(f"{name} copy:", " ".join(cmd[1:]), flush=True)
   subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
   return out
 
@@ -182,7 +185,7 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"{settings['sft_batch']} x {settings['sft_seq_len']} tokens from the start, on the "
            f"training split of {', '.join(settings['domains'])}; `perturbed` on a copy with "
            f"{settings['perturb_share']:g} of the episodes played under a menu perturbation, "
-           "`plain` on the bundled corpus. Fidelity: "
+           "`plain` on a copy without perturbations. Fidelity: "
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
            f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
            f"temperature {settings['temperature']:g}.", "",
@@ -251,8 +254,10 @@ def main(argv):
     raise SystemExit(f"--domains: '{bad[0]}' has no real perturbations "
                      f"(use {', '.join(perturb.CORPUS_MENU)})")
   start = stages.given_start(FLAGS.start)
-  copy = _perturbed_copy(wd, domains)
-  runs = {"plain": _train("plain", FLAGS.corpus, domains, wd, start),
+  copy = _corpus_copy(wd, domains, "perturbed", FLAGS.perturb_share)
+  # the bundled corpus carries perturbations itself (a quarter of these domains' episodes), so
+  # the control is regenerated without any
+  runs = {"plain": _train("plain", _corpus_copy(wd, domains, "plain", 0.0), domains, wd, start),
           "perturbed": _train("perturbed", copy, domains, wd, start)}
   hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
   reports = {m: _fidelity(m, hf[m], start[1], domains, wd) for m in MODELS}
