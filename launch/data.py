@@ -5,6 +5,11 @@
   python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
   python launch/data.py agent-targets --inputs=data/corpus [--agent_layout=turns] [--tokenizer=path]
   python launch/data.py pools   --inputs=data/corpus --pool_fractions=cpt=0.6,sft=0.3,rl=0.1
+  python launch/data.py worlds  --seeds=0:10000 [--domains=mcp,search]
+
+`worlds` generates each domain's world for every seed of the range and prints how many distinct
+worlds they are and how many values each part of a world takes (`lwm_jax.envs.worlds`); no
+inputs needed.
 
 `agent-targets` counts the behaviour-cloning samples of an agent policy that the inputs give
 (`lwm_jax.data.agent_targets`): per domain and split, samples, over-long ones dropped, tokens and
@@ -55,6 +60,8 @@ flags.DEFINE_enum("agent_layout", "turns", ["turns", "trajectory"],
                   "agent-targets: one sample per action, or one per trajectory.")
 flags.DEFINE_string("pool_fractions", "cpt=0.6,sft=0.3,rl=0.1",
                     "pools: the CPT/SFT/RL split by trajectory id (as config.rl.pool_fractions).")
+flags.DEFINE_string("seeds", "0:1000", "worlds: the seed range START:STOP (STOP exclusive).")
+flags.DEFINE_list("domains", [], "worlds: the domains (default: all seven).")
 flags.DEFINE_integer("rl_max_prompt_tokens", 0, "pools: RL prompts longer than this are dropped "
                      "(default --seq_len; a run uses train.seq_len - rl.max_new_tokens).")
 
@@ -328,11 +335,24 @@ def cmd_pools() -> None:
     print(rl.summary())
 
 
+def cmd_worlds() -> None:
+  from lwm_jax.envs import worlds  # noqa: PLC0415  (only this command needs the environments)
+  seeds = worlds.parse_seed_range(FLAGS.seeds)
+  domains = FLAGS.domains or list(worlds.GENERATORS)
+  for d in domains:
+    if d not in worlds.GENERATORS:
+      raise ValueError(f"--domains: unknown domain '{d}' (expected one of "
+                       f"{', '.join(worlds.GENERATORS)})")
+  for d in domains:
+    print(worlds.census(d, seeds).line(), flush=True)
+
+
 def main(argv: list[str]) -> None:
   commands = {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect,
-              "agent-targets": cmd_agent_targets, "pools": cmd_pools}
+              "agent-targets": cmd_agent_targets, "pools": cmd_pools, "worlds": cmd_worlds}
   if len(argv) != 2 or argv[1] not in commands:
-    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets|pools} [--flags]")
+    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets|pools|worlds} "
+                         "[--flags]")
   try:
     commands[argv[1]]()
   except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
