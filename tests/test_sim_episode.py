@@ -142,6 +142,15 @@ def test_finish_action_ends_the_episode_with_the_verifiers_reward(sampler):
   assert len(counted) == 1  # the finish action did not ask the world model
 
 
+def test_a_verdict_verifier_gives_its_credit_and_the_verdict_in_info(sampler):
+  from lwm_jax.envs.verify import Verdict
+  env = _sim(sampler, verifier=lambda traj: Verdict(False, 0.5, f"{len(traj.turns)} turns"))
+  env.reset(0)
+  end = env.step_result('finish(answer="12")')
+  assert end.reward == 0.5 and end.info["verified"]
+  assert end.info["verdict"] == {"success": False, "credit": 0.5, "reason": "1 turns"}
+
+
 def test_finish_action_names():
   assert action_name('finish(answer="x")') == "finish"
   assert action_name("exit") == "exit"

@@ -15,6 +15,8 @@ import pytest
 import uvicorn
 
 from lwm_jax.data import schema
+from lwm_jax.envs import base as envs_base
+from lwm_jax.envs import verify, verify_transcript
 from lwm_jax.sim.client import RemoteEnv, SimClient, SimServerError
 from lwm_jax.sim.env import SimulatedEnv
 from lwm_jax.sim.server import create_app
@@ -136,4 +138,41 @@ def test_trajectory_file_perturbation_and_remote_env(served, tmp_path):
   assert env.reset(3) == "user@box:~$ " and env.describe().task == terminal_world().task
   assert isinstance(env.step("ls"), str) and env.step_result("pwd").truncated
   env.close()
+  assert client.health()["episodes"] == 0
+
+
+def test_task_episodes_are_the_real_task_and_judged_by_its_verifier(served):
+  """A `task` episode's world is the real environment's episode at that seed; its last step's
+  reward is the transcript verifier's credit on the simulated turns (checked here directly)."""
+  _, _, base = served
+  client = SimClient(base)
+  seed = verify.task_seeds("heldout", 1)[0]
+  real = envs_base.make_env("search")
+  try:
+    real.reset(seed)
+    info, goal = real.describe(), real.goal
+  finally:
+    real.close()
+  ep = client.create(task={"domain": "search", "seed": seed}, max_turns=3)
+  assert ep.initial_state == info.initial_state and ep.world["task"] == info.task
+  assert ep.world["goal"] == goal
+  mid = ep.step(f'search(query="{goal["target"]}")')
+  assert not mid.done and mid.reward == 0.0 and "verdict" not in mid.info
+  end = ep.step('answer(text="done")')
+  assert end.terminated
+  turns = ep.state()["trajectory"]["turns"]
+  ref = verify_transcript.check_transcript(
+      "search", seed, [schema.Turn(t["action"], t["observation"]) for t in turns])
+  assert end.reward == ref.credit
+  assert end.info["verdict"] == {"success": ref.success, "credit": ref.credit,
+                                 "reason": ref.reason}
+  ep.close()
+  h = httpx.Client(base_url=base, timeout=60)
+  for body, text in (({"task": {"domain": "moon", "seed": 1}}, "task.domain: 'moon'"),
+                     ({"task": {"domain": "search", "seed": -1}}, "task.seed"),
+                     ({"task": {"domain": "search"}}, 'task: expected {"domain"'),
+                     ({"task": {"domain": "search", "seed": 1}, "world": _world(0)},
+                      "give exactly one of")):
+    r = h.post("/v1/episodes", json=body)
+    assert r.status_code == 400 and text in r.json()["error"]["message"], r.text
   assert client.health()["episodes"] == 0

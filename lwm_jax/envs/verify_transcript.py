@@ -310,3 +310,4 @@ def _search(env: Any, g: dict[str, Any], turns: V.Turns) -> V.Verdict:
 _RULES: dict[str, Callable[[Any, dict[str, Any], V.Turns], V.Verdict]] = {
     "terminal": _terminal, "swe": _swe, "search": _search, "web": _web, "android": _android,
     "os": _os, "mcp": _mcp}
+DOMAINS = tuple(_RULES)  # the domains with a transcript verifier

@@ -11,7 +11,9 @@ Two ways to step:
   `done` is `terminated or truncated`: `terminated` when the action is one of the world's finish
   actions (`World.finish_actions`; the world model is not asked, the observation is empty),
   `truncated` when the turn limit (`max_turns`) is reached. `reward` is 0 until the episode ends,
-  then the optional `verifier(trajectory)`'s value (0 without one). `info` carries the model's
+  then the optional `verifier(trajectory)`'s value (0 without one): a number, or a task
+  `Verdict` (`lwm_jax.envs.verify`) whose credit is the reward and which `info["verdict"]`
+  carries (success, credit, reason). `info` carries the model's
   raw reply (thinking included), its reasoning, prompt and completion token counts, the
   generation's finish reason and the latency in seconds (of the engine call that produced it,
   shared by the episodes stepped together).
@@ -38,6 +40,7 @@ from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs import base
 from lwm_jax.envs.base import EnvInfo
+from lwm_jax.envs.verify import Verdict
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.sampler import fit_chat
 
@@ -46,7 +49,7 @@ from lwm_jax.sampling.sampler import fit_chat
 FINISH_ACTIONS = ("finish", "submit", "answer", "done", "stop")
 _DOMAIN_FINISH = {"terminal": FINISH_ACTIONS + ("exit", "logout")}
 
-Verifier = Callable[[Trajectory], float]
+Verifier = Callable[[Trajectory], "float | Verdict"]
 
 
 def finish_actions_for(domain: str) -> tuple[str, ...]:
@@ -264,7 +267,12 @@ class SimulatedEnv(base.Env):
                   completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason)
     reward = 0.0
     if self.done and self.verifier is not None:
-      reward = float(self.verifier(self.trajectory()))
+      verdict = self.verifier(self.trajectory())
+      if isinstance(verdict, Verdict):
+        info["verdict"] = {"success": bool(verdict.success), "credit": float(verdict.credit),
+                           "reason": verdict.reason}
+        verdict = verdict.credit
+      reward = float(verdict)
       info["verified"] = True
     self.last = StepResult(observation, terminated, truncated, reward, info)
     return self.last

@@ -4,11 +4,17 @@ Endpoints (JSON in and out):
 
 - `GET /health`; `GET /v1/perturbations`: the perturbation catalogue.
 - `POST /v1/episodes`: a new episode. The world is one of `world` (the fields of
-  `lwm_jax.sim.env.World`), `trajectory` (a trajectory record; its turns are ignored) or
+  `lwm_jax.sim.env.World`), `trajectory` (a trajectory record; its turns are ignored),
   `trajectory_file` (a JSONL file of trajectories on the server's disk, under its
-  `trajectory_root`, default the working directory; with `trajectory_id` or `index`, default 0). Optional: `seed` (0), `perturb` (a spec such as
-  `errors:rate=0.2,kind=timeout`, added to the simulation instruction), `max_turns`, `variant`
-  (system prompt template), `temperature`, `max_tokens`, `sampling_seed`. Answers
+  `trajectory_root`, default the working directory; with `trajectory_id` or `index`, default 0)
+  or `task` (`{"domain", "seed"}`: the bundled real environment's episode at that seed, e.g. a
+  held-out agent task of `lwm_jax.envs.verify.task_seeds`). A `task` episode has a reward: when
+  it ends, its simulated transcript is judged by the domain's task verifier
+  (`verify_transcript.check_transcript`, the rule Sim RL uses): the last step's reward is the
+  verdict's credit and its `info["verdict"]` holds success, credit and reason (a verifier that
+  fails gives credit 0 and its error as the reason). Optional: `seed` (0), `perturb` (a spec
+  such as `errors:rate=0.2,kind=timeout`, added to the simulation instruction), `max_turns`,
+  `variant` (system prompt template), `temperature`, `max_tokens`, `sampling_seed`. Answers
   `{"episode_id", "observation", "world"}`.
 - `POST /v1/episodes/{id}/step` with `{"action": "..."}`: answers `{"observation", "done",
   "terminated", "truncated", "reward", "info"}` (see `StepResult`).
@@ -29,12 +35,15 @@ import json
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from lwm_jax.data import schema
+from lwm_jax.envs import base as envs_base
+from lwm_jax.envs import verify_transcript
+from lwm_jax.envs.verify import Verdict
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import RowRequest, Sampler
 from lwm_jax.sampling.server import Batcher
@@ -43,8 +52,9 @@ from lwm_jax.sim.env import SimulatedEnv, StepResult, World
 
 _KINDS = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error",
           429: "rate_limit_error"}
-_CREATE_FIELDS = {"world", "trajectory", "trajectory_file", "trajectory_id", "index", "seed",
-                  "perturb", "max_turns", "variant", "temperature", "max_tokens", "sampling_seed"}
+_CREATE_FIELDS = {"world", "trajectory", "trajectory_file", "task", "trajectory_id", "index",
+                  "seed", "perturb", "max_turns", "variant", "temperature", "max_tokens",
+                  "sampling_seed"}
 
 
 class HttpError(Exception):
@@ -87,13 +97,48 @@ def _inside(root: str, path: str) -> str:
   return full
 
 
+def _task(body: dict) -> tuple[str, int]:
+  """(domain, seed) of a create request's `task`, checked field by field."""
+  t = body["task"]
+  if not isinstance(t, dict) or set(t) != {"domain", "seed"}:
+    raise HttpError(400, 'task: expected {"domain": ..., "seed": ...}')
+  domain, seed = t["domain"], t["seed"]
+  if domain not in verify_transcript.DOMAINS:
+    raise HttpError(400, f"task.domain: '{domain}' has no task verifier (expected one of "
+                    f"{', '.join(verify_transcript.DOMAINS)})")
+  if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    raise HttpError(400, f"task.seed: expected a non-negative integer, got {seed!r}")
+  return domain, seed
+
+
+def _task_world(domain: str, seed: int) -> World:
+  """The real environment's episode `seed` as a world (its goal kept for the verifier)."""
+  env = envs_base.make_env(domain)
+  try:
+    return World.from_env(env, seed)
+  finally:
+    env.close()
+
+
+def task_verifier(domain: str, seed: int) -> Callable[[schema.Trajectory], Verdict]:
+  """The verdict on a `task` episode: the domain's transcript verifier on its simulated turns."""
+  def verdict(traj: schema.Trajectory) -> Verdict:
+    try:
+      return verify_transcript.check_transcript(domain, seed, traj.turns)
+    except Exception as e:  # noqa: BLE001 - the episode gets no credit, the server stays up
+      return Verdict(False, 0.0, f"verifier error: {type(e).__name__}: {e}")
+  return verdict
+
+
 def world_from_request(body: dict, trajectory_root: str = ".") -> World:
   """The episode's world from a create request (see the module docstring)."""
-  given = [k for k in ("world", "trajectory", "trajectory_file") if k in body]
+  given = [k for k in ("world", "trajectory", "trajectory_file", "task") if k in body]
   if len(given) != 1:
-    raise HttpError(400, "give exactly one of world, trajectory, trajectory_file"
+    raise HttpError(400, "give exactly one of world, trajectory, trajectory_file, task"
                     + (f" (got {', '.join(given)})" if given else ""))
   try:
+    if "task" in body:
+      return _task_world(*_task(body))
     if "world" in body:
       return World.from_dict(body["world"])
     if "trajectory" in body:
@@ -175,7 +220,8 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
                               seed=_field(body, "sampling_seed", int, 0)).validate()
       env = SimulatedEnv(sampler, world, params=params,
                          max_turns=_field(body, "max_turns", int, max_turns),
-                         variant=_field(body, "variant", int, 0))
+                         variant=_field(body, "variant", int, 0),
+                         verifier=task_verifier(*_task(body)) if "task" in body else None)
       obs = env.reset(_field(body, "seed", int, 0))
     except ValueError as e:
       raise HttpError(400, str(e)) from None
@@ -220,7 +266,7 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
   async def _step(env: SimulatedEnv, action: str) -> StepResult:
     env.check_step(action)
     if env.world.is_finish(action):
-      return env.record(action, None, 0.0)
+      return await _record(env, action, None, 0.0)
     t0 = time.perf_counter()
     try:
       ids, thinking = await asyncio.to_thread(sampler.prepare, env.messages_for(action))
@@ -231,7 +277,11 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
       gens = await asyncio.wrap_future(batcher.submit([row]))
     except Exception as e:  # noqa: BLE001 - this step fails, the server and episode stay
       raise HttpError(500, f"generation failed: {e}") from None
-    return env.record(action, gens[0], time.perf_counter() - t0)
+    return await _record(env, action, gens[0], time.perf_counter() - t0)
+
+  async def _record(env: SimulatedEnv, action: str, gen: Any, latency: float) -> StepResult:
+    # off the event loop: the episode's last step may run its task verifier (a real env reset)
+    return await asyncio.to_thread(env.record, action, gen, latency)
 
   return app
 
