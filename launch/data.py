@@ -336,13 +336,13 @@ def cmd_pools() -> None:
 
 
 def cmd_worlds() -> None:
-  from lwm_jax.envs import worlds  # noqa: PLC0415  (only this command needs the environments)
+  from lwm_jax.envs import base, worlds  # noqa: PLC0415  (only this command needs the envs)
   seeds = worlds.parse_seed_range(FLAGS.seeds)
-  domains = FLAGS.domains or list(worlds.GENERATORS)
+  domains = FLAGS.domains or list(base.ENV_NAMES)
   for d in domains:
-    if d not in worlds.GENERATORS:
+    if d not in base.ENV_NAMES:
       raise ValueError(f"--domains: unknown domain '{d}' (expected one of "
-                       f"{', '.join(worlds.GENERATORS)})")
+                       f"{', '.join(base.ENV_NAMES)})")
   for d in domains:
     print(worlds.census(d, seeds).line(), flush=True)
 

@@ -11,10 +11,6 @@ from lwm_jax.envs import base, worlds
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_every_domain_has_a_generator():
-  assert set(worlds.GENERATORS) == set(base.ENV_NAMES)
-
-
 @pytest.mark.parametrize("domain", sorted(base.ENV_NAMES))
 def test_census_world_is_the_world_reset_builds(domain, tmp_path):
   """The id of the census's world for a seed equals the one the real environment records."""

@@ -168,11 +168,16 @@ class PlanAgent(Agent):
     return None
 
 
+def canonical_digest(value: Any, chars: int = 12) -> str:
+  """The first `chars` hex digits of the sha256 of `value`'s canonical JSON (sorted keys)."""
+  blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+  return hashlib.sha256(blob.encode()).hexdigest()[:chars]
+
+
 def world_id(domain: str, world: Any) -> str:
   """`{domain}-{12 hex}`: a hash of the world's canonical JSON, equal for equal worlds. Corpus
   splits are drawn by this id, so no world of the test split is seen in training."""
-  blob = json.dumps(world, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-  return f"{domain}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+  return f"{domain}-{canonical_digest(world)}"
 
 
 def first_hit(observation: str, path_pattern: str) -> tuple[str, int] | None:
@@ -236,11 +241,16 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
 ENV_NAMES = tuple(_REGISTRY)
 
 
-def _lookup(name: str) -> tuple[Any, Any]:
+def env_module(name: str) -> Any:
+  """The module of environment `name`; it also exposes the `generate_world(seed)` its reset uses."""
   if name not in _REGISTRY:
     raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(_REGISTRY)})")
-  mod_name, env_cls, agent_cls = _REGISTRY[name]
-  mod = importlib.import_module(mod_name)
+  return importlib.import_module(_REGISTRY[name][0])
+
+
+def _lookup(name: str) -> tuple[Any, Any]:
+  mod = env_module(name)
+  _, env_cls, agent_cls = _REGISTRY[name]
   return getattr(mod, env_cls), getattr(mod, agent_cls)
 
 

@@ -1,49 +1,29 @@
-"""Which worlds a range of seeds gives: every domain's world generator by name, and a census.
+"""Which worlds a range of seeds gives: a census over each domain's world generator.
 
 Each bundled environment builds its episode's world (files, rows, documents, shop, phone,
-desktop) from the episode seed alone (`generate_world(seed)` of its module), and the recorder
+desktop) from the episode seed alone (the `generate_world(seed)` its module exposes), and the recorder
 names it by `base.world_id` (a hash of its canonical JSON). `census` generates the worlds of a
 seed range and counts the distinct ids, so "how many different worlds do seeds 0..N give" has a
 measured answer, and says for each top-level part of a world (e.g. `modules`, `documents`,
 `customers`) how many different values it takes, i.e. what actually varies from seed to seed.
-`python launch/data.py worlds --seeds=0:10000` prints it; docs/perturbations.md records the
+`python launch/data.py worlds --seeds=0:10000` prints it; docs/recipe.md records the
 figures. Collection runs use seed `recorder.episode_seed(S, i)` for episode i of base seed S.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import importlib
-import json
 from typing import Any, Iterable
 
 from lwm_jax.envs import base
 
-# domain -> (module, function): the generator each environment's reset() calls with its seed
-GENERATORS: dict[str, tuple[str, str]] = {
-    "terminal": ("lwm_jax.envs.terminal_worlds", "generate_world"),
-    "mcp": ("lwm_jax.envs.mcp_env", "generate_world"),
-    "search": ("lwm_jax.envs.search", "generate_world"),
-    "swe": ("lwm_jax.envs.swe_worlds", "generate_world"),
-    "web": ("lwm_jax.envs.web_app", "generate_world"),
-    "android": ("lwm_jax.envs.android", "generate_world"),
-    "os": ("lwm_jax.envs.desktop", "generate_world"),
-}
-
 
 def generate(domain: str, seed: int) -> Any:
   """The world of `domain` for `seed` as JSON-able data (what `base.world_id` hashes)."""
-  if domain not in GENERATORS:
-    raise ValueError(f"unknown domain '{domain}' (expected one of {', '.join(GENERATORS)})")
-  mod, fn = GENERATORS[domain]
-  world = getattr(importlib.import_module(mod), fn)(seed)
+  if domain not in base.ENV_NAMES:
+    raise ValueError(f"unknown domain '{domain}' (expected one of {', '.join(base.ENV_NAMES)})")
+  world = base.env_module(domain).generate_world(seed)
   return world.to_json() if hasattr(world, "to_json") else world  # swe: a Repo
-
-
-def _digest(value: Any) -> str:
-  blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-  return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 @dataclasses.dataclass
@@ -79,7 +59,7 @@ def census(domain: str, seeds: Iterable[int]) -> Census:
       first[wid] = seed
     if isinstance(world, dict):
       for key, value in world.items():
-        parts[key].add(_digest(value))
+        parts[key].add(base.canonical_digest(value, 16))
   return Census(domain, n, len(first), repeats, {k: len(v) for k, v in parts.items()})
 
 

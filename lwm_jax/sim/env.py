@@ -267,12 +267,12 @@ class SimulatedEnv(base.Env):
                   completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason)
     reward = 0.0
     if self.done and self.verifier is not None:
-      verdict = self.verifier(self.trajectory())
-      if isinstance(verdict, Verdict):
-        info["verdict"] = {"success": bool(verdict.success), "credit": float(verdict.credit),
-                           "reason": verdict.reason}
-        verdict = verdict.credit
-      reward = float(verdict)
+      value = self.verifier(self.trajectory())
+      if isinstance(value, Verdict):
+        info["verdict"] = {"success": bool(value.success), "credit": float(value.credit),
+                           "reason": value.reason}
+        value = value.credit
+      reward = float(value)
       info["verified"] = True
     self.last = StepResult(observation, terminated, truncated, reward, info)
     return self.last
