@@ -322,27 +322,36 @@ def test_end_tokens_never_appear_in_text(qwen_tok):
   assert rt.text == "ls /tmp more" and rt.ids == ids
 
 
-def test_filter_from_the_head_equals_the_full_sort():
-  """Rows settled by their largest logits (lax.top_k) give the same mask as sorting the whole
-  row; rows the head cannot settle fall back to the sort. Each case is a batch of the same
-  setting, plus one batch mixing every setting."""
+@pytest.mark.parametrize("ties", [False, True])
+def test_bisected_filter_equals_the_full_sort(ties):
+  """The cut found by bisection over the float bit patterns gives the same mask as sorting the
+  row, and as the numpy reference of the sampling distribution; with ties (logits on a coarse
+  grid, as low-precision logits are) every token tied with the last one kept is kept. Each case
+  is a batch of one setting, plus one batch mixing every setting."""
   from lwm_jax.sampling.logits import _filter_logits
   rng = np.random.default_rng(0)
-  v, head = 64, 8
-  logits = jnp.asarray(rng.normal(0, 2.0, (6, v)).astype(np.float32))
+  v = 64
+  x = rng.normal(0, 2.0, (6, v))
+  if ties:
+    x = np.round(x * 2) / 2   # about 20 distinct values per row
+  x[0, :3] = [-0.0, 0.0, -1e30]  # signed zeros and an already-masked token
+  logits = jnp.asarray(x.astype(np.float32))
   settings = [(0, 1.0, 0.0), (3, 1.0, 0.0), (0, 0.5, 0.0), (0, 0.999, 0.0), (5, 0.8, 0.05),
-              (20, 0.9, 0.0), (0, 1.0, 0.3), (0, 1.0, 0.001)]
-  f = jax.jit(_filter_logits, static_argnames="head")
+              (20, 0.9, 0.0), (0, 1.0, 0.3), (0, 1.0, 0.001), (1, 1.0, 0.0), (64, 0.3, 0.0)]
+  f = jax.jit(_filter_logits, static_argnames="method")
   for k, p, m in settings + [(None, None, None)]:
     if k is None:  # a mixed batch: one setting per row
       ks, ps, ms = (jnp.asarray([s[i] for s in settings[:6]]) for i in range(3))
     else:
       ks, ps, ms = jnp.full((6,), k), jnp.full((6,), p), jnp.full((6,), m)
     args = (logits, ks.astype(jnp.int32), ps.astype(jnp.float32), ms.astype(jnp.float32))
-    want = np.asarray(f(*args, head=v)) > -1e29
-    got = np.asarray(f(*args, head=head)) > -1e29
+    want = np.asarray(f(*args, method="sort")) > -1e29
+    got = np.asarray(f(*args, method="bisect")) > -1e29
     np.testing.assert_array_equal(got, want, err_msg=f"setting {(k, p, m)}")
-    for r in range(6):  # and the numpy reference of the sampling distribution keeps the same set
+    for r in range(6):
       kr, pr, mr = int(args[1][r]), float(args[2][r]), float(args[3][r])
       ref = _reference_probs(np.asarray(logits[r], np.float64), 1.0, kr, pr, mr) > 0
+      if ties:  # the reference keeps exactly k of a tie; the filter keeps the whole tie
+        last = np.asarray(logits[r])[ref].min()
+        ref |= np.asarray(logits[r]) == last
       np.testing.assert_array_equal(got[r], ref, err_msg=f"row {r} setting {(kr, pr, mr)}")

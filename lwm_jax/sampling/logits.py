@@ -36,17 +36,19 @@ def apply_penalties(logits_BxV, counts_BxV, seen_BxV, repetition_B, presence_B, 
   return jax.lax.cond(jnp.any(wants), penalise, lambda x: x, logits_BxV)
 
 
-# Rows are filtered from their `FILTER_HEAD` largest logits (`lax.top_k`) when that settles them,
-# instead of sorting the whole vocabulary (about 1.5 s per decode step at batch 32 over Qwen's
-# 152k-piece vocabulary on CPU); the rest of the batch falls back to the full sort.
-FILTER_HEAD = 256
+# Each row's cut is found by bisection over the float32 bit patterns (as unsigned integers ordered
+# like the floats): 32 masked reductions over the row find the exact value at which top-k, top-p
+# or min-p stops, ties included, with no sort. Sorting Qwen's 152k-piece vocabulary (the
+# reference, `method="sort"`) costs about 1.5 s per decode step at batch 32 on CPU, and
+# `lax.top_k` nearly as much (benchmarks/results/speed.md).
 _WHOLE_ROW = 2 ** 30   # the top-k of a row that sets none
+_BLOCK_ROWS = 8        # rows bisected together: 8 x 152k float32 stay in this CPU's cache
 
 
 def _keep_sorted(srt_BxL, lse_B, top_k_B, top_p_B, min_p_B):
-  """Over each row's largest logits in descending order (all of them, or a head of them), the
-  count that top-k, then top-p, then min-p keep, each on the renormalised rest. `lse_B` is the
-  log-normaliser of the whole row, used where top-k keeps every token."""
+  """Over each row's logits in descending order, the count that top-k, then top-p, then min-p
+  keep, each on the renormalised rest. `lse_B` is the log-normaliser of the whole row, used where
+  top-k keeps every token."""
   keep = jnp.arange(srt_BxL.shape[-1])[None, :] < top_k_B[:, None]
   norm = jnp.where(top_k_B == _WHOLE_ROW, lse_B,
                    jax.nn.logsumexp(jnp.where(keep, srt_BxL, NEG_INF), axis=-1))
@@ -57,32 +59,71 @@ def _keep_sorted(srt_BxL, lse_B, top_k_B, top_p_B, min_p_B):
   return jnp.maximum(jnp.sum(keep, axis=-1), 1)
 
 
-def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B, head: int = FILTER_HEAD):
-  """Masks (to -inf) what top-k, then top-p, then min-p remove; each on the renormalised rest."""
+def _ordered_bits(x):
+  """float32 -> uint32 with the same order (-0.0 taken as +0.0)."""
+  u = jax.lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x), jnp.uint32)
+  return jnp.where(u >> 31 == 1, ~u, u | jnp.uint32(0x80000000))
+
+
+def _smallest_key(keys_BxV, holds):
+  """Per row, the smallest key t of the row's own keys for which `holds(t [B, 1])` ([B] bool),
+  given that it holds at the row's largest key and, once it holds, holds for every larger t."""
+  lo = jnp.min(keys_BxV, axis=-1) - 1   # treated as "does not hold" (keys are never 0: NaN only)
+  hi = jnp.max(keys_BxV, axis=-1)
+
+  def step(_, c):
+    lo, hi = c
+    mid = lo + (hi - lo) // 2
+    ok = holds(mid[:, None]) | (hi - lo <= 1)
+    return jnp.where(ok, lo, mid), jnp.where(ok, jnp.where(hi - lo <= 1, hi, mid), hi)
+
+  return jax.lax.fori_loop(0, 32, step, (lo, hi))[1]
+
+
+def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B, method: str = "bisect"):
+  """Masks (to -inf) what top-k, then top-p, then min-p remove; each on the renormalised rest.
+  Every token tied with the last one kept is kept too. `method="sort"` is the reference."""
+  b = scaled_BxV.shape[0]
+  # blocks of rows that stay in cache over the 64 passes
+  if method == "bisect" and b > _BLOCK_ROWS and b % _BLOCK_ROWS == 0:
+    blocks = lambda a: a.reshape(b // _BLOCK_ROWS, _BLOCK_ROWS, *a.shape[1:])
+    out = jax.lax.map(lambda a: _filter_logits(*a, method=method),
+                      (blocks(scaled_BxV), blocks(top_k_B), blocks(top_p_B), blocks(min_p_B)))
+    return out.reshape(scaled_BxV.shape)
   v = scaled_BxV.shape[-1]
   k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), _WHOLE_ROW)
   lse = jax.nn.logsumexp(scaled_BxV, axis=-1)
-
-  def threshold(srt):
+  if method == "sort":
+    srt = -jnp.sort(-scaled_BxV, axis=-1)
     count = _keep_sorted(srt, lse, k, top_p_B, min_p_B)
-    return jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1), count
+    cut = jnp.take_along_axis(srt, (count - 1)[:, None], axis=-1)
+    return jnp.where(scaled_BxV >= cut, scaled_BxV, NEG_INF)
+  keys = _ordered_bits(scaled_BxV)
+  top = jnp.max(scaled_BxV, axis=-1)
+  has_k, has_p = k < v, top_p_B < 1.0
 
-  def full(_):
-    return threshold(-jnp.sort(-scaled_BxV, axis=-1))[0]
+  def top_k_cut(_):  # the k-th largest value: fewer than k tokens lie above it
+    return _smallest_key(keys, lambda t: ~has_k | (jnp.sum(keys > t, axis=-1) < k))
 
-  if head >= v:
-    cut = full(None)
-  else:
-    top, _ = jax.lax.top_k(scaled_BxV, head)
-    cut_head, count = threshold(top)
-    # A row is settled by its head when its top-k fits in the head (the normaliser is then
-    # inside it), when it has no top-k (the normaliser is `lse`) and its cut falls before the
-    # head's end, or when it filters nothing (a batch mixes such rows with filtered ones).
-    free = (k == _WHOLE_ROW) & (top_p_B >= 1.0) & (min_p_B <= 0.0)
-    settled = (k <= head) | ((k == _WHOLE_ROW) & (count < head)) | free
-    cut_head = jnp.where(free[:, None], NEG_INF, cut_head)
-    cut = jax.lax.cond(jnp.all(settled), lambda _: cut_head, full, None)
-  return jnp.where(scaled_BxV >= cut, scaled_BxV, NEG_INF)
+  cut_k = jax.lax.cond(jnp.any(has_k), top_k_cut, lambda _: jnp.zeros_like(top, jnp.uint32), None)
+  in_k = has_k[:, None] & (keys >= cut_k[:, None])
+  # top-k's normaliser counts exactly k tokens: those above the cut plus as many tied at it as fit
+  above = jnp.sum(in_k & (keys > cut_k[:, None]), axis=-1)
+  at_cut = jnp.min(jnp.where(in_k, scaled_BxV, jnp.inf), axis=-1)  # the value at the cut
+  mass_above = jnp.sum(jnp.where(in_k & (keys > cut_k[:, None]),
+                                 jnp.exp(scaled_BxV - top[:, None]), 0.0), axis=-1)
+  norm_k = top + jnp.log(mass_above + (k - above) * jnp.exp(at_cut - top))
+  norm = jnp.where(has_k, norm_k, lse)
+
+  def top_p_cut(_):  # the smallest value with less than top_p of the mass above it
+    q = jnp.exp(scaled_BxV - norm[:, None])
+    return _smallest_key(keys, lambda t: ~has_p | (jnp.sum(jnp.where(keys > t, q, 0.0), axis=-1)
+                                                    < top_p_B))
+
+  cut_p = jax.lax.cond(jnp.any(has_p), top_p_cut, lambda _: jnp.zeros_like(top, jnp.uint32), None)
+  cut = jnp.maximum(jnp.where(has_k, cut_k, 0), jnp.where(has_p, cut_p, 0))
+  keep = (keys >= cut[:, None]) & (scaled_BxV - top[:, None] >= jnp.log(min_p_B)[:, None])
+  return jnp.where(keep, scaled_BxV, NEG_INF)
 
 
 def _draw(keys_B, scaled_BxV):
