@@ -8,6 +8,7 @@ import sys
 import time
 
 import openai
+import pytest
 import requests
 from flax import nnx
 
@@ -21,7 +22,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE = os.path.join(REPO, "launch", "serve.py")
 
 
-def _checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("serve_cli")
   words = "ls cat grep error file directory denied output total bytes home root tmp log".split()
   texts = [" ".join(words[(i * 5 + j) % len(words)] for j in range(10)) for i in range(300)]
   ckpt = tmp_path / "tiny_hf"
@@ -32,11 +35,12 @@ def _checkpoint(tmp_path):
   return ckpt
 
 
-def test_serve_with_bfloat16_decode_weights(tmp_path):
-  ckpt = _checkpoint(tmp_path)
+def test_serve_with_bfloat16_decode_weights(checkpoint):
+  ckpt = checkpoint
   port = _free_port()
   proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
-                           "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16"],
+                           "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16",
+                           "--max_tokens=16"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
   try:
     deadline = time.time() + 180
@@ -60,13 +64,13 @@ def test_serve_with_bfloat16_decode_weights(tmp_path):
     proc.terminate()
     proc.wait(timeout=30)
   log = proc.stdout.read()
-  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 1024: one cache bucket each.
+  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 16: one cache bucket each.
   assert re.search(r"warm-up: compiled 3 shapes \(batches up to 4 rows, prompts up to 16 tokens, "
-                   r"max_tokens 1024\) in [0-9.]+ s", log), log[-3000:]
+                   r"max_tokens 16\) in [0-9.]+ s", log), log[-3000:]
 
 
-def test_serve_rejects_an_unknown_decode_dtype(tmp_path):
-  ckpt = _checkpoint(tmp_path)
+def test_serve_rejects_an_unknown_decode_dtype(checkpoint):
+  ckpt = checkpoint
   proc = subprocess.run([sys.executable, SERVE, f"--checkpoint={ckpt}", "--decode_dtype=int3"],
                         capture_output=True, text=True, timeout=120, cwd=REPO)
   assert proc.returncode == 2

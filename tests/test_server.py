@@ -35,8 +35,9 @@ def _free_port() -> int:
 def served():
   tok = load_tokenizer(qwen_tokenizer_path())
   model = Transformer(get_preset("tiny", vocab_size=151936), rngs=nnx.Rngs(0))
-  # One batch shape (32 rows) for every batch keeps compilations to a few in this test.
-  sampler = Sampler(model, tok, max_batch=32, min_batch_bucket=32)
+  # Batches pad to 4, 8, 16 or 32 rows: a few more compilations than one 32-row shape, but a lone
+  # request decodes 4 rows instead of 32 (each row's step spans Qwen's 152k-piece vocabulary).
+  sampler = Sampler(model, tok, max_batch=32, min_batch_bucket=4)
   app = create_app(sampler, MODEL, max_batch=32, window_ms=30, default_max_tokens=16)
   port = _free_port()
   server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -155,7 +156,7 @@ def test_sampler_from_hf_folder(served, tmp_path):
   sampler, _, _ = served
   hf.save_pretrained(sampler.model, str(tmp_path))
   shutil.copy(qwen_tokenizer_path(), tmp_path / "tokenizer.json")
-  loaded = Sampler.from_checkpoint(str(tmp_path), max_batch=32, min_batch_bucket=32)
+  loaded = Sampler.from_checkpoint(str(tmp_path), max_batch=32, min_batch_bucket=4)
   a = loaded.generate([_chat(5)], GREEDY)[0]
   b = sampler.generate([_chat(5)], GREEDY)[0]
   assert a.token_ids == b.token_ids and len(a.token_ids) == 10
