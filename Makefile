@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test bench corpus fixtures clean sandbox-tool reproduce world-model
+.PHONY: demo test test-slow bench corpus fixtures clean sandbox-tool reproduce world-model
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,7 +24,12 @@ sandbox-tool: $(VENV)/.installed
 	@$(PY) -c 'import sys; from lwm_jax.envs import sandbox; p = sandbox.problem(); p and sys.exit(p + "; the terminal and swe environments need it (or LWM_ENVS_UNSAFE=1 to run them unisolated)")'
 
 test: $(VENV)/.installed sandbox-tool
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
+
+# The expensive checks `make test` leaves out (several processes on loopback, every sharded mesh):
+# a few minutes more; CI runs them after `make test`.
+test-slow: $(VENV)/.installed sandbox-tool
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m slow tests
 
 demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py

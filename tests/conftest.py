@@ -31,3 +31,9 @@ def xla_env(devices: int = 8, **extra: str) -> dict:
   flags = _add_flags(os.environ.get("XLA_FLAGS", ""),
                      [f"--xla_force_host_platform_device_count={devices}"])
   return dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **extra)
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "slow: an expensive check (several processes, every mesh) left to `make test-slow`; "
+      "`make test` deselects it")

@@ -160,7 +160,8 @@ def test_agent_gspo_step_equals_the_sequence_formula(policy_batch):
   b["old_logprobs"] = (b["old_logprobs"] + rng.normal(0, 0.01, mask.shape) * mask
                        ).astype(np.float32)
   b["advantages"] = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
-  logp = np.asarray(steps.sequence_logprobs(graphdef, params, b), np.float64)
+  logp = np.asarray(jax.jit(functools.partial(steps.sequence_logprobs, graphdef))(params, b),
+                    np.float64)
   # by hand: s_i = exp(mean over agent tokens of (logp - old)), clipped objective, mean over rows
   m, old, adv = mask[:, 1:], b["old_logprobs"][:, 1:], b["advantages"]
   log_s = (m * (logp[:, 1:] - old)).sum(1) / m.sum(1)
@@ -180,7 +181,7 @@ def test_agent_gspo_step_equals_the_sequence_formula(policy_batch):
 def test_on_policy_first_update_has_ratio_one(policy_batch):
   """The recorded log-probs are the training forward's at the agent's tokens."""
   graphdef, params, batch, _, _ = policy_batch
-  logp = np.asarray(steps.sequence_logprobs(graphdef, params, batch))
+  logp = np.asarray(jax.jit(functools.partial(steps.sequence_logprobs, graphdef))(params, batch))
   mask = batch["response_mask"] > 0
   np.testing.assert_allclose(logp[mask], batch["old_logprobs"][mask], atol=2e-3)
 

@@ -121,6 +121,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one(data, tmp_path):
   """Two processes each sample one prompt's group; one process samples both: the same rewards
   (the seeds follow the prompt's slot in the global batch) and the same GSPO losses."""

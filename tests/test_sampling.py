@@ -32,6 +32,7 @@ def tiny():
 
 
 @nnx.jit
+@nnx.jit  # one compilation per model and shape; eagerly each op of the forward dispatches alone
 def _full_logprobs(model, tokens):
   return jax.nn.log_softmax(model(tokens).logits.astype(jnp.float32), axis=-1)
 

@@ -86,6 +86,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_on_loopback(tmp_path):
   addr = f"127.0.0.1:{_free_port()}"
   env = xla_env(1, PYTHONPATH=ROOT)
