@@ -7,6 +7,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from lwm_jax import sharding
@@ -18,6 +19,10 @@ from lwm_jax.sampling.params import SamplingParams
 from conftest import xla_env
 
 
+MESHES = {"data2_expert2_tensor2": {"data": 2, "expert": 2, "tensor": 2},
+          "fsdp2_expert4": {"fsdp": 2, "expert": 4}}
+
+
 def main():
   assert jax.device_count() == 8, jax.devices()
   cfg = get_preset("tiny")
@@ -27,7 +32,8 @@ def main():
   ref = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), min_prompt_bucket=32).generate(
       prompts, sp, [[]] * 4)
   out = {}
-  for axes in ({"data": 2, "expert": 2, "tensor": 2}, {"fsdp": 2, "expert": 4}):
+  for spec in sys.argv[1:]:
+    axes = MESHES[spec]
     mesh = sharding.make_mesh(**axes)
     eng = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), mesh=mesh, min_prompt_bucket=32)
     got = eng.generate(prompts, sp, [[]] * 4)
@@ -38,12 +44,16 @@ def main():
   print(json.dumps(out))
 
 
-def test_sharded_decoding_equals_single_device():
+@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2",
+                                  pytest.param("fsdp2_expert4", marks=pytest.mark.slow)])
+def test_sharded_decoding_equals_single_device(mesh):
   env = xla_env(8)
-  res = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
-                       text=True, timeout=600)
+  res = subprocess.run([sys.executable, os.path.abspath(__file__), mesh], env=env,
+                       capture_output=True, text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
-  for axes, r in json.loads(res.stdout.strip().splitlines()[-1]).items():
+  out = json.loads(res.stdout.strip().splitlines()[-1])
+  assert len(out) == 1
+  for axes, r in out.items():
     assert r["same_tokens"], axes
     assert r["max_logprob_diff"] < 1e-4, (axes, r)
 

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
 SHARDED = textwrap.dedent("""
-  import json, jax, numpy as np, ml_collections
+  import json, sys, jax, numpy as np, ml_collections
   from lwm_jax import sharding as shd
   from lwm_jax.model.config import get_preset
   from lwm_jax.train import state as st, steps, optimizer, synthetic
@@ -24,9 +24,10 @@ SHARDED = textwrap.dedent("""
   tx, sch = optimizer.make_optimizer(oc, 10)
   batches = [synthetic.synthetic_batch(0, i, 8, 32, cfg.vocab_size) for i in range(2)]
   out = {}
-  for name, axes in [("single", dict(devices=jax.devices()[:1])),
-                     ("data2_expert2_tensor2", dict(data=2, expert=2, tensor=2)),
-                     ("fsdp4_expert2", dict(fsdp=4, expert=2))]:
+  meshes = {"data2_expert2_tensor2": dict(data=2, expert=2, tensor=2),
+            "fsdp4_expert2": dict(fsdp=4, expert=2)}
+  for name, axes in [("single", dict(devices=jax.devices()[:1]))] + [
+      (m, meshes[m]) for m in sys.argv[1:]]:
     mesh = shd.make_mesh(**axes)
     g, s, sh = st.create_train_state(cfg, tx, mesh, 0)
     f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(micro_batches=2), mesh, sh,
@@ -41,7 +42,7 @@ SHARDED = textwrap.dedent("""
     out[name] = dict(losses=losses, n_sharded=n_sharded, leaves=leaves)
   ref = out["single"]
   res = {}
-  for k in ("data2_expert2_tensor2", "fsdp4_expert2"):
+  for k in sys.argv[1:]:
     d = max(float(np.max(np.abs(a - b))) for a, b in zip(ref["leaves"], out[k]["leaves"]))
     res[k] = dict(param_diff=d, loss_diff=max(abs(a - b) for a, b in zip(ref["losses"], out[k]["losses"])),
                   n_sharded=out[k]["n_sharded"])
@@ -49,13 +50,16 @@ SHARDED = textwrap.dedent("""
 """)
 
 
-def test_sharded_step_equals_single_device():
+@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2",
+                                  pytest.param("fsdp4_expert2", marks=pytest.mark.slow)])
+def test_sharded_step_equals_single_device(mesh):
   env = xla_env(8, PYTHONPATH=ROOT)
-  p = subprocess.run([PY, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600,
-                     cwd=ROOT)
+  p = subprocess.run([PY, "-c", SHARDED, mesh], env=env, capture_output=True, text=True,
+                     timeout=600, cwd=ROOT)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
   assert p.returncode == 0 and line, p.stderr[-3000:]
   res = json.loads(line[0][len("RESULT "):])
+  assert list(res) == [mesh]
   for name, r in res.items():
     assert r["n_sharded"] > 0, name          # parameters really are split
     assert r["loss_diff"] < 1e-5, (name, r)
