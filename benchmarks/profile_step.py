@@ -1,0 +1,178 @@
+"""Where the time of a compiled train step goes on CPU: XLA's own per-op trace of the trainer's step.
+
+  python benchmarks/profile_step.py [--preset small] [--layers 8] [--batch 8] [--seq 256]
+      [--moe_backend blocked] [--steps 3] [--top 25]
+
+The step is the one `benchmarks/train_step.py` times (`steps.compile_xent_step`, AdamW with
+clipping, fp32, full rows). XLA's CPU runtime emits one trace event per executed HLO op
+(thunk) when `--xla_cpu_enable_xprof_traceme=true` is in XLA_FLAGS, which this script sets
+before JAX starts; the events of `--steps` traced steps are read back from the profiler's XSpace
+(`jax.profiler.ProfileData`) and summed per op. Ops are grouped by kind (fusion, dot,
+gather/scatter, copy/transpose, ...) from the op name and what its fused computation holds
+(a YNNPACK fusion around a dot counts as a matmul), and the table shows the top ops by total
+time, the matmuls grouped by output shape, and each kind's share of the traced time. The per-op events add their own overhead, so the
+traced step is slower than an untraced one (both are printed). Writes
+benchmarks/results/profile_step.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+KINDS = [("dot / matmul", r"^(dot|.*matmul|.*gemm)"),
+         ("gather", r"gather"), ("scatter", r"scatter"),
+         ("copy / transpose", r"^(copy|transpose|bitcast|reshape|dynamic-update-slice|"
+                              r"dynamic-slice|slice|concatenate|pad)"),
+         ("sort", r"sort"), ("all-reduce / collectives", r"(all-reduce|all-to-all|all-gather|"
+                                                         r"reduce-scatter|collective)"),
+         ("reduce", r"^reduce"), ("elementwise fusion", r"fusion"),
+         ("while / conditional / call", r"^(while|conditional|call)")]
+
+
+def kind_of(name: str, what: str = "") -> str:
+  """The op's kind from its name, or from what its fused computation holds (`describe`)."""
+  if re.search(r"[; ,]dot\b|\bdot$", what):
+    return "dot / matmul"
+  n = name.lower()
+  for kind, pat in KINDS:
+    if re.search(pat, n):
+      return kind
+  return "other"
+
+
+def describe(hlo: str, name: str) -> str:
+  """The op's output shape and the distinct opcodes of the computation it calls, from the
+  compiled module's text (empty when the name is not an instruction there)."""
+  m = re.search(r"^\s*(?:ROOT )?%?" + re.escape(name) + r" = (\S+) ([\w-]+)\((.*)$", hlo, re.M)
+  if not m:
+    return ""
+  shape, opcode, rest = m.groups()
+  out = f"{shape.split('{')[0]} {opcode}"
+  called = re.search(r"calls=%?([\w.-]+)", rest)
+  if called:
+    body = re.search(r"^%?" + re.escape(called.group(1)) + r" .*?\{\n(.*?)\n\}", hlo, re.M | re.S)
+    if body:
+      ops = re.findall(r"= \S+ ([\w-]+)\(", body.group(1))
+      seen = [o for i, o in enumerate(ops) if o not in ops[:i] and o != "parameter"]
+      out += "; " + ",".join(seen[:8])
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--preset", default="small")
+  ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--seq", type=int, default=256)
+  ap.add_argument("--moe_backend", default="blocked")
+  ap.add_argument("--steps", type=int, default=3)
+  ap.add_argument("--top", type=int, default=25)
+  ap.add_argument("--out", default="profile_step")
+  a = ap.parse_args()
+  flags = os.environ.get("XLA_FLAGS", "")
+  if TRACE_FLAG not in flags:
+    os.environ["XLA_FLAGS"] = (flags + " " + TRACE_FLAG).strip()
+  import jax
+  from benchmarks.common import table, write_result
+  import ml_collections
+  from benchmarks.train_step import OPTIM
+  from lwm_jax import sharding as shd
+  from lwm_jax.model.config import get_preset
+  from lwm_jax.train import optimizer, state, steps, synthetic
+  cfg = optimizer.apply_precision(get_preset(a.preset, num_hidden_layers=a.layers), "auto")
+  cfg = cfg.replace(moe_backend=a.moe_backend)
+  batch = synthetic.synthetic_batch(0, 0, a.batch, a.seq, cfg.vocab_size)
+  batch["segment_ids"][:] = 1
+  batch["loss_weights"][:] = 1
+  tx, sch = optimizer.make_optimizer(ml_collections.ConfigDict(OPTIM), 1000)
+  mesh = shd.make_mesh(data=-1)
+  g, st, sh = state.create_train_state(cfg, tx, mesh, 0)
+  f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(), mesh, sh,
+                              {k: v.shape for k, v in batch.items()})
+  hlo = f.lower(st, batch).compile().as_text()
+  box = {"s": st}
+
+  def run():
+    box["s"], m = f(box["s"], batch)
+    jax.block_until_ready(m["loss"])
+
+  run()  # compile
+  run()
+  t0 = time.perf_counter()
+  for _ in range(a.steps):
+    run()
+  untraced = (time.perf_counter() - t0) / a.steps
+  with tempfile.TemporaryDirectory() as d:
+    t0 = time.perf_counter()
+    with jax.profiler.trace(d):
+      for _ in range(a.steps):
+        run()
+    traced = (time.perf_counter() - t0) / a.steps
+    files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".xplane.pb")]
+    if not files:
+      sys.exit("error: the profiler wrote no .xplane.pb file")
+    prof = jax.profiler.ProfileData.from_file(files[0])
+  per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+  planes = []
+  for plane in prof.planes:
+    if not plane.name.startswith("/host:CPU"):
+      continue
+    planes.append(plane.name)
+    for line in plane.lines:
+      for ev in line.events:
+        name = ev.name
+        # the runtime's own spans, not HLO ops
+        if name.startswith(("PjitFunction", "PjRt", "ThunkExecutor", "Execute", "$")) or \
+            " " in name or "::" in name:
+          continue
+        per_op[name][0] += ev.duration_ns / 1e6
+        per_op[name][1] += 1
+  total = sum(v[0] for v in per_op.values())
+  if not total:
+    sys.exit("error: no per-op events in the trace (is --xla_cpu_enable_xprof_traceme honoured "
+             "by this jaxlib?)")
+  kinds: dict[str, float] = collections.Counter()
+  what = {name: describe(hlo, name) for name in per_op}
+  for name, (ms, _) in per_op.items():
+    kinds[kind_of(name, what[name])] += ms
+  top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:a.top]
+  rows = [{"op": n[:40], "kind": kind_of(n, what[n]), "ms/step": f"{ms / a.steps:.1f}",
+           "calls/step": f"{c / a.steps:.0f}", "share": f"{100 * ms / total:.1f}%",
+           "what (output; ops inside)": what[n]} for n, (ms, c) in top]
+  print(f"{a.preset} ({a.layers} layers), batch {a.batch} x {a.seq}, moe_backend={a.moe_backend}: "
+        f"step {untraced:.2f} s untraced, {traced:.2f} s traced; per-op events sum to "
+        f"{total / a.steps / 1e3:.2f} s per step (summed over threads)")
+  print(table(rows, ["op", "kind", "ms/step", "calls/step", "share", "what (output; ops inside)"]))
+  by_shape: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+  for name, (ms, c) in per_op.items():
+    if kind_of(name, what[name]) == "dot / matmul":
+      by_shape[what[name].split(" ")[0]][0] += ms
+      by_shape[what[name].split(" ")[0]][1] += c
+  srows = [{"matmul output": k, "ms/step": f"{ms / a.steps:.1f}", "ops/step": f"{c / a.steps:.0f}",
+            "share": f"{100 * ms / total:.1f}%"}
+           for k, (ms, c) in sorted(by_shape.items(), key=lambda kv: -kv[1][0])[:12]]
+  print(table(srows, ["matmul output", "ms/step", "ops/step", "share"]))
+  krows = [{"kind": k, "ms/step": f"{ms / a.steps:.1f}", "share": f"{100 * ms / total:.1f}%"}
+           for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1])]
+  print(table(krows, ["kind", "ms/step", "share"]))
+  write_result(a.out, {
+      "preset": a.preset, "layers": a.layers, "batch": a.batch, "seq": a.seq,
+      "moe_backend": a.moe_backend, "steps": a.steps, "step_s_untraced": untraced,
+      "step_s_traced": traced, "ops_ms_per_step_total": total / a.steps, "planes": planes,
+      "kinds_ms_per_step": {k: ms / a.steps for k, ms in kinds.items()},
+      "matmuls_by_output_ms_per_step": {k: ms / a.steps for k, (ms, _) in by_shape.items()},
+      "top_ops": [{"op": n, "kind": kind_of(n, what[n]), "ms_per_step": ms / a.steps,
+                   "calls_per_step": c / a.steps, "hlo": what[n]}
+                  for n, (ms, c) in top]})
+
+
+if __name__ == "__main__":
+  main()
