@@ -26,6 +26,7 @@ CHAT = [{"role": "system", "content": "You simulate a Linux shell."},
         {"role": "user", "content": "echo héllo"}]
 
 
+@pytest.mark.slow
 def test_trained_run_exports_a_folder_that_serves(tmp_path):
   from configs import sft as sft_config  # pylint: disable=import-outside-toplevel
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel

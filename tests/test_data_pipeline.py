@@ -158,6 +158,7 @@ def test_resume_reproduces_next_10_batches(tok, many):
     assert it2.stats == it.stats
 
 
+@pytest.mark.slow
 def test_resume_with_worker_process(tok, many):
   c = cfg(seq_len=512, num_epochs=-1, worker_count=1, overlong="truncate_history")
   it = pipeline.make_train_iterator(c, tok, "sft", source=many)

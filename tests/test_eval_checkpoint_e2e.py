@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from flax import nnx
 
 from lwm_jax import hf
@@ -20,6 +21,7 @@ from test_eval_e2e import MISS_REPLY, _Server
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_cli_with_a_tiny_checkpoint(tmp_path):
   trajs = list(schema.read_jsonl(os.path.join(REPO, "data", "corpus", "terminal_test.jsonl.gz")))
   traj = min(trajs, key=lambda t: sum(len(x.observation) for x in t.turns))

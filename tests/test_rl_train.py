@@ -66,6 +66,7 @@ def rows(workdir, split="train"):
   return [r for _, r in iter_jsonl(workdir / "metrics.jsonl") if r["split"] == split]
 
 
+@pytest.mark.slow
 def test_rl_run_logs_rollouts_evaluates_and_resumes_exactly(data, tmp_path):
   c = config(data)
   c.train.eval_every = 4

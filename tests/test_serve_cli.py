@@ -35,6 +35,7 @@ def checkpoint(tmp_path_factory):
   return ckpt
 
 
+@pytest.mark.slow
 def test_serve_with_bfloat16_decode_weights(checkpoint):
   ckpt = checkpoint
   port = _free_port()
