@@ -82,29 +82,17 @@ def main():
     os.environ["XLA_FLAGS"] = (flags + " " + TRACE_FLAG).strip()
   import jax
   from benchmarks.common import table, write_result
-  import ml_collections
-  from benchmarks.train_step import OPTIM
-  from lwm_jax import sharding as shd
+  from benchmarks.train_step import our_runner
   from lwm_jax.model.config import get_preset
-  from lwm_jax.train import optimizer, state, steps, synthetic
+  from lwm_jax.train import optimizer, synthetic
   cfg = optimizer.apply_precision(get_preset(a.preset, num_hidden_layers=a.layers), "auto")
   cfg = cfg.replace(moe_backend=a.moe_backend)
   batch = synthetic.synthetic_batch(0, 0, a.batch, a.seq, cfg.vocab_size)
   batch["segment_ids"][:] = 1
   batch["loss_weights"][:] = 1
-  tx, sch = optimizer.make_optimizer(ml_collections.ConfigDict(OPTIM), 1000)
-  mesh = shd.make_mesh(data=-1)
-  g, st, sh = state.create_train_state(cfg, tx, mesh, 0)
-  f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(), mesh, sh,
-                              {k: v.shape for k, v in batch.items()})
-  hlo = f.lower(st, batch).compile().as_text()
-  box = {"s": st}
-
-  def run():
-    box["s"], m = f(box["s"], batch)
-    jax.block_until_ready(m["loss"])
-
-  run()  # compile
+  run, _, _, _ = our_runner(cfg, batch)
+  hlo = run.compiled_text()
+  run()  # warm-up (compiles)
   run()
   t0 = time.perf_counter()
   for _ in range(a.steps):

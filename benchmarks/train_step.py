@@ -51,6 +51,7 @@ def our_runner(cfg, batch, seed=0, xent_chunk=0):
   def run():
     box["s"], box["m"] = f(box["s"], batch)
     jax.block_until_ready(box["m"]["loss"])
+  run.compiled_text = lambda: f.lower(box["s"], batch).compile().as_text()  # for profile_step.py
   return run, lambda: box["m"], g, params0
 
 

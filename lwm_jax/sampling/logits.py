@@ -71,11 +71,11 @@ def _smallest_key(keys_BxV, holds):
   lo = jnp.min(keys_BxV, axis=-1) - 1   # treated as "does not hold" (keys are never 0: NaN only)
   hi = jnp.max(keys_BxV, axis=-1)
 
-  def step(_, c):
+  def step(_, c):  # lo < mid < hi while hi - lo > 1; then mid = hi, which holds: a fixed point
     lo, hi = c
-    mid = lo + (hi - lo) // 2
-    ok = holds(mid[:, None]) | (hi - lo <= 1)
-    return jnp.where(ok, lo, mid), jnp.where(ok, jnp.where(hi - lo <= 1, hi, mid), hi)
+    mid = hi - (hi - lo) // 2
+    ok = holds(mid[:, None])
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
   return jax.lax.fori_loop(0, 32, step, (lo, hi))[1]
 
@@ -102,18 +102,18 @@ def _filter_logits(scaled_BxV, top_k_B, top_p_B, min_p_B, method: str = "bisect"
   top = jnp.max(scaled_BxV, axis=-1)
   has_k, has_p = k < v, top_p_B < 1.0
 
-  def top_k_cut(_):  # the k-th largest value: fewer than k tokens lie above it
-    return _smallest_key(keys, lambda t: ~has_k | (jnp.sum(keys > t, axis=-1) < k))
+  def top_k_cut(_):
+    """The k-th largest value (fewer than k tokens lie above it) and top-k's normaliser, which
+    counts exactly k tokens: those above the cut plus as many tied at it as fit."""
+    cut = _smallest_key(keys, lambda t: ~has_k | (jnp.sum(keys > t, axis=-1) < k))
+    over = keys > cut[:, None]
+    at_cut = jnp.min(jnp.where(keys >= cut[:, None], scaled_BxV, jnp.inf), axis=-1)
+    mass_over = jnp.sum(jnp.where(over, jnp.exp(scaled_BxV - top[:, None]), 0.0), axis=-1)
+    norm = top + jnp.log(mass_over + (k - jnp.sum(over, axis=-1)) * jnp.exp(at_cut - top))
+    return cut, jnp.where(has_k, norm, lse)
 
-  cut_k = jax.lax.cond(jnp.any(has_k), top_k_cut, lambda _: jnp.zeros_like(top, jnp.uint32), None)
-  in_k = has_k[:, None] & (keys >= cut_k[:, None])
-  # top-k's normaliser counts exactly k tokens: those above the cut plus as many tied at it as fit
-  above = jnp.sum(in_k & (keys > cut_k[:, None]), axis=-1)
-  at_cut = jnp.min(jnp.where(in_k, scaled_BxV, jnp.inf), axis=-1)  # the value at the cut
-  mass_above = jnp.sum(jnp.where(in_k & (keys > cut_k[:, None]),
-                                 jnp.exp(scaled_BxV - top[:, None]), 0.0), axis=-1)
-  norm_k = top + jnp.log(mass_above + (k - above) * jnp.exp(at_cut - top))
-  norm = jnp.where(has_k, norm_k, lse)
+  cut_k, norm = jax.lax.cond(jnp.any(has_k), top_k_cut,
+                             lambda _: (jnp.zeros_like(top, jnp.uint32), lse), None)
 
   def top_p_cut(_):  # the smallest value with less than top_p of the mass above it
     q = jnp.exp(scaled_BxV - norm[:, None])
