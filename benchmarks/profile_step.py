@@ -1,7 +1,9 @@
 """Where the time of a compiled train step goes on CPU: XLA's own per-op trace of the trainer's step.
 
   python benchmarks/profile_step.py [--preset small] [--layers 8] [--batch 8] [--seq 256]
-      [--moe_backend blocked] [--steps 3] [--top 25]
+      [--moe_backend blocked] [--steps 3] [--top 25] [--vocab N] [--out NAME]
+  python benchmarks/profile_step.py --preset demo --layers 4 --vocab 2048 --batch 4 --seq 2048 \
+      --steps 2 --out profile_step_demo      # the CPT step of `make reproduce`
 
 The step is the one `benchmarks/train_step.py` times (`steps.compile_xent_step`, AdamW with
 clipping, fp32, full rows). XLA's CPU runtime emits one trace event per executed HLO op
@@ -66,10 +68,26 @@ def describe(hlo: str, name: str) -> str:
   return out
 
 
+def model_preset(name: str, overrides: dict):
+  """A model preset by name, or the model of a training preset of configs/common.py (`demo` is
+  the `tiny` model reshaped), with `overrides` on top."""
+  from lwm_jax.model.config import PRESETS, get_preset
+  if name in PRESETS:
+    return get_preset(name, **overrides)
+  from configs.common import PRESETS as TRAINING
+  if name not in TRAINING:
+    raise SystemExit(f"unknown preset '{name}' (model presets: {', '.join(sorted(PRESETS))}; "
+                     f"training presets: {', '.join(sorted(TRAINING))})")
+  base, over = TRAINING[name]
+  return get_preset(base, **{**over.get("model", {}), **overrides})
+
+
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--preset", default="small")
+  ap.add_argument("--preset", default="small",
+                  help="a model preset, or a training preset of configs/common.py (e.g. demo)")
   ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--vocab", type=int, default=0, help="vocabulary size (0: the preset's)")
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--moe_backend", default="blocked")
@@ -83,9 +101,11 @@ def main():
   import jax
   from benchmarks.common import table, write_result
   from benchmarks.train_step import our_runner
-  from lwm_jax.model.config import get_preset
   from lwm_jax.train import optimizer, synthetic
-  cfg = optimizer.apply_precision(get_preset(a.preset, num_hidden_layers=a.layers), "auto")
+  over = {"num_hidden_layers": a.layers}
+  if a.vocab:
+    over["vocab_size"] = a.vocab
+  cfg = optimizer.apply_precision(model_preset(a.preset, over), "auto")
   cfg = cfg.replace(moe_backend=a.moe_backend)
   batch = synthetic.synthetic_batch(0, 0, a.batch, a.seq, cfg.vocab_size)
   batch["segment_ids"][:] = 1

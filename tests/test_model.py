@@ -153,14 +153,29 @@ def test_sizes_match_published_figures():
   assert abs(big.active_with_embedding / 1e9 - 3.3) < 0.1
 
 
-def test_chunked_causal_attention_equals_full_mask():
+@pytest.mark.parametrize("segments", [True, False])
+def test_chunked_causal_attention_equals_full_mask(segments):
+  """Forward and gradients of the chunked attention against one full masked softmax, with the
+  last chunk shorter than the others and (with `segments`) a document boundary inside a chunk."""
   from lwm_jax.model.attention import causal_attention, dot_attention, training_mask
   b, s, h, g, k = 2, 300, 4, 2, 8
   q = jax.random.normal(jax.random.key(0), (b, s, h, k))
   kk = jax.random.normal(jax.random.key(1), (b, s, g, k))
   v = jax.random.normal(jax.random.key(2), (b, s, g, k))
-  seg = jnp.concatenate([jnp.ones((b, 170), jnp.int32), 2 * jnp.ones((b, 130), jnp.int32)], 1)
+  w = jax.random.normal(jax.random.key(3), (b, s, h, k))
+  seg = (jnp.concatenate([jnp.ones((b, 170), jnp.int32), 2 * jnp.ones((b, 130), jnp.int32)], 1)
+         if segments else None)
+
+  def full(q, kk, v):
+    return dot_attention(q, kk, v, training_mask(seg, b, s), k ** -0.5)
+
+  def chunked(q, kk, v):
+    return causal_attention(q, kk, v, seg, k ** -0.5, chunk=64)
+
   # Compiled: eagerly, each of the five chunk shapes would compile every op again.
-  full = jax.jit(dot_attention)(q, kk, v, training_mask(seg, b, s), k ** -0.5)
-  chunked = jax.jit(causal_attention, static_argnames="chunk")(q, kk, v, seg, k ** -0.5, chunk=64)
-  np.testing.assert_allclose(chunked, full, atol=1e-5)
+  want, got = jax.jit(full)(q, kk, v), jax.jit(chunked)(q, kk, v)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  grads = [jax.jit(jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums=(0, 1, 2)))(q, kk, v)
+           for f in (full, chunked)]
+  for want_g, got_g in zip(*grads):
+    np.testing.assert_allclose(got_g, want_g, atol=1e-4)

@@ -39,22 +39,39 @@ def dot_attention(q_BxSxHxK, k, v, mask_BxSxT, scale: float, k_layout: str = "bt
 def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: float,
                      chunk: int = 128):
   """Causal (and segment-blocked) attention that skips the fully masked upper blocks: query chunk
-  i only scores keys [0, (i + 1) * chunk). Same result as `dot_attention` with `training_mask`."""
-  b, s = q_BxSxHxK.shape[:2]
+  i only scores keys [0, (i + 1) * chunk). Same result as `dot_attention` with `training_mask`.
+
+  The heads are moved before time once, for the whole sequence (queries [B, G, S * R, K] with the
+  R query heads of a kv group next to each other, keys and values [B, G, T, K]), so each chunk's
+  two products are plain batched matmuls over contiguous rows. Slicing and contracting the
+  [B, S, G, R, K] layout per chunk made XLA copy every chunk's operands and probabilities
+  transposed: 40% of a `demo`-preset CPT step at 4 x 2048 (benchmarks/results/speed.md)."""
+  b, s, h, kd = q_BxSxHxK.shape
   if s <= chunk:
     return dot_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, training_mask(segment_ids_BxS, b, s),
                          scale)
+  g = k_BxSxGxK.shape[2]
+  r = h // g
+  q = q_BxSxHxK.reshape(b, s, g, r, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, s * r, kd)
+  k = k_BxSxGxK.transpose(0, 2, 1, 3)
+  v = v_BxSxGxK.transpose(0, 2, 1, 3)
   outs = []
   for start in range(0, s, chunk):
     end = min(start + chunk, s)
-    qi = jnp.arange(start, end)[:, None]
-    kj = jnp.arange(end)[None, :]
-    mask = jnp.broadcast_to(kj <= qi, (b, end - start, end))
+    c = end - start
+    scores = jnp.einsum("bgqk,bgtk->bgqt", q[:, :, start * r:end * r], k[:, :, :end],
+                        preferred_element_type=jnp.float32)
+    mask = (jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None])[None]
     if segment_ids_BxS is not None:
       mask = mask & (segment_ids_BxS[:, start:end, None] == segment_ids_BxS[:, None, :end])
-    outs.append(dot_attention(q_BxSxHxK[:, start:end], k_BxSxGxK[:, :end], v_BxSxGxK[:, :end],
-                              mask, scale))
-  return jnp.concatenate(outs, axis=1)
+    # one mask row per query position, repeated for its R heads (rows are position-major)
+    mb = mask.shape[0]
+    mask = jnp.broadcast_to(mask[:, None, :, None], (mb, 1, c, r, end)).reshape(mb, 1, c * r, end)
+    scores = jnp.where(mask, scores * scale, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
+  out = jnp.concatenate(outs, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
+  return out.reshape(b, s, h, kd)
 
 
 def training_mask(segment_ids_BxS: jax.Array | None, b: int, s: int) -> jax.Array:
