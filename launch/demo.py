@@ -116,6 +116,10 @@ def main(_):
       c = a_cpt.per_group.get(g, (float("nan"),) * 3)
       print(f"  [{g}] | {c[0]:9.3f} | {s[0]:9.3f} | {s[1]:9.3f} | {s[2]}")
   print(coverage.describe())
+  for stage, acc in (("CPT", a_cpt), ("SFT", a_sft)):
+    print(f"{stage} model's reply format (tags, thinking block, end marker; not in the table): "
+          f"argmax right on {acc.scaffold:.3f} of {acc.scaffold_tokens} tokens, mean "
+          f"probability {acc.scaffold_prob:.3f}")
   beats = a_sft.model > a_sft.copy_previous
   print(f"SFT model {'beats' if beats else 'does NOT beat'} the copy-previous baseline "
         f"({a_sft.model:.3f} vs {a_sft.copy_previous:.3f})")
@@ -128,7 +132,9 @@ def main(_):
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
-                          "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens},
+                          "copy_previous": a_sft.copy_previous, "tokens": a_sft.tokens,
+                          "reply_format": {"cpt": [a_cpt.scaffold, a_cpt.scaffold_prob],
+                                           "sft": [a_sft.scaffold, a_sft.scaffold_prob]}},
              "worlds": {"evaluated": coverage.worlds, "seen_in_train": coverage.seen_in_train,
                         "without_world_id": coverage.missing},
              "simulated_episode": {"model": "sft (this demo's SFT run)", **sim},

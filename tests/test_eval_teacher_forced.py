@@ -83,10 +83,16 @@ def test_header_tokens_are_not_scored(tok, stage):
   acc = tf.observation_accuracy(Oracle(ids, [p - 1 for p in scaffold], tok.vocab_size), tok,
                                 [_traj()], stage=stage)
   assert acc.samples == 1 and acc.tokens == len(body_ids) and acc.model == 0.0
+  # the reply format is scored apart: in thinking mode every tag and the end marker, in CPT
+  # (whose header carries no loss and is written into its prompt) only the end marker
+  fmt = scaffold if stage == "sft" else [p for p in scaffold if ids[p] == tok.im_end_id]
+  assert len(fmt) == (1 if stage == "cpt" else len(scaffold))
+  assert acc.scaffold == 1.0 and acc.scaffold_tokens == len(fmt)
+  assert acc.scaffold_prob == pytest.approx(1.0 / (1.0 + (tok.vocab_size - 1) / np.e))
   # right on the body only: a perfect score
   acc = tf.observation_accuracy(Oracle(ids, [p - 1 for p in body], tok.vocab_size), tok,
                                 [_traj()], stage=stage)
-  assert acc.model == 1.0 and acc.tokens == len(body_ids)
+  assert acc.model == 1.0 and acc.tokens == len(body_ids) and acc.scaffold == 0.0
   # the baseline copies the previous body over the same positions: hand count from the two bodies
   prev = tok.encode(PREV_OBS)
   expect = sum(1 for j, x in enumerate(body_ids) if j < len(prev) and prev[j] == x)

@@ -5,7 +5,9 @@ stage renders it, and the score is the share of the target observation's BODY to
 model's argmax predicts correctly given everything before them. The fixed scaffolding around the
 body is not scored: the `**Environment Observation:**` header (which CPT leaves out of its loss,
 docs/recipe.md), the thinking block and the `<predicted_observation>` tags of thinking mode, and the
-end-of-message marker. The baseline predicts the same body tokens by copying the previous
+end-of-message marker; those tokens that a trained model must write (tags, thinking block, end
+marker) are scored apart as `scaffold`, the argmax accuracy and mean probability of the reply
+format. The baseline predicts the same body tokens by copying the previous
 observation's body tokens position by position (a world model that says "nothing changed"), the
 judge-free floor every LWM must clear.
 
@@ -36,6 +38,13 @@ class Accuracy:
   per_domain: dict[str, tuple[float, float, int]]   # domain -> (model, baseline, tokens)
   # with `train_worlds`: group -> (model, baseline, tokens), groups among GROUPS
   per_group: dict[str, tuple[float, float, int]] = dataclasses.field(default_factory=dict)
+  # The reply's fixed scaffolding (`target_spans`: thinking block, tags, end marker), over the
+  # same samples: the share of its tokens the argmax gets right and their mean probability. A
+  # model that has not learned its reply format (greedy decoding then writes a second thinking
+  # block, or no tag) shows here while its body score looks fine.
+  scaffold: float = float("nan")
+  scaffold_prob: float = float("nan")
+  scaffold_tokens: int = 0
 
 
 UNSEEN, SEEN, NO_WORLD = "unseen worlds", "seen worlds, new episodes", "no world id"
@@ -93,6 +102,16 @@ def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: 
   The last message is `format_observation(observation)` or, with `thinking`, the thinking target
   around it. Tokens that spell only header, tags or thinking text are left out; a token that
   straddles the header's end and the body's start counts as body (as the CPT loss counts it)."""
+  ids, body, _ = target_spans(tokenizer, msgs, observation, thinking)
+  return ids, body
+
+
+def target_spans(tokenizer, msgs: Sequence[dict], observation: str, thinking: bool
+                 ) -> tuple[list[int], list[int], list[int]]:
+  """`body_positions` plus the positions of the reply's fixed scaffolding that a trained model
+  must also write: with `thinking`, the thinking block and tags before the body and the closing
+  tag after it; in both modes the end-of-message marker. (The CPT header carries no loss and a
+  CPT model is prompted with it written, so it is not scaffolding here.)"""
   ids: list[int] = []
   for m in msgs[:-1]:
     ids += tokenizer.encode_message(m)[0]
@@ -111,7 +130,11 @@ def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: 
   lo = tokenizer.prefix_tokens(body, content[:start]) if start else 0
   hi = len(body) - _suffix_tokens(tokenizer, body, suffix)
   base = len(ids) + head
-  return ids + msg_ids, list(range(base + lo, base + max(lo, hi)))
+  scaffold = (list(range(base, base + lo)) if thinking else []) + list(
+      range(base + max(lo, hi), base + len(body)))
+  if msg_ids[head + len(body)] == tokenizer.im_end_id:
+    scaffold.append(base + len(body))
+  return ids + msg_ids, list(range(base + lo, base + max(lo, hi))), scaffold
 
 
 def _suffix_tokens(tokenizer, ids: Sequence[int], suffix: str) -> int:
@@ -132,16 +155,23 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
   Samples longer than `max_len` tokens are skipped and counted in `samples` only when kept.
   With `train_worlds` (the world ids of the training data), `per_group` splits the score into
   unseen worlds, seen worlds with new episodes, and trajectories without a world id."""
-  fwd = jax.jit(lambda toks: jnp.argmax(model(toks).logits, axis=-1))
+  def scores(toks):
+    logits = model(toks).logits.astype(jnp.float32)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), toks[:, 1:, None],
+                               axis=-1)[..., 0]
+    return jnp.argmax(logits, axis=-1), logp
+
+  fwd = jax.jit(scores)
   hits = base_hits = total = kept = 0
+  s_hits, s_prob, s_total = 0, 0.0, 0
   dom: dict[str, list[int]] = {}
   for traj in trajs:
     if len(traj.turns) < 2:
       continue
     t = _target(traj, seed)
     thinking = stage != "cpt"
-    ids, body = body_positions(tokenizer, _render(traj, t, stage, seed),
-                               traj.turns[t].observation, thinking)
+    ids, body, scaffold = target_spans(tokenizer, _render(traj, t, stage, seed),
+                                       traj.turns[t].observation, thinking)
     # The previous observation's body, rendered the same way, is the copy baseline.
     prev_ids, prev_body = body_positions(tokenizer, _render(traj, t - 1, stage, seed),
                                          traj.turns[t - 1].observation, thinking)
@@ -153,8 +183,12 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     bucket = max(64, 1 << (len(ids) - 1).bit_length())
     toks = np.zeros((1, bucket), np.int32)
     toks[0, :len(ids)] = ids
-    pred = np.asarray(fwd(jnp.asarray(toks)))[0]
+    pred, logp = (np.asarray(x)[0] for x in fwd(jnp.asarray(toks)))
     target = np.asarray(ids)[pos]
+    sc = np.asarray(scaffold, np.int64)
+    s_hits += int(np.sum(pred[sc - 1] == np.asarray(ids)[sc]))
+    s_prob += float(np.sum(np.exp(logp[sc - 1])))
+    s_total += len(sc)
     h = int(np.sum(pred[pos - 1] == target))
     b = sum(1 for j, tok in enumerate(target) if j < len(prev) and prev[j] == tok)
     hits, base_hits, total = hits + h, base_hits + b, total + len(pos)
@@ -168,4 +202,7 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
   rate = lambda v: (v[0] / max(v[2], 1), v[1] / max(v[2], 1), v[2])
   per = {k: rate(v) for k, v in sorted(dom.items()) if k not in GROUPS}
   groups = {k: rate(dom[k]) for k in GROUPS if k in dom}
-  return Accuracy(hits / max(total, 1), base_hits / max(total, 1), total, kept, per, groups)
+  return Accuracy(hits / max(total, 1), base_hits / max(total, 1), total, kept, per, groups,
+                  scaffold=s_hits / s_total if s_total else float("nan"),
+                  scaffold_prob=s_prob / s_total if s_total else float("nan"),
+                  scaffold_tokens=s_total)
