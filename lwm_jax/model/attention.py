@@ -21,6 +21,11 @@ NEG_INF = -1e30
 CACHE_LAYOUT = {"k": "bgtk", "v": "bgkt"}
 
 
+def masked_softmax(scores, mask, scale: float, dtype):
+  """Softmax over the last axis of the scaled fp32 scores where `mask` holds (broadcast)."""
+  return jax.nn.softmax(jnp.where(mask, scores * scale, NEG_INF), axis=-1).astype(dtype)
+
+
 def dot_attention(q_BxSxHxK, k, v, mask_BxSxT, scale: float, k_layout: str = "btgk",
                   v_layout: str = "btgk"):
   """Softmax attention in fp32 with GQA (H query heads share G kv heads). `k` and `v` are
@@ -30,8 +35,7 @@ def dot_attention(q_BxSxHxK, k, v, mask_BxSxT, scale: float, k_layout: str = "bt
   g = k.shape[k_layout.index("g")]
   q = q_BxSxHxK.reshape(b, s, g, h // g, kd)
   scores = jnp.einsum(f"bsgrk,{k_layout}->bgrst", q, k, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask_BxSxT[:, None, None], scores * scale, NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  probs = masked_softmax(scores, mask_BxSxT[:, None, None], scale, v.dtype)
   out = jnp.einsum(f"bgrst,{v_layout}->bsgrk", probs, v)
   return out.reshape(b, s, h, -1)
 
@@ -67,8 +71,7 @@ def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: fl
     # one mask row per query position, repeated for its R heads (rows are position-major)
     mb = mask.shape[0]
     mask = jnp.broadcast_to(mask[:, None, :, None], (mb, 1, c, r, end)).reshape(mb, 1, c * r, end)
-    scores = jnp.where(mask, scores * scale, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    probs = masked_softmax(scores, mask, scale, v.dtype)
     outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
   out = jnp.concatenate(outs, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, s, h, kd)
