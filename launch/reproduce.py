@@ -82,6 +82,7 @@ flags.DEFINE_integer("sft_seq_len", None, "tokens per SFT row (0: --seq_len)")
 flags.DEFINE_integer("sft_batch", None, "rows per SFT batch (0: --batch)")
 flags.DEFINE_integer("cpt_steps", None, "CPT steps")
 flags.DEFINE_integer("sft_steps", None, "SFT steps")
+flags.DEFINE_float("sft_lr", None, "SFT peak learning rate (0: the SFT config's, 1e-3)")
 flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
                   "full loss on every observation")
 flags.DEFINE_enum("thinking", "on", ["on", "off"], "SFT targets with or without a <think> block")
@@ -96,12 +97,16 @@ flags.DEFINE_integer("eval_max_turns", None, "test-split turns evaluated per dom
 flags.DEFINE_integer("eval_max_new_tokens", None, "generated tokens per turn at most")
 flags.DEFINE_integer("eval_batch", None, "turns generated together")
 flags.DEFINE_integer("seed", 0, "seed of the turn sample")
+flags.DEFINE_string("reuse", "", "an earlier run folder of this script: its tokenizer and every "
+                    "run whose config (and starting point) equals this plan's are copied instead "
+                    "of trained (e.g. an ablation or SFT variant from the same CPT); the report "
+                    "marks them")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
 flags.DEFINE_string("ship", "", "copy the final main model (its Hugging Face export) to this "
                     "folder with provenance.json (command, settings, corpus sha256, results); "
                     "`make world-model` ships data/world_model/ this way")
 
-SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps", "sft_steps", "knowledge_share",
+SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps", "sft_steps", "sft_lr", "knowledge_share",
               "ablations", "eval_max_turns", "eval_max_new_tokens", "eval_batch", "rl_steps")
 
 
@@ -126,6 +131,7 @@ class Settings:
   eval_max_turns: int
   eval_max_new_tokens: int
   eval_batch: int
+  sft_lr: float = 0.0            # 0: the SFT config's peak learning rate
   validate: bool = True          # validation loss at the end of each training run
   fast_compile: bool = False     # FAST_COMPILE XLA flags
   seed: int = 0
@@ -158,6 +164,8 @@ def resolve(values: dict[str, Any]) -> Settings:
             "eval_batch", "rl_steps"):
     if int(v[k]) < 1:
       raise ValueError(f"--{k} must be >= 1, got {v[k]}")
+  if float(v.get("sft_lr") or 0.0) < 0:
+    raise ValueError(f"--sft_lr must be >= 0 (0: the SFT config's), got {v['sft_lr']}")
   if int(v["eval_max_turns"]) < 0:
     raise ValueError(f"--eval_max_turns must be >= 0 (0: every turn), got {v['eval_max_turns']}")
   return Settings(budget=budget, preset=str(v["preset"]), vocab=int(v["vocab"]),
@@ -171,7 +179,8 @@ def resolve(values: dict[str, Any]) -> Settings:
                   eval_max_turns=int(v["eval_max_turns"]),
                   eval_max_new_tokens=int(v["eval_max_new_tokens"]),
                   eval_batch=int(v["eval_batch"]), validate=bool(v["validate"]),
-                  fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0))
+                  fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0),
+                  sft_lr=float(v.get("sft_lr") or 0.0))
 
 
 def settings_from_flags() -> Settings:
@@ -246,6 +255,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       init_from_hf=os.path.join(wd, spec.init_from, "hf") if spec.init_from else "",
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
       knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
+  if spec.stage == "sft" and s.sft_lr:
+    c.optim.lr = s.sft_lr
   if not s.validate:
     c.train.eval_every = 0
   return c
@@ -291,6 +302,58 @@ def masking_coverage(trajs) -> dict[str, Any]:
       kept += masking.keep_turn(t.id, k, turn.action, turn.observation, 0)
       total += 1
   return {"turns": total, "kept": kept, "classes": dict(sorted(classes.items()))}
+
+
+def _plan_config(cfg: dict[str, Any], wd: str) -> str:
+  """A run's config as JSON with its run folder written as WD: equal for equal runs anywhere."""
+  text = json.dumps(cfg, sort_keys=True, default=str)
+  for form in (os.path.abspath(wd), os.path.normpath(wd)):
+    text = text.replace(form + "/", "WD/")
+  return text
+
+
+def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dict[str, Any],
+             wd: str) -> dict[str, dict[str, Any]]:
+  """{run name: its report row} of the earlier run folder `old` that this plan can copy: same
+  corpus, same tokenizer settings, an equal config and a starting point that is copied too. What
+  cannot be reused is said and trained afresh; a folder that is not a finished run of this script
+  (with its Hugging Face exports) is an error."""
+  need = [os.path.join(old, n) for n in ("plan.json", "report.json", "tokenizer.model")]
+  for n in need:
+    if not os.path.isfile(n):
+      raise SystemExit(f"--reuse: {n} is missing (a finished run folder of launch/reproduce.py "
+                       "is expected)")
+  with open(need[0]) as f:
+    old_plan = json.load(f)
+  with open(need[1]) as f:
+    old_rows = json.load(f).get("stages", {})
+  if old_plan["corpus"]["sha256"] != header["corpus"]["sha256"]:
+    raise SystemExit(f"--reuse: {old} trained on corpus {old_plan['corpus']['sha256']}, this run "
+                     f"uses {header['corpus']['sha256']}")
+  for k in ("vocab", "knowledge", "knowledge_share"):
+    a, b = old_plan["settings"].get(k), header["settings"].get(k)
+    if (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+      raise SystemExit(f"--reuse: {old} has {k}={a!r}, this run {b!r}: its tokenizer differs")
+  out = {}
+  for r in runs:   # in plan order, so a run's starting point is decided before the run
+    c, name = configs[r.name], r.name
+    prev = old_plan.get("configs", {}).get(name)
+    if r.init_from and r.init_from not in out:
+      continue     # its starting point is trained afresh, so it is too
+    if prev is None or name not in old_rows or not os.path.isdir(os.path.join(old, name, "hf")):
+      print(f"--reuse: {old} has no finished {name}; it is trained")
+    elif _plan_config(prev, old) != _plan_config(c.to_dict(), wd):
+      print(f"--reuse: {name} of {old} was configured differently; it is trained")
+    else:
+      out[name] = old_rows[name]
+  return out
+
+
+def _copy_run(old: str, wd: str, name: str, row: dict[str, Any]) -> dict[str, Any]:
+  shutil.copytree(os.path.join(old, name), os.path.join(wd, name))
+  row = json.loads(_plan_config(row, old).replace("WD/", os.path.normpath(wd) + "/"))
+  row["reused_from"] = os.path.join(old, name)
+  return row
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -382,9 +445,16 @@ def main(argv):
     extra_texts = [d.full_text() for d in docs]
     print(f"{len(docs)} documents, {knowledge_info['characters']} characters")
 
-  _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
-  sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
-                                          extra_texts)
+  if FLAGS.reuse:
+    _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {FLAGS.reuse}")
+    for ext in (".model", ".vocab"):
+      if os.path.isfile(os.path.join(FLAGS.reuse, "tokenizer" + ext)):
+        shutil.copy(os.path.join(FLAGS.reuse, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
+    sp, tok, vocab = stages.load_tokenizer(os.path.join(wd, "tokenizer.model"))
+  else:
+    _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
+    sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
+                                            extra_texts)
   print(f"{sp}: {tok.vocab_size} pieces")
   final = [r for r in runs if r.main][-1]   # the main pipeline's last model: always exported
   exports = {r.init_from for r in runs if r.init_from} | {final.name}
@@ -398,11 +468,14 @@ def main(argv):
     print(f"plan written to {wd}/plan.json (--plan_only: nothing trained)")
     return
 
+  reused = reusable(FLAGS.reuse, header, runs, configs, wd) if FLAGS.reuse else {}
   rows = {}
   for i, r in enumerate(runs, 3):
     _banner(f"{i}. {r.stage.upper()} {r.name} ({configs[r.name].train.num_steps} steps"
-            + (f", from {r.init_from})" if r.init_from else ")"))
-    rows[r.name] = _train(r, configs[r.name], wd)
+            + (f", from {r.init_from})" if r.init_from else ")")
+            + (f": copied from {FLAGS.reuse}" if r.name in reused else ""))
+    rows[r.name] = (_copy_run(FLAGS.reuse, wd, r.name, reused[r.name]) if r.name in reused
+                    else _train(r, configs[r.name], wd))
     row = rows[r.name]
     print(f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}; "
           f"{row['tokens_per_s'] or 0:.0f} tokens/s; {row['seconds']:.0f} s")

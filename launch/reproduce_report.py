@@ -65,6 +65,11 @@ def _stage_table(rows: dict[str, Any]) -> list[str]:
                f"{d.get('loss_tokens', '-')} | {d.get('knowledge_tokens', '-')} | "
                f"{_f(r['loss_first'])} -> {_f(r['loss_last'])} | {_f(ev)} | "
                f"{_f(r['tokens_per_s'], '.0f')} | {_f(r['seconds'], '.0f')} |")
+  reused = [f"{n} (copied from {r['reused_from']}, where it trained)" for n, r in rows.items()
+            if r.get("reused_from")]
+  if reused:
+    out += ["", "Reused with `--reuse`, not trained in this run (its seconds are the original "
+            "run's): " + "; ".join(reused) + "."]
   return out
 
 

@@ -65,7 +65,11 @@ def train_tokenizer(trajs, vocab: int, prefix: str, extra_texts=()) -> tuple[str
     texts.append(prompts.system_prompt(traj, 1))
     for turn in traj.turns:
       texts += [turn.action, turn.observation]
-  sp = tok_lib.train_sentencepiece(texts, vocab, prefix)
+  return load_tokenizer(tok_lib.train_sentencepiece(texts, vocab, prefix))
+
+
+def load_tokenizer(sp: str) -> tuple[str, object, int]:
+  """(sp, its tokenizer, the model vocabulary: its size rounded up to a multiple of 128)."""
   tok = tok_lib.load_tokenizer(sp)
   return sp, tok, -(-tok.vocab_size // 128) * 128
 

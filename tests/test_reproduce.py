@@ -148,6 +148,13 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
   assert think.train.num_steps == nothink.train.num_steps == 3
   assert think.data.pipeline.knowledge_jsonl == ""              # knowledge text is CPT only
   assert it.train.eval_every == 0                               # tiny skips validation
+  lr = rp.resolve({"budget": "tiny", "knowledge": "", "sft_lr": 3e-4})
+  c_lr = {r.stage: rp.run_config(r, lr, wd, "tok.model", 1024, corpus, "", True)
+          for r in rp.plan(lr)}
+  assert c_lr["sft"].optim.lr == 3e-4 and c_lr["cpt"].optim.lr == it.optim.lr
+  assert think.optim.lr == _load("stages").STAGE_CONFIGS["sft"].get_config("tiny").optim.lr
+  with pytest.raises(ValueError, match="sft_lr"):
+    rp.resolve({"budget": "tiny", "sft_lr": -1.0})
 
 
 def test_sft_rows_and_the_models_context(rp):
@@ -170,6 +177,56 @@ def test_sft_rows_and_the_models_context(rp):
   assert gspo.train.seq_len == gspo.model.max_position_embeddings == 1024
   same = rp.resolve({"budget": "tiny", "knowledge": ""})
   assert (same.sft_seq_len, same.sft_batch) == (same.seq_len, same.batch)
+
+
+def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
+  """--reuse copies a run of an earlier folder only when its config, with the folder's own path
+  written out, equals this plan's and its starting point is copied too; another corpus or
+  tokenizer setting is refused."""
+  import json
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  old, new = str(tmp_path / "old"), str(tmp_path / "new")
+
+  def configs(wd, **over):
+    s = rp.resolve({"budget": "tiny", "knowledge": "search", **over})
+    runs = rp.plan(s)
+    return s, runs, {r.name: rp.run_config(r, s, wd, os.path.join(wd, "tokenizer.model"), 1024,
+                                           corpus, os.path.join(wd, "knowledge.jsonl.gz"), True)
+                     for r in runs}
+
+  s_old, _, c_old = configs(old)
+  header = lambda s, sha="abc": {"corpus": {"sha256": sha}, "settings": json.loads(json.dumps(
+      rp.dataclasses.asdict(s)))}
+  for name in c_old:
+    os.makedirs(os.path.join(old, name, "hf"))
+  with open(os.path.join(old, "plan.json"), "w") as f:
+    json.dump({**header(s_old), "configs": {k: c.to_dict() for k, c in c_old.items()}}, f)
+  rows = {n: {"name": n, "loss_png": os.path.join(old, n, "loss.png"), "steps": 8} for n in c_old}
+  with open(os.path.join(old, "report.json"), "w") as f:
+    json.dump({"stages": rows}, f)
+  open(os.path.join(old, "tokenizer.model"), "w").close()
+
+  s_same, r_same, c_same = configs(new)                    # the same plan: everything is copied
+  assert rp.reusable(old, header(s_same), r_same, c_same, new) == rows
+  s_new, r_new, c_new = configs(new, sft_steps=9)          # another SFT from the same CPT
+  assert rp.reusable(old, header(s_new), r_new, c_new, new) == {"cpt_it": rows["cpt_it"]}
+  assert f"sft_it_think of {old} was configured differently" in capsys.readouterr().out
+  os.makedirs(new)
+  copied = rp._copy_run(old, new, "cpt_it", rows["cpt_it"])
+  assert copied["loss_png"] == os.path.join(new, "cpt_it", "loss.png")
+  assert copied["reused_from"] == os.path.join(old, "cpt_it") and os.path.isdir(
+      os.path.join(new, "cpt_it", "hf"))
+  s_other, r_other, c_other = configs(new, cpt_steps=9)    # another CPT: all trained afresh
+  assert rp.reusable(old, header(s_other), r_other, c_other, new) == {}
+  assert f"cpt_it of {old} was configured differently" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="corpus"):
+    rp.reusable(old, header(s_new, sha="other"), r_new, c_new, new)
+  s_vocab, r_vocab, c_vocab = configs(new, vocab=512)
+  with pytest.raises(SystemExit, match="vocab"):
+    rp.reusable(old, header(s_vocab), r_vocab, c_vocab, new)
+  with pytest.raises(SystemExit, match="plan.json is missing"):
+    rp.reusable(new, header(s_new), r_new, c_new, new)
 
 
 def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
