@@ -97,7 +97,7 @@ flags.DEFINE_integer("eval_max_turns", None, "test-split turns evaluated per dom
 flags.DEFINE_integer("eval_max_new_tokens", None, "generated tokens per turn at most")
 flags.DEFINE_integer("eval_batch", None, "turns generated together")
 flags.DEFINE_integer("seed", 0, "seed of the turn sample")
-flags.DEFINE_string("reuse", "", "an earlier run folder of this script: its tokenizer and every "
+flags.DEFINE_string("reuse_from", "", "an earlier run folder of this script: its tokenizer and every "
                     "run whose config (and starting point) equals this plan's are copied instead "
                     "of trained (e.g. an ablation or SFT variant from the same CPT); the report "
                     "marks them")
@@ -321,19 +321,19 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   need = [os.path.join(old, n) for n in ("plan.json", "report.json", "tokenizer.model")]
   for n in need:
     if not os.path.isfile(n):
-      raise SystemExit(f"--reuse: {n} is missing (a finished run folder of launch/reproduce.py "
+      raise SystemExit(f"--reuse_from: {n} is missing (a finished run folder of launch/reproduce.py "
                        "is expected)")
   with open(need[0]) as f:
     old_plan = json.load(f)
   with open(need[1]) as f:
     old_rows = json.load(f).get("stages", {})
   if old_plan["corpus"]["sha256"] != header["corpus"]["sha256"]:
-    raise SystemExit(f"--reuse: {old} trained on corpus {old_plan['corpus']['sha256']}, this run "
+    raise SystemExit(f"--reuse_from: {old} trained on corpus {old_plan['corpus']['sha256']}, this run "
                      f"uses {header['corpus']['sha256']}")
   for k in ("vocab", "knowledge", "knowledge_share"):
     a, b = old_plan["settings"].get(k), header["settings"].get(k)
     if (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
-      raise SystemExit(f"--reuse: {old} has {k}={a!r}, this run {b!r}: its tokenizer differs")
+      raise SystemExit(f"--reuse_from: {old} has {k}={a!r}, this run {b!r}: its tokenizer differs")
   out = {}
   for r in runs:   # in plan order, so a run's starting point is decided before the run
     c, name = configs[r.name], r.name
@@ -341,9 +341,9 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
     if r.init_from and r.init_from not in out:
       continue     # its starting point is trained afresh, so it is too
     if prev is None or name not in old_rows or not os.path.isdir(os.path.join(old, name, "hf")):
-      print(f"--reuse: {old} has no finished {name}; it is trained")
+      print(f"--reuse_from: {old} has no finished {name}; it is trained")
     elif _plan_config(prev, old) != _plan_config(c.to_dict(), wd):
-      print(f"--reuse: {name} of {old} was configured differently; it is trained")
+      print(f"--reuse_from: {name} of {old} was configured differently; it is trained")
     else:
       out[name] = old_rows[name]
   return out
@@ -445,11 +445,11 @@ def main(argv):
     extra_texts = [d.full_text() for d in docs]
     print(f"{len(docs)} documents, {knowledge_info['characters']} characters")
 
-  if FLAGS.reuse:
-    _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {FLAGS.reuse}")
+  if FLAGS.reuse_from:
+    _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {FLAGS.reuse_from}")
     for ext in (".model", ".vocab"):
-      if os.path.isfile(os.path.join(FLAGS.reuse, "tokenizer" + ext)):
-        shutil.copy(os.path.join(FLAGS.reuse, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
+      if os.path.isfile(os.path.join(FLAGS.reuse_from, "tokenizer" + ext)):
+        shutil.copy(os.path.join(FLAGS.reuse_from, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
     sp, tok, vocab = stages.load_tokenizer(os.path.join(wd, "tokenizer.model"))
   else:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
@@ -468,13 +468,13 @@ def main(argv):
     print(f"plan written to {wd}/plan.json (--plan_only: nothing trained)")
     return
 
-  reused = reusable(FLAGS.reuse, header, runs, configs, wd) if FLAGS.reuse else {}
+  reused = reusable(FLAGS.reuse_from, header, runs, configs, wd) if FLAGS.reuse_from else {}
   rows = {}
   for i, r in enumerate(runs, 3):
     _banner(f"{i}. {r.stage.upper()} {r.name} ({configs[r.name].train.num_steps} steps"
             + (f", from {r.init_from})" if r.init_from else ")")
-            + (f": copied from {FLAGS.reuse}" if r.name in reused else ""))
-    rows[r.name] = (_copy_run(FLAGS.reuse, wd, r.name, reused[r.name]) if r.name in reused
+            + (f": copied from {FLAGS.reuse_from}" if r.name in reused else ""))
+    rows[r.name] = (_copy_run(FLAGS.reuse_from, wd, r.name, reused[r.name]) if r.name in reused
                     else _train(r, configs[r.name], wd))
     row = rows[r.name]
     print(f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}; "

@@ -68,7 +68,7 @@ def _stage_table(rows: dict[str, Any]) -> list[str]:
   reused = [f"{n} (copied from {r['reused_from']}, where it trained)" for n, r in rows.items()
             if r.get("reused_from")]
   if reused:
-    out += ["", "Reused with `--reuse`, not trained in this run (its seconds are the original "
+    out += ["", "Reused with `--reuse_from`, not trained in this run (its seconds are the original "
             "run's): " + "; ".join(reused) + "."]
   return out
 
@@ -147,7 +147,10 @@ def markdown(rep: dict[str, Any]) -> str:
               else "every turn")
            + f", {s['eval_batch']} turns per batch.",
            _masking_line(rep.get("masking")),
-           f"Total time: {rep['seconds']:.0f} s.", "", "## Verdict", "",
+           f"Total time: {rep['seconds']:.0f} s"
+           + (" (runs copied with `--reuse_from` not counted)" if any(
+               r.get("reused_from") for r in rep["stages"].values()) else "") + ".",
+           "", "## Verdict", "",
            *_verdict_lines(rep["verdict"]), "", "## Stages", "", *_stage_table(rep["stages"]),
            "", "Each run's resolved config is its `config.json` (and `plan.json` holds them all); "
            "its loss curve is its `loss.png`.", "",

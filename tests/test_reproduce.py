@@ -180,7 +180,7 @@ def test_sft_rows_and_the_models_context(rp):
 
 
 def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
-  """--reuse copies a run of an earlier folder only when its config, with the folder's own path
+  """--reuse_from copies a run of an earlier folder only when its config, with the folder's own path
   written out, equals this plan's and its starting point is copied too; another corpus or
   tokenizer setting is refused."""
   import json
