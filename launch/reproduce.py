@@ -54,8 +54,11 @@ BUDGETS: dict[str, dict[str, Any]] = {
     # from the same CPT, 150 left the reply format half learned and scored 35.9 token F1 against
     # 42.2 for 300 (docs/reproduce.md); the run with 300 took 101 minutes on a slow, partly shared
     # host (CPT at 4.1 s a step), so this budget fits the hour only on a quiet, fast one.
+    # SFT targets without the (empty) thinking block: from the same CPT, 44.5 token F1 against
+    # 42.2 with it on the 140 test turns, 44.2 against 41.8 on 420
+    # (experiments/reproduce_thinking_full); --thinking=on trains the paper's thinking mode.
     "full": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024, sft_batch=8,
-                 cpt_steps=1000, sft_steps=300, knowledge_share=0.1, ablations="",
+                 cpt_steps=1000, sft_steps=300, knowledge_share=0.1, ablations="", thinking="off",
                  eval_max_turns=20, eval_max_new_tokens=320, eval_batch=32, rl_steps=24,
                  validate=True, fast_compile=False),
     # the ablations at equal compute, smaller than `full` (about 35 minutes): CPT with and without
@@ -85,7 +88,8 @@ flags.DEFINE_integer("sft_steps", None, "SFT steps")
 flags.DEFINE_float("sft_lr", None, "SFT peak learning rate (0: the SFT config's, 1e-3)")
 flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
                   "full loss on every observation")
-flags.DEFINE_enum("thinking", "on", ["on", "off"], "SFT targets with or without a <think> block")
+flags.DEFINE_enum("thinking", None, ["on", "off"], "SFT targets with or without a <think> "
+                  "block (default: the budget's; `full` trains without, docs/reproduce.md)")
 flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CPT: search "
                     "(the search environment's pages), actions (action spaces); '' for none")
 flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
@@ -173,7 +177,8 @@ def resolve(values: dict[str, Any]) -> Settings:
                   sft_seq_len=int(v.get("sft_seq_len") or v["seq_len"]),
                   sft_batch=int(v.get("sft_batch") or v["batch"]),
                   cpt_steps=int(v["cpt_steps"]), sft_steps=int(v["sft_steps"]),
-                  masking=values.get("masking") or "it", thinking=values.get("thinking") or "on",
+                  masking=values.get("masking") or "it",
+                  thinking=values.get("thinking") or v.get("thinking", "on"),
                   knowledge=knowledge if share > 0 else (), knowledge_share=share,
                   ablations=ablations, rl=bool(values.get("rl")), rl_steps=int(v["rl_steps"]),
                   eval_max_turns=int(v["eval_max_turns"]),
@@ -306,6 +311,9 @@ def masking_coverage(trajs) -> dict[str, Any]:
 
 def _plan_config(cfg: dict[str, Any], wd: str) -> str:
   """A run's config as JSON with its run folder written as WD: equal for equal runs anywhere."""
+  # whether a run writes its Hugging Face export is not part of what it trains (a copied run that
+  # lacks one is exported from its checkpoint: `_copy_run`)
+  cfg = {k: v for k, v in cfg.items() if k != "export_hf"}
   text = json.dumps(cfg, sort_keys=True, default=str)
   for form in (os.path.abspath(wd), os.path.normpath(wd)):
     text = text.replace(form + "/", "WD/")
@@ -340,7 +348,8 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
     prev = old_plan.get("configs", {}).get(name)
     if r.init_from and r.init_from not in out:
       continue     # its starting point is trained afresh, so it is too
-    if prev is None or name not in old_rows or not os.path.isdir(os.path.join(old, name, "hf")):
+    if prev is None or name not in old_rows or not os.path.isdir(
+        os.path.join(old, name, "checkpoints")):
       print(f"--reuse_from: {old} has no finished {name}; it is trained")
     elif _plan_config(prev, old) != _plan_config(c.to_dict(), wd):
       print(f"--reuse_from: {name} of {old} was configured differently; it is trained")
@@ -349,10 +358,18 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   return out
 
 
-def _copy_run(old: str, wd: str, name: str, row: dict[str, Any]) -> dict[str, Any]:
+def _copy_run(old: str, wd: str, name: str, row: dict[str, Any], c=None) -> dict[str, Any]:
+  """Copies run `name` of `old` into `wd`; with its config `c` asking for a Hugging Face export
+  the old run did not write, exports its last checkpoint as training would have."""
   shutil.copytree(os.path.join(old, name), os.path.join(wd, name))
   row = json.loads(_plan_config(row, old).replace("WD/", os.path.normpath(wd) + "/"))
   row["reused_from"] = os.path.join(old, name)
+  if c is not None and c.export_hf and not os.path.isdir(c.export_hf_dir):
+    from lwm_jax import checkpoints, hf  # pylint: disable=import-outside-toplevel
+    model, _ = checkpoints.load(os.path.join(wd, name), tokenizer=c.data.tokenizer)
+    hf.save_pretrained(model, c.export_hf_dir, tokenizer=c.data.tokenizer,
+                       generation=c.init_from_hf or None)
+    row["export_hf"] = c.export_hf_dir
   return row
 
 
@@ -474,8 +491,10 @@ def main(argv):
     _banner(f"{i}. {r.stage.upper()} {r.name} ({configs[r.name].train.num_steps} steps"
             + (f", from {r.init_from})" if r.init_from else ")")
             + (f": copied from {FLAGS.reuse_from}" if r.name in reused else ""))
-    rows[r.name] = (_copy_run(FLAGS.reuse_from, wd, r.name, reused[r.name]) if r.name in reused
+    rows[r.name] = (_copy_run(FLAGS.reuse_from, wd, r.name, reused[r.name], configs[r.name])
+                    if r.name in reused
                     else _train(r, configs[r.name], wd))
+    rows[r.name]["main"] = r.main   # a copied run may have been an ablation where it trained
     row = rows[r.name]
     print(f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}; "
           f"{row['tokens_per_s'] or 0:.0f} tokens/s; {row['seconds']:.0f} s")

@@ -81,6 +81,15 @@ def test_tiny_budget_and_overrides_from_the_command_line(rp, parsed):
   assert parsed("--budget=ablation").ablations == ("masking", "thinking")
 
 
+def test_each_budget_has_its_thinking_default(rp):
+  """`full` trains SFT without the thinking block (measured the better at that budget); the flag
+  overrides it, and the other budgets keep thinking mode."""
+  assert rp.resolve({"budget": "full"}).thinking == "off"
+  assert rp.resolve({"budget": "full", "thinking": "on"}).thinking == "on"
+  assert rp.resolve({"budget": "tiny"}).thinking == "on"
+  assert [r.name for r in rp.plan(rp.resolve({"budget": "full"}))] == ["cpt_it", "sft_it_nothink"]
+
+
 def test_bad_values_are_refused_by_name(rp):
   with pytest.raises(ValueError, match="--ablations: 'rl' is not one of masking, thinking"):
     rp.resolve({"budget": "tiny", "ablations": "masking,rl"})
@@ -199,7 +208,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   header = lambda s, sha="abc": {"corpus": {"sha256": sha}, "settings": json.loads(json.dumps(
       rp.dataclasses.asdict(s)))}
   for name in c_old:
-    os.makedirs(os.path.join(old, name, "hf"))
+    os.makedirs(os.path.join(old, name, "checkpoints"))
   with open(os.path.join(old, "plan.json"), "w") as f:
     json.dump({**header(s_old), "configs": {k: c.to_dict() for k, c in c_old.items()}}, f)
   rows = {n: {"name": n, "loss_png": os.path.join(old, n, "loss.png"), "steps": 8} for n in c_old}
@@ -208,6 +217,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   open(os.path.join(old, "tokenizer.model"), "w").close()
 
   s_same, r_same, c_same = configs(new)                    # the same plan: everything is copied
+  c_same["sft_it_think"].export_hf = False                 # (whether it exports is not training)
   assert rp.reusable(old, header(s_same), r_same, c_same, new) == rows
   s_new, r_new, c_new = configs(new, sft_steps=9)          # another SFT from the same CPT
   assert rp.reusable(old, header(s_new), r_new, c_new, new) == {"cpt_it": rows["cpt_it"]}
@@ -216,7 +226,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   copied = rp._copy_run(old, new, "cpt_it", rows["cpt_it"])
   assert copied["loss_png"] == os.path.join(new, "cpt_it", "loss.png")
   assert copied["reused_from"] == os.path.join(old, "cpt_it") and os.path.isdir(
-      os.path.join(new, "cpt_it", "hf"))
+      os.path.join(new, "cpt_it", "checkpoints"))
   s_other, r_other, c_other = configs(new, cpt_steps=9)    # another CPT: all trained afresh
   assert rp.reusable(old, header(s_other), r_other, c_other, new) == {}
   assert f"cpt_it of {old} was configured differently" in capsys.readouterr().out

@@ -66,3 +66,22 @@ def test_long_episode_drops_its_oldest_history_to_fit_the_context():
   last = wm.prompts[-1]
   assert last[-1]["content"].endswith(f"echo {'x' * 60} 11\n```")
   assert len(last) == 1 + 2 * (12 - dropped[-1]) - 1
+
+
+def test_an_observation_written_behind_the_history_header_is_returned_without_it():
+  """A model trained without thinking answers as the history turns read (header, then the
+  observation): the episode keeps the observation alone, so the next prompt has one header."""
+
+  class HeaderWorldModel(ScriptedWorldModel):
+    def generate(self, prompts_, params):
+      self.prompts.extend(prompts_)
+      return [Generation(text=awb.format_observation(f"out-{len(self.prompts)}\n"), token_ids=[],
+                         logprobs=[], finish_reason="stop") for _ in prompts_]
+
+  wm = HeaderWorldModel()
+  env = SimulatedEnv(wm, World.from_trajectory(_traj()))
+  env.reset(seed=0)
+  assert env.step("ls") == "out-1"
+  env.step("cat a")
+  second = wm.prompts[1][-2]["content"]
+  assert second == awb.format_observation("out-1")
