@@ -32,6 +32,9 @@ def main(argv=None) -> None:
   ap.add_argument("--splits", default="train,test")
   ap.add_argument("--per_domain", type=int, default=20, help="trajectories per split and domain")
   ap.add_argument("--stage", default="sft", choices=("sft", "cpt"))
+  ap.add_argument("--thinking", default="auto", choices=("auto", "on", "off"),
+                  help="SFT targets in thinking mode or not (auto: the setting recorded in the "
+                  "model's provenance.json, else on)")
   ap.add_argument("--max_len", type=int, default=0, help="longest sample (0: the model's context)")
   ap.add_argument("--out", default="")
   a = ap.parse_args(argv)
@@ -39,6 +42,15 @@ def main(argv=None) -> None:
   from lwm_jax.data import schema  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval.teacher_forced import observation_accuracy  # pylint: disable=C0415
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
+  thinking = a.thinking == "on"
+  if a.thinking == "auto":
+    prov = os.path.join(a.model, "provenance.json")
+    recorded = "on"
+    if os.path.isfile(prov):
+      with open(prov) as f:
+        recorded = json.load(f).get("settings", {}).get("thinking", "on")
+    thinking = recorded != "off"
+  print(f"SFT targets rendered {'in thinking mode' if thinking else 'without thinking'}")
   sampler = Sampler.from_checkpoint(a.model)
   max_len = a.max_len or int(sampler.cfg.max_position_embeddings)
   rows = []
@@ -53,7 +65,7 @@ def main(argv=None) -> None:
           by_domain[t.domain].append(t)
     for domain, trajs in sorted(by_domain.items()):
       acc = observation_accuracy(sampler.model, sampler.tokenizer, trajs, stage=a.stage,
-                                 max_len=max_len)
+                                 max_len=max_len, thinking=thinking)
       rows.append({"split": split, "domain": domain, "samples": acc.samples,
                    "skipped_longer_than_max_len": len(trajs) - acc.samples,
                    "body": acc.model, "copy_previous": acc.copy_previous, "tokens": acc.tokens,

@@ -53,7 +53,7 @@ def _chat_and_spans(tok, stage):
   """The chat ids the metric sees, computed here from whole messages, with the positions of the
   target message's header (or tags) tokens and of its body tokens."""
   traj = _traj()
-  msgs = tf._render(traj, 1, stage, 0)
+  msgs = tf._render(traj, 1, stage.split("_")[0], 0, thinking=stage == "sft")
   ids = tok.encode_chat(msgs)
   last = tok.encode_message(msgs[-1])[0]
   start = len(ids) - len(last)
@@ -61,7 +61,7 @@ def _chat_and_spans(tok, stage):
   content_ids = last[head:-2]            # without <|im_end|> and the newline after it
   body_ids = tok.encode(OBS)
   assert OBS in tok.decode(content_ids)
-  if stage == "cpt":
+  if stage in ("cpt", "sft_nothink"):
     # precondition of this crafted example: the header tokenizes apart from the body
     assert content_ids == tok.encode(OBSERVATION_HEADER + "\n") + body_ids
     lo = len(content_ids) - len(body_ids)
@@ -74,24 +74,26 @@ def _chat_and_spans(tok, stage):
   return ids, body, scaffold, body_ids
 
 
-@pytest.mark.parametrize("stage", ["cpt", "sft"])
+@pytest.mark.parametrize("stage", ["cpt", "sft", "sft_nothink"])
 def test_header_tokens_are_not_scored(tok, stage):
   ids, body, scaffold, body_ids = _chat_and_spans(tok, stage)
   assert len(scaffold) >= 3 and body
   # right on every header/tag/end token and wrong on every body token: scores 0 (the header
   # used to be scored, so this model got credit for spelling `**Environment Observation:**`)
+  kw = dict(stage=stage.split("_")[0], thinking=stage == "sft")
   acc = tf.observation_accuracy(Oracle(ids, [p - 1 for p in scaffold], tok.vocab_size), tok,
-                                [_traj()], stage=stage)
+                                [_traj()], **kw)
   assert acc.samples == 1 and acc.tokens == len(body_ids) and acc.model == 0.0
-  # the reply format is scored apart: in thinking mode every tag and the end marker, in CPT
-  # (whose header carries no loss and is written into its prompt) only the end marker
-  fmt = scaffold if stage == "sft" else [p for p in scaffold if ids[p] == tok.im_end_id]
+  # the reply format is scored apart: in thinking mode every tag and the end marker, without
+  # thinking the header the model writes and the end marker, in CPT (whose header carries no
+  # loss and is written into its prompt) only the end marker
+  fmt = scaffold if stage != "cpt" else [p for p in scaffold if ids[p] == tok.im_end_id]
   assert len(fmt) == (1 if stage == "cpt" else len(scaffold))
   assert acc.scaffold == 1.0 and acc.scaffold_tokens == len(fmt)
   assert acc.scaffold_prob == pytest.approx(1.0 / (1.0 + (tok.vocab_size - 1) / np.e))
   # right on the body only: a perfect score
   acc = tf.observation_accuracy(Oracle(ids, [p - 1 for p in body], tok.vocab_size), tok,
-                                [_traj()], stage=stage)
+                                [_traj()], **kw)
   assert acc.model == 1.0 and acc.tokens == len(body_ids) and acc.scaffold == 0.0
   # the baseline copies the previous body over the same positions: hand count from the two bodies
   prev = tok.encode(PREV_OBS)

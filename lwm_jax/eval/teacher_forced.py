@@ -89,10 +89,12 @@ def _target(traj: Trajectory, seed: int) -> int:
   return 1 + h % (len(traj.turns) - 1)
 
 
-def _render(traj: Trajectory, t: int, stage: str, seed: int) -> list[dict[str, str]]:
+def _render(traj: Trajectory, t: int, stage: str, seed: int, thinking: bool = True
+            ) -> list[dict[str, str]]:
   if stage == "cpt":
     return prompts.render_messages(traj, t, prompts.variant_for("cpt", traj.id, seed))
-  return prompts.render_messages(traj, t, prompts.variant_for("sft", traj.id, seed), thinking=True)
+  return prompts.render_messages(traj, t, prompts.variant_for("sft", traj.id, seed),
+                                 thinking=thinking)
 
 
 def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: bool
@@ -106,12 +108,13 @@ def body_positions(tokenizer, msgs: Sequence[dict], observation: str, thinking: 
   return ids, body
 
 
-def target_spans(tokenizer, msgs: Sequence[dict], observation: str, thinking: bool
-                 ) -> tuple[list[int], list[int], list[int]]:
+def target_spans(tokenizer, msgs: Sequence[dict], observation: str, thinking: bool,
+                 writes_header: bool | None = None) -> tuple[list[int], list[int], list[int]]:
   """`body_positions` plus the positions of the reply's fixed scaffolding that a trained model
   must also write: with `thinking`, the thinking block and tags before the body and the closing
   tag after it; in both modes the end-of-message marker. (The CPT header carries no loss and a
-  CPT model is prompted with it written, so it is not scaffolding here.)"""
+  CPT model is prompted with it written, so it is not scaffolding there; an SFT model trained
+  without thinking writes the header itself: `writes_header`, default `thinking`.)"""
   ids: list[int] = []
   for m in msgs[:-1]:
     ids += tokenizer.encode_message(m)[0]
@@ -130,7 +133,8 @@ def target_spans(tokenizer, msgs: Sequence[dict], observation: str, thinking: bo
   lo = tokenizer.prefix_tokens(body, content[:start]) if start else 0
   hi = len(body) - _suffix_tokens(tokenizer, body, suffix)
   base = len(ids) + head
-  scaffold = (list(range(base, base + lo)) if thinking else []) + list(
+  writes_header = thinking if writes_header is None else writes_header
+  scaffold = (list(range(base, base + lo)) if writes_header else []) + list(
       range(base + max(lo, hi), base + len(body)))
   if msg_ids[head + len(body)] == tokenizer.im_end_id:
     scaffold.append(base + len(body))
@@ -150,11 +154,14 @@ def _suffix_tokens(tokenizer, ids: Sequence[int], suffix: str) -> int:
 
 def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: str = "sft",
                          seed: int = 0, max_len: int = 2048,
-                         train_worlds: set[str] | None = None) -> Accuracy:
+                         train_worlds: set[str] | None = None,
+                         thinking: bool | None = None) -> Accuracy:
   """Teacher-forced accuracy on one target observation per trajectory (see module docstring).
   Samples longer than `max_len` tokens are skipped and counted in `samples` only when kept.
   With `train_worlds` (the world ids of the training data), `per_group` splits the score into
-  unseen worlds, seen worlds with new episodes, and trajectories without a world id."""
+  unseen worlds, seen worlds with new episodes, and trajectories without a world id.
+  `thinking` (default: on for SFT and RL, off for CPT) renders SFT targets in thinking mode or,
+  off, as the history turns read: for a model trained with `--thinking=off`."""
   def scores(toks):
     logits = model(toks).logits.astype(jnp.float32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), toks[:, 1:, None],
@@ -169,12 +176,12 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     if len(traj.turns) < 2:
       continue
     t = _target(traj, seed)
-    thinking = stage != "cpt"
-    ids, body, scaffold = target_spans(tokenizer, _render(traj, t, stage, seed),
-                                       traj.turns[t].observation, thinking)
+    think = stage != "cpt" if thinking is None else bool(thinking) and stage != "cpt"
+    ids, body, scaffold = target_spans(tokenizer, _render(traj, t, stage, seed, think),
+                                       traj.turns[t].observation, think, stage != "cpt")
     # The previous observation's body, rendered the same way, is the copy baseline.
-    prev_ids, prev_body = body_positions(tokenizer, _render(traj, t - 1, stage, seed),
-                                         traj.turns[t - 1].observation, thinking)
+    prev_ids, prev_body = body_positions(tokenizer, _render(traj, t - 1, stage, seed, think),
+                                         traj.turns[t - 1].observation, think)
     if len(ids) > max_len:
       continue
     kept += 1
