@@ -101,8 +101,8 @@ flags.DEFINE_integer("eval_max_turns", None, "test-split turns evaluated per dom
 flags.DEFINE_integer("eval_max_new_tokens", None, "generated tokens per turn at most")
 flags.DEFINE_integer("eval_batch", None, "turns generated together")
 flags.DEFINE_integer("seed", 0, "seed of the turn sample")
-flags.DEFINE_string("reuse_from", "", "an earlier run folder of this script: its tokenizer and every "
-                    "run whose config (and starting point) equals this plan's are copied instead "
+flags.DEFINE_string("reuse_from", "", "an earlier run folder of this script: its tokenizer and "
+                    "every run whose config (and starting point) equals this plan's are copied instead "
                     "of trained (e.g. an ablation or SFT variant from the same CPT); the report "
                     "marks them")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
@@ -309,15 +309,19 @@ def masking_coverage(trajs) -> dict[str, Any]:
   return {"turns": total, "kept": kept, "classes": dict(sorted(classes.items()))}
 
 
+def _relocated(obj: Any, wd: str, to: str = "WD") -> str:
+  """`obj` as JSON with every path under the run folder `wd` (relative or absolute) under `to`."""
+  text = json.dumps(obj, sort_keys=True, default=str)
+  for form in (os.path.abspath(wd), os.path.normpath(wd)):
+    text = text.replace(form + "/", to + "/")
+  return text
+
+
 def _plan_config(cfg: dict[str, Any], wd: str) -> str:
   """A run's config as JSON with its run folder written as WD: equal for equal runs anywhere."""
   # whether a run writes its Hugging Face export is not part of what it trains (a copied run that
   # lacks one is exported from its checkpoint: `_copy_run`)
-  cfg = {k: v for k, v in cfg.items() if k != "export_hf"}
-  text = json.dumps(cfg, sort_keys=True, default=str)
-  for form in (os.path.abspath(wd), os.path.normpath(wd)):
-    text = text.replace(form + "/", "WD/")
-  return text
+  return _relocated({k: v for k, v in cfg.items() if k != "export_hf"}, wd)
 
 
 def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dict[str, Any],
@@ -329,18 +333,19 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   need = [os.path.join(old, n) for n in ("plan.json", "report.json", "tokenizer.model")]
   for n in need:
     if not os.path.isfile(n):
-      raise SystemExit(f"--reuse_from: {n} is missing (a finished run folder of launch/reproduce.py "
-                       "is expected)")
+      raise SystemExit(f"--reuse_from: {n} is missing (a finished run folder of "
+                       "launch/reproduce.py is expected)")
   with open(need[0]) as f:
     old_plan = json.load(f)
   with open(need[1]) as f:
     old_rows = json.load(f).get("stages", {})
   if old_plan["corpus"]["sha256"] != header["corpus"]["sha256"]:
-    raise SystemExit(f"--reuse_from: {old} trained on corpus {old_plan['corpus']['sha256']}, this run "
-                     f"uses {header['corpus']['sha256']}")
+    raise SystemExit(f"--reuse_from: {old} trained on corpus {old_plan['corpus']['sha256']}, "
+                     f"this run uses {header['corpus']['sha256']}")
+  as_json = lambda x: json.loads(json.dumps(x))  # tuples and lists compare alike  # noqa: E731
   for k in ("vocab", "knowledge", "knowledge_share"):
-    a, b = old_plan["settings"].get(k), header["settings"].get(k)
-    if (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+    a, b = old_plan["settings"].get(k), as_json(header["settings"].get(k))
+    if a != b:
       raise SystemExit(f"--reuse_from: {old} has {k}={a!r}, this run {b!r}: its tokenizer differs")
   out = {}
   for r in runs:   # in plan order, so a run's starting point is decided before the run
@@ -358,13 +363,23 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   return out
 
 
-def _copy_run(old: str, wd: str, name: str, row: dict[str, Any], c=None) -> dict[str, Any]:
-  """Copies run `name` of `old` into `wd`; with its config `c` asking for a Hugging Face export
-  the old run did not write, exports its last checkpoint as training would have."""
+def _copy_tokenizer(old: str, wd: str) -> tuple[str, object, int]:
+  for ext in (".model", ".vocab"):
+    if os.path.isfile(os.path.join(old, "tokenizer" + ext)):
+      shutil.copy(os.path.join(old, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
+  return stages.load_tokenizer(os.path.join(wd, "tokenizer.model"))
+
+
+def _copy_run(old: str, wd: str, spec: RunSpec, row: dict[str, Any], c) -> dict[str, Any]:
+  """Copies run `spec.name` of `old` into `wd` with its report row (its place in this plan, which
+  an equal config does not fix: a copied run may have been an ablation); with its config `c`
+  asking for a Hugging Face export the old run did not write, exports its last checkpoint as
+  training would have."""
+  name = spec.name
   shutil.copytree(os.path.join(old, name), os.path.join(wd, name))
-  row = json.loads(_plan_config(row, old).replace("WD/", os.path.normpath(wd) + "/"))
-  row["reused_from"] = os.path.join(old, name)
-  if c is not None and c.export_hf and not os.path.isdir(c.export_hf_dir):
+  row = json.loads(_relocated(row, old, os.path.normpath(wd)))
+  row.update(reused_from=os.path.join(old, name), main=spec.main)
+  if c.export_hf and not os.path.isdir(c.export_hf_dir):
     from lwm_jax import checkpoints, hf  # pylint: disable=import-outside-toplevel
     model, _ = checkpoints.load(os.path.join(wd, name), tokenizer=c.data.tokenizer)
     hf.save_pretrained(model, c.export_hf_dir, tokenizer=c.data.tokenizer,
@@ -464,10 +479,7 @@ def main(argv):
 
   if FLAGS.reuse_from:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {FLAGS.reuse_from}")
-    for ext in (".model", ".vocab"):
-      if os.path.isfile(os.path.join(FLAGS.reuse_from, "tokenizer" + ext)):
-        shutil.copy(os.path.join(FLAGS.reuse_from, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
-    sp, tok, vocab = stages.load_tokenizer(os.path.join(wd, "tokenizer.model"))
+    sp, tok, vocab = _copy_tokenizer(FLAGS.reuse_from, wd)
   else:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
     sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
@@ -491,10 +503,8 @@ def main(argv):
     _banner(f"{i}. {r.stage.upper()} {r.name} ({configs[r.name].train.num_steps} steps"
             + (f", from {r.init_from})" if r.init_from else ")")
             + (f": copied from {FLAGS.reuse_from}" if r.name in reused else ""))
-    rows[r.name] = (_copy_run(FLAGS.reuse_from, wd, r.name, reused[r.name], configs[r.name])
-                    if r.name in reused
-                    else _train(r, configs[r.name], wd))
-    rows[r.name]["main"] = r.main   # a copied run may have been an ablation where it trained
+    rows[r.name] = (_copy_run(FLAGS.reuse_from, wd, r, reused[r.name], configs[r.name])
+                    if r.name in reused else _train(r, configs[r.name], wd))
     row = rows[r.name]
     print(f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}; "
           f"{row['tokens_per_s'] or 0:.0f} tokens/s; {row['seconds']:.0f} s")

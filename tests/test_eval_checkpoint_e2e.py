@@ -21,16 +21,26 @@ from test_eval_e2e import MISS_REPLY, _Server
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_cli_with_a_tiny_checkpoint(tmp_path):
+def shortest_terminal_test_trajectory() -> schema.Trajectory:
   trajs = list(schema.read_jsonl(os.path.join(REPO, "data", "corpus", "terminal_test.jsonl.gz")))
-  traj = min(trajs, key=lambda t: sum(len(x.observation) for x in t.turns))
+  return min(trajs, key=lambda t: sum(len(x.observation) for x in t.turns))
+
+
+def save_tiny_checkpoint_for(traj: schema.Trajectory, ckpt, context: int):
+  """A Hugging Face folder at `ckpt`: the tiny random model with a 400-piece SentencePiece
+  tokenizer trained on `traj`'s text and `context` positions."""
   texts = [prompts.system_prompt(traj, 0)] + [x.action + "\n" + x.observation for x in traj.turns]
-  ckpt = tmp_path / "tiny_hf"
   sp = tok_lib.train_sentencepiece(texts * 3, 400, ckpt / "tokenizer")
   vocab = tok_lib.load_tokenizer(sp).vocab_size
-  cfg = get_preset("tiny", vocab_size=-(-vocab // 64) * 64, max_position_embeddings=8192)
+  cfg = get_preset("tiny", vocab_size=-(-vocab // 64) * 64, max_position_embeddings=context)
   hf.save_pretrained(Transformer(cfg, rngs=nnx.Rngs(0)), str(ckpt))
+
+
+@pytest.mark.slow
+def test_cli_with_a_tiny_checkpoint(tmp_path):
+  traj = shortest_terminal_test_trajectory()
+  ckpt = tmp_path / "tiny_hf"
+  save_tiny_checkpoint_for(traj, ckpt, 8192)
   bench = tmp_path / "bench"
   bench.mkdir()
   awb.write_awb_jsonl(bench / "terminal_test.jsonl",

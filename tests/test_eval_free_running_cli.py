@@ -5,7 +5,6 @@ import os
 import shutil
 
 import pytest
-from flax import nnx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,23 +34,15 @@ def test_model_specs_are_parsed_and_bad_ones_named(tmp_path):
 def test_a_tiny_checkpoint_beside_the_baselines(tmp_path):
   """A tiny random model on two turns of one terminal trajectory: every selected turn has a
   prediction row, and the copy-previous row equals the metric computed here."""
-  from lwm_jax import hf
-  from lwm_jax.data import prompts, schema
-  from lwm_jax.data import tokenizer as tok_lib
+  from lwm_jax.data import schema
   from lwm_jax.eval import metrics
-  from lwm_jax.model.config import get_preset
-  from lwm_jax.model.transformer import Transformer
-  trajs = list(schema.read_jsonl(os.path.join(REPO, "data", "corpus", "terminal_test.jsonl.gz")))
-  traj = min(trajs, key=lambda t: sum(len(x.observation) for x in t.turns))
+  from test_eval_checkpoint_e2e import save_tiny_checkpoint_for, shortest_terminal_test_trajectory
+  traj = shortest_terminal_test_trajectory()
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   schema.write_jsonl(str(corpus / "terminal_test.jsonl.gz"), [traj])
-  texts = [prompts.system_prompt(traj, 0)] + [x.action + "\n" + x.observation for x in traj.turns]
   ckpt = tmp_path / "tiny_hf"
-  sp = tok_lib.train_sentencepiece(texts * 3, 400, ckpt / "tokenizer")
-  vocab = tok_lib.load_tokenizer(sp).vocab_size
-  cfg = get_preset("tiny", vocab_size=-(-vocab // 64) * 64, max_position_embeddings=4096)
-  hf.save_pretrained(Transformer(cfg, rngs=nnx.Rngs(0)), str(ckpt))
+  save_tiny_checkpoint_for(traj, ckpt, 4096)
   out = tmp_path / "out"
   _cli().main([f"--model=tiny={ckpt}", f"--corpus={corpus}", "--max_turns=2",
                "--max_new_tokens=4", "--batch=2", f"--out={out}"])

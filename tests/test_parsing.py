@@ -37,6 +37,9 @@ CASES = [
     ("<think>a</think>x<think>b</think>y", "xy"),
     # reasoning before a stray close, then a closed span, then the answer
     ("r1</think><think>r2</think><predicted_observation>z</predicted_observation>", "z"),
+    # a model trained without thinking answers as the history turns read: the header goes
+    ("**Environment Observation:**\n  total 0\n", "total 0"),
+    ("**Environment Observation:**", ""),
 ]
 
 

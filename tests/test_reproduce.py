@@ -209,6 +209,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
       rp.dataclasses.asdict(s)))}
   for name in c_old:
     os.makedirs(os.path.join(old, name, "checkpoints"))
+    os.makedirs(os.path.join(old, name, "hf"))        # exported: copying needs no export
   with open(os.path.join(old, "plan.json"), "w") as f:
     json.dump({**header(s_old), "configs": {k: c.to_dict() for k, c in c_old.items()}}, f)
   rows = {n: {"name": n, "loss_png": os.path.join(old, n, "loss.png"), "steps": 8} for n in c_old}
@@ -223,7 +224,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   assert rp.reusable(old, header(s_new), r_new, c_new, new) == {"cpt_it": rows["cpt_it"]}
   assert f"sft_it_think of {old} was configured differently" in capsys.readouterr().out
   os.makedirs(new)
-  copied = rp._copy_run(old, new, "cpt_it", rows["cpt_it"])
+  copied = rp._copy_run(old, new, r_new[0], rows["cpt_it"], c_new["cpt_it"])
   assert copied["loss_png"] == os.path.join(new, "cpt_it", "loss.png")
   assert copied["reused_from"] == os.path.join(old, "cpt_it") and os.path.isdir(
       os.path.join(new, "cpt_it", "checkpoints"))

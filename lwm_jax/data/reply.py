@@ -20,7 +20,9 @@ The rules, applied in this order:
    must not score as its truncated tail. Only when the content holds no complete block is an
    unclosed opening tag tolerated: the text after it is the prediction (cut off while answering).
    A closing tag with no opening (the opening was in the prompt) ends the prediction. Without any
-   tag, the whole content, stripped, is the prediction.
+   tag, the whole content, stripped, is the prediction. A prediction that starts with the
+   observation header of the history turns (a model trained without thinking answers the way those
+   turns read) loses the header: it belongs to the prompt's format, not to the world.
 3. Unclosed reasoning with an answer inside. When rule 1 found an unclosed `<think>` and the
    content holds no tag, the last COMPLETE block written inside that unfinished reasoning is the
    prediction (some models open `<think>` and answer without closing it). An unfinished block
@@ -30,6 +32,8 @@ The rules, applied in this order:
 from __future__ import annotations
 
 import re
+
+from lwm_jax.data.bench_records import OBSERVATION_HEADER, parse_observation
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -111,6 +115,13 @@ def _last_block(text: str, allow_unclosed: bool) -> str | None:
 
 def parse_prediction(text: str) -> str:
   """The predicted observation in a model's reply, by the rules in this module's docstring."""
+  found = _prediction(text)
+  if found.startswith(OBSERVATION_HEADER):
+    return parse_observation(found).strip()
+  return found
+
+
+def _prediction(text: str) -> str:
   _, content, unclosed = _split(text)
   found = _last_block(content, allow_unclosed=True)
   if found is not None:

@@ -176,7 +176,7 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     if len(traj.turns) < 2:
       continue
     t = _target(traj, seed)
-    think = stage != "cpt" if thinking is None else bool(thinking) and stage != "cpt"
+    think = stage != "cpt" and (thinking is None or bool(thinking))
     ids, body, scaffold = target_spans(tokenizer, _render(traj, t, stage, seed, think),
                                        traj.turns[t].observation, think, stage != "cpt")
     # The previous observation's body, rendered the same way, is the copy baseline.

@@ -36,7 +36,6 @@ import time
 from typing import Any, Callable, Sequence
 
 from lwm_jax.data import prompts
-from lwm_jax.data.bench_records import parse_observation
 from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs import base
@@ -254,9 +253,7 @@ class SimulatedEnv(base.Env):
   def record(self, action: str, gen: Generation | None, latency_s: float) -> StepResult:
     """Adds the turn (`gen` None for a finish action) and returns its StepResult."""
     terminated = gen is None
-    # A model trained without thinking writes the observation behind the header that every
-    # history turn carries (docs/reproduce.md); the header is the prompt's, not the world's.
-    observation = "" if gen is None else parse_observation(parse_prediction(gen.text))
+    observation = "" if gen is None else parse_prediction(gen.text)
     self.raw.append("" if gen is None else gen.text)
     self.turns.append(Turn(action, observation))
     self.steps = len(self.turns)
