@@ -38,8 +38,7 @@ def main(argv=None) -> None:
   ap.add_argument("--max_len", type=int, default=0, help="longest sample (0: the model's context)")
   ap.add_argument("--out", default="")
   a = ap.parse_args(argv)
-  import glob  # pylint: disable=import-outside-toplevel
-  from lwm_jax.data import schema  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import schema, splits  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval.teacher_forced import observation_accuracy  # pylint: disable=C0415
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   thinking = a.thinking == "on"
@@ -55,7 +54,7 @@ def main(argv=None) -> None:
   max_len = a.max_len or int(sampler.cfg.max_position_embeddings)
   rows = []
   for split in a.splits.split(","):
-    files = sorted(glob.glob(os.path.join(a.corpus, f"*_{split}.jsonl.gz")))
+    files = splits.split_files(a.corpus, split)
     if not files:
       raise SystemExit(f"--splits: no {a.corpus}/*_{split}.jsonl.gz")
     by_domain: dict[str, list] = {}

@@ -22,7 +22,6 @@ the rows are as long as the start's context.
 """
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import math
@@ -38,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from configs import cpt as cpt_config, rl as rl_config, sft as sft_config  # noqa: E402
-from lwm_jax.data import prompts, schema, tokenizer as tok_lib  # noqa: E402
+from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib  # noqa: E402
 from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
 from lwm_jax.rl import pool as pool_lib, stage  # noqa: E402
 from lwm_jax.rl.heldout import HeldOut  # noqa: E402
@@ -184,15 +183,15 @@ def main(_):
   if not FLAGS.reuse_start:
     shutil.rmtree(wd, ignore_errors=True)
   os.makedirs(wd, exist_ok=True)
-  train_files = sorted(glob.glob(os.path.join(FLAGS.corpus, "*_train.jsonl.gz")))
-  test_files = sorted(glob.glob(os.path.join(FLAGS.corpus, "*_test.jsonl.gz")))
+  train_files = splits.split_files(FLAGS.corpus, "train")
+  test_files = splits.split_files(FLAGS.corpus, "test")
   if not train_files:
     raise SystemExit(f"no corpus under {FLAGS.corpus}")
   trajs = [t for p in train_files for t in schema.read_jsonl(p)]
   tests = [t for p in test_files for t in schema.read_jsonl(p)]
   if FLAGS.start:
     # the start trained on the whole training split: RL and its control get the validation split
-    valid = [t for p in sorted(glob.glob(os.path.join(FLAGS.corpus, "*_validation.jsonl.gz")))
+    valid = [t for p in splits.split_files(FLAGS.corpus, "validation")
              for t in schema.read_jsonl(p)]
     pools = {"rl": valid}
   else:

@@ -3,7 +3,6 @@ training stage's config (a preset of configs/{cpt,sft}.py with a run's data, ste
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -14,7 +13,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from configs import cpt as cpt_config, sft as sft_config  # noqa: E402
-from lwm_jax.data import prompts, schema, tokenizer as tok_lib  # noqa: E402
+from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib  # noqa: E402
 
 STAGE_CONFIGS = {"cpt": cpt_config, "sft": sft_config}
 
@@ -48,8 +47,7 @@ class Corpus:
 
 def load_corpus(folder: str) -> Corpus:
   """The train / validation / test files of a corpus folder (`*_{split}.jsonl.gz`)."""
-  files = {s: sorted(glob.glob(os.path.join(folder, f"*_{s}.jsonl.gz")))
-           for s in ("train", "validation", "test")}
+  files = {s: splits.split_files(folder, s) for s in splits.SPLITS}
   if not files["train"]:
     raise SystemExit(f"no corpus under {folder} (run `make corpus`)")
   return Corpus(folder, files["train"], files["validation"], files["test"],

@@ -208,3 +208,13 @@ def test_bench_records_carry_the_world(tmp_path):
   rows = [json.loads(line) for line in path.read_text().splitlines()]
   assert n == len(rows) == 5  # turns 0, 1, 2 of a; 0, 1 of b
   assert [r.get("world") for r in rows] == ["terminal-w1"] * 3 + [None] * 2
+
+
+def test_split_files_lists_one_split_in_name_order(tmp_path):
+  for name in ("web_test", "mcp_test", "mcp_train", "mcp_testing", "notes"):
+    (tmp_path / f"{name}.jsonl.gz").write_bytes(b"")
+  assert [os.path.basename(p) for p in splits.split_files(str(tmp_path), "test")] == [
+      "mcp_test.jsonl.gz", "web_test.jsonl.gz"]
+  assert splits.split_files(str(tmp_path), "validation") == []
+  with pytest.raises(ValueError, match="unknown split 'dev'"):
+    splits.split_files(str(tmp_path), "dev")

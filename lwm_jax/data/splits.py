@@ -13,7 +13,9 @@ key is labelled as such wherever it is printed, never passed off as a world id.
 from __future__ import annotations
 
 import collections
+import glob
 import hashlib
+import os
 from typing import Iterable, Sequence
 
 from lwm_jax.data.hygiene import action_digest
@@ -26,6 +28,13 @@ STAND_IN_LABEL = "initial-state text (stand-in: no world id recorded)"
 
 class MissingWorldError(ValueError):
   """Trajectories without `meta["world"]` where a world id is required."""
+
+
+def split_files(folder: str, split: str) -> list[str]:
+  """The files of one split of a corpus folder (`DOMAIN_{split}.jsonl.gz`), in name order."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r} (one of {', '.join(SPLITS)})")
+  return sorted(glob.glob(os.path.join(folder, f"*_{split}.jsonl.gz")))
 
 
 def world_of(traj: Trajectory) -> str | None:
