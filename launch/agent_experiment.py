@@ -57,6 +57,7 @@ flags.DEFINE_list("arms", ["bc", "real", "sim", "warmup"], "arms to run")
 flags.DEFINE_integer("seeds", 0, "seeds per arm (0: the budget's)")
 flags.DEFINE_integer("episodes", 0, "RL episodes per arm (0: the budget's)")
 flags.DEFINE_integer("eval_tasks", 0, "held-out tasks (0: the budget's)")
+flags.DEFINE_integer("bc_steps", 0, "behaviour-cloning steps (0: the budget's)")
 flags.DEFINE_string("world_model", "", "world-model checkpoint (HF folder) for sim and warm-up")
 flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's for warm-up)")
 flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
@@ -78,7 +79,7 @@ BUDGETS = {
 
 def _budget() -> dict:
   b = dict(BUDGETS[FLAGS.budget])
-  for k in ("seeds", "episodes", "eval_tasks"):
+  for k in ("seeds", "episodes", "eval_tasks", "bc_steps"):
     if getattr(FLAGS, k):
       b[k] = getattr(FLAGS, k)
   return b
