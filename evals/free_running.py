@@ -54,11 +54,10 @@ def main(argv=None) -> None:
     raise SystemExit(f"--model: names must differ, got {', '.join(names)}")
   if a.max_turns < 0:
     raise SystemExit(f"--max_turns must be >= 0 (0: every turn), got {a.max_turns}")
-  from lwm_jax.data import schema, splits  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import splits  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval import free_running as fr  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
-  split = lambda s: [t for p in splits.split_files(a.corpus, s) for t in schema.read_jsonl(p)]
-  test, train = split("test"), split("train")
+  test, train = splits.read_split(a.corpus, "test"), splits.read_split(a.corpus, "train")
   if not test:
     raise SystemExit(f"--corpus: no {a.corpus}/*_test.jsonl.gz")
   selection = fr.select_cases(test, a.max_turns or None, a.seed, fr.EVAL_VARIANT)

@@ -188,11 +188,10 @@ def main(_):
   if not train_files:
     raise SystemExit(f"no corpus under {FLAGS.corpus}")
   trajs = [t for p in train_files for t in schema.read_jsonl(p)]
-  tests = [t for p in test_files for t in schema.read_jsonl(p)]
+  tests = splits.read_split(FLAGS.corpus, "test")
   if FLAGS.start:
     # the start trained on the whole training split: RL and its control get the validation split
-    valid = [t for p in splits.split_files(FLAGS.corpus, "validation")
-             for t in schema.read_jsonl(p)]
+    valid = splits.read_split(FLAGS.corpus, "validation")
     pools = {"rl": valid}
   else:
     pools = pool_lib.split_pools(trajs, stage.parse_fractions(FLAGS.fractions), seed=0)

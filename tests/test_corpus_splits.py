@@ -216,5 +216,6 @@ def test_split_files_lists_one_split_in_name_order(tmp_path):
   assert [os.path.basename(p) for p in splits.split_files(str(tmp_path), "test")] == [
       "mcp_test.jsonl.gz", "web_test.jsonl.gz"]
   assert splits.split_files(str(tmp_path), "validation") == []
+  assert splits.read_split(str(tmp_path), "validation") == []
   with pytest.raises(ValueError, match="unknown split 'dev'"):
     splits.split_files(str(tmp_path), "dev")

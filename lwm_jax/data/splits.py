@@ -19,7 +19,7 @@ import os
 from typing import Iterable, Sequence
 
 from lwm_jax.data.hygiene import action_digest
-from lwm_jax.data.schema import Trajectory
+from lwm_jax.data.schema import Trajectory, read_jsonl
 
 SPLITS = ("train", "validation", "test")
 WORLD_KEY = "world"
@@ -35,6 +35,11 @@ def split_files(folder: str, split: str) -> list[str]:
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r} (one of {', '.join(SPLITS)})")
   return sorted(glob.glob(os.path.join(folder, f"*_{split}.jsonl.gz")))
+
+
+def read_split(folder: str, split: str) -> list[Trajectory]:
+  """Every trajectory of one split of a corpus folder, file by file in name order."""
+  return [t for p in split_files(folder, split) for t in read_jsonl(p)]
 
 
 def world_of(traj: Trajectory) -> str | None:
