@@ -26,6 +26,9 @@ def get_config(arg: str | None = None):
   c.data.eval_jsonl = os.path.join(CORPUS, "search_validation.jsonl.gz")
   # "turns": one sample per action (history before it as context); "trajectory": one per episode
   c.data.pipeline.agent_layout = "turns"
+  # "goal": clone each trajectory only up to the turn that meets its task, then the finish (the
+  # scripted agents act on after it for the world model's sake); "end": every recorded turn
+  c.data.pipeline.agent_until = "goal"
   # a sample over the limit keeps its newest history (its oldest turns are dropped and counted)
   c.data.pipeline.overlong = "truncate_history"
   if preset in SHAPES:

@@ -63,6 +63,9 @@ flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's f
 flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
 flags.DEFINE_enum("warmup_rl", "real", ["real", "sim"], "the agent RL after the warm-up's BC")
 flags.DEFINE_integer("workers", 2, "processes stepping the real envs")
+flags.DEFINE_string("bc_from", "", "an earlier --out of this script whose BC runs (bc_SEED, and "
+                    "bc_warm_SEED when there) are copied instead of trained again; their recorded "
+                    "BC time is kept")
 
 # budget -> settings; "preset" is the model/shape preset of configs/agent_{bc,rl}.py
 BUDGETS = {
@@ -114,6 +117,28 @@ def train_world_model(out: str, tok: str, vocab: int, b: dict) -> str:
                           valid=_split("validation"), export_hf=True)
   c.train.progress = False
   return trainer.train(c, wd)["export_hf"]
+
+
+def reused_bc(wd: str, seed: int, arm: str) -> dict | None:
+  """The BC run `bc_SEED` (arm "bc") or `bc_warm_SEED` (arm "warmup") of --bc_from, copied to
+  `wd`, with its BC time and loss from that run's results.json; None without --bc_from, or for a
+  warm-up BC the earlier run did not make."""
+  if not FLAGS.bc_from:
+    return None
+  src = os.path.join(FLAGS.bc_from, os.path.basename(wd))
+  results = os.path.join(FLAGS.bc_from, "results.json")
+  if arm == "warmup" and not os.path.isdir(src):
+    return None
+  try:
+    with open(results) as f:
+      rec = json.load(f)["runs"][arm][seed]
+  except (OSError, KeyError, IndexError, ValueError) as e:
+    raise SystemExit(f"--bc_from: {results} has no {arm} run of seed {seed} ({e!r})") from None
+  if not os.path.isdir(os.path.join(src, "hf")):
+    raise SystemExit(f"--bc_from: {src}/hf is missing (no exported BC checkpoint)")
+  shutil.copytree(src, wd)
+  print(f"BC of {arm}, seed {seed}: reused from {src} (trained in {rec['bc_s']:.0f} s)", flush=True)
+  return {"hf": os.path.join(wd, "hf"), "bc_s": rec["bc_s"], "bc_loss": rec.get("bc_loss")}
 
 
 def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str) -> dict:
@@ -276,7 +301,8 @@ def main(argv):
   runs: dict[str, list[dict]] = {a: [] for a in FLAGS.arms}
   for seed in range(b["seeds"]):
     _banner(f"seed {seed}: BC from the base")
-    bc = behaviour_clone(os.path.join(out, f"bc_{seed}"), tok, vocab, b, seed, FLAGS.base)
+    wd = os.path.join(out, f"bc_{seed}")
+    bc = reused_bc(wd, seed, "bc") or behaviour_clone(wd, tok, vocab, b, seed, FLAGS.base)
     if "bc" in runs:
       t0 = time.perf_counter()
       m = evaluate_checkpoint(bc["hf"], b)
@@ -289,7 +315,8 @@ def main(argv):
       start, env_arm, extra = bc, arm, {}
       if arm == "warmup":
         _banner(f"seed {seed}: BC from the world model (warm-up)")
-        start = behaviour_clone(os.path.join(out, f"bc_warm_{seed}"), tok, vocab, b, seed, wm)
+        wd = os.path.join(out, f"bc_warm_{seed}")
+        start = reused_bc(wd, seed, "warmup") or behaviour_clone(wd, tok, vocab, b, seed, wm)
         env_arm, extra = FLAGS.warmup_rl, {"bc_s": start["bc_s"]}
       _banner(f"seed {seed}: agent RL, arm {arm} ({env_arm} episodes)")
       c = rl_config(b, tok, vocab, seed, start["hf"], env_arm, wm)

@@ -147,3 +147,18 @@ def test_cli_counts_the_samples(tok, tmp_path):
   row = next(l for l in out.stdout.splitlines() if l.startswith("terminal"))
   domain, split, n_traj, n_samples, overlong = row.split()[:5]
   assert (split, n_traj, n_samples, overlong) == ("train", "2", "8", "0")  # 3 actions + finish each
+
+
+def test_cut_at_goal_keeps_the_turns_up_to_the_goal_then_finish(tok):
+  a, b = crafted(), crafted()
+  b.id = "bc-2"
+  solved = {"bc-1": 2, "bc-2": None}
+  out, stats = at.cut_at_goal([a, b], lambda t: solved[t.id])
+  assert [len(t.turns) for t in out] == [2, 3] and len(a.turns) == 3  # the input is untouched
+  assert dict(stats) == {"trajectories": 2, "cut": 1, "turns_dropped": 1, "never_solved": 1}
+  targets = [weighted_runs(tok, x) for x in at.agent_samples(out[0], tok, cfg())]
+  assert targets == [["ls notes"], ["cat notes/a.txt"], [at.FINISH_ACTION]]
+  with pytest.raises(ValueError, match="bc-1: solved after 4 turns, but it has 3"):
+    at.cut_at_goal([a], lambda t: 4)
+  with pytest.raises(ValueError, match="'agent_until' must be one of end, goal"):
+    at.check_config(cfg(agent_until="later"))

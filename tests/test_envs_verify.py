@@ -14,7 +14,7 @@ import random
 import pytest
 
 from lwm_jax.envs import base, recorder, ui, verify
-from lwm_jax.envs.verify_transcript import check_trajectory, check_transcript
+from lwm_jax.envs.verify_transcript import check_trajectory, check_transcript, solved_turns
 
 # (domain, goal kind, seed): the first seed of each kind (a kind with a suffix is a variant of
 # it: the quantity exceeds the stock, the email is taken, the order was already refunded).
@@ -223,3 +223,18 @@ def test_task_worlds_differ_between_splits_and_from_corpus_seeds():
             ("corpus", range(40)))}
     assert len(ids["train"]) == len(ids["heldout"]) == 25, domain  # distinct worlds per task
     assert not ids["train"] & ids["heldout"] and not ids["corpus"] & (ids["train"] | ids["heldout"]), domain
+
+
+def test_solved_turns_is_the_first_turn_that_opens_the_search_target(envs):
+  env = envs("search")
+  traj = recorder.run_episode(env, base.make_agent("search", random.Random(1)), 1, "t")
+  target = env.goal["target"]
+  # independent reference: the first observation that is a page of the target document
+  first = next(i for i, t in enumerate(traj.turns) if t.observation.startswith(f"[{target}] page "))
+  assert first + 1 < len(traj.turns)  # the scripted agent acts on after its goal
+  assert solved_turns(traj, env) == first + 1
+  traj.turns = traj.turns[:first]
+  assert solved_turns(traj, env) is None
+  traj.domain = "chess"
+  with pytest.raises(ValueError, match="no transcript verifier for environment 'chess'"):
+    solved_turns(traj, env)

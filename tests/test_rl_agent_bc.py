@@ -61,6 +61,17 @@ def test_agent_bc_batches_weigh_only_actions(sp):
   assert runs >= 8
 
 
+def test_agent_bc_clones_each_trajectory_up_to_its_goal():
+  assert agent_bc.get_config("tiny").data.pipeline.agent_until == "goal"
+  trajs = corpus(12)
+  cut, stats = sources._cut_at_goal(trajs)
+  assert stats["trajectories"] == 12 and stats["cut"] >= 6
+  for whole, t in zip(trajs, cut):
+    target = whole.meta["target_doc"]
+    opened = [i for i, x in enumerate(whole.turns) if x.observation.startswith(f"[{target}] page ")]
+    assert len(t.turns) == (opened[0] + 1 if opened else len(whole.turns)), whole.id
+
+
 def test_agent_bc_trains_through_the_trainer(sp, tmp_path):
   s = trainer.train(config(sp), str(tmp_path / "bc"))
   assert s["final_step"] == 2 and all(np.isfinite(s["losses"]))

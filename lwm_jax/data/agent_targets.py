@@ -22,11 +22,18 @@ Two layouts give the same targets:
 Samples have the train-sample format of `pipeline` (tokens, loss_weights and the per-sample
 counters), so they pack with the same packer; `make_agent_iterator` gives packed batches, resumable
 like every other stage (a `pipeline.DataIterator`).
+
+`agent_until` says which turns are cloned: "end" every recorded turn, or "goal" the turns up to
+the first one after which the task is met (`cut_at_goal`, with a verifier the caller supplies;
+the stage uses the transcript rules of `lwm_jax.envs.verify_transcript`), then the finish. The
+scripted agents go on acting after the goal (the world model's corpus wants those turns); an agent
+that clones them learns to wander past its goal.
 """
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Callable, Sequence
 
 import grain
 import ml_collections
@@ -39,6 +46,7 @@ from lwm_jax.data.tokenizer import Tokenizer
 STAGE = "agent-bc"
 FINISH_ACTION = "finish()"
 LAYOUTS = ("turns", "trajectory")
+UNTIL = ("end", "goal")
 
 # What the agent acts on, per domain (a fallback covers imported domains).
 AGENT_WORLDS = {
@@ -156,6 +164,36 @@ def count(trajs: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.Confi
   return dict(stats)
 
 
+def cut_at_goal(trajs: Sequence[Trajectory], solved: Callable[[Trajectory], int | None]
+                ) -> tuple[list[Trajectory], collections.Counter]:
+  """Each trajectory cut after the turn at which `solved(traj)` (a number of turns, or None for
+  never) says its task was met; a never-solved one is kept whole. Returns the trajectories and
+  counts: trajectories, cut (turns after the goal existed), turns_dropped, never_solved."""
+  out, stats = [], collections.Counter()
+  for t in trajs:
+    stats["trajectories"] += 1
+    k = solved(t)
+    if k is None:
+      stats["never_solved"] += 1
+      out.append(t)
+      continue
+    if not 1 <= k <= len(t.turns):
+      raise ValueError(f"trajectory {t.id}: solved after {k} turns, but it has {len(t.turns)}")
+    if k < len(t.turns):
+      stats["cut"] += 1
+      stats["turns_dropped"] += len(t.turns) - k
+    out.append(dataclasses.replace(t, turns=list(t.turns[:k])))
+  return out, stats
+
+
+def check_config(cfg: ml_collections.ConfigDict) -> None:
+  """The agent fields of a data config: `agent_layout` and `agent_until`."""
+  for field, allowed, default in (("agent_layout", LAYOUTS, "turns"), ("agent_until", UNTIL, "end")):
+    if cfg.get(field, default) not in allowed:
+      raise ValueError(f"data config field {field!r} must be one of {', '.join(allowed)}, "
+                       f"got {cfg.get(field)!r}")
+
+
 class AgentFlatMap(grain.experimental.FlatMapTransform):
   """Trajectory -> its agent samples (the grain step of stage "agent-bc")."""
   max_fan_out = 4096
@@ -184,10 +222,9 @@ def make_agent_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
                         process_index: int = 0, process_count: int = 1,
                         source: Sequence[Trajectory] | None = None) -> pipeline.DataIterator:
   """The checkpointable batch iterator of behaviour cloning (stage "agent-bc"); the data config
-  is the pipeline's (`default_data_config`) plus `agent_layout`."""
-  if data_cfg.get("agent_layout", "turns") not in LAYOUTS:
-    raise ValueError(f"data config field 'agent_layout' must be one of {', '.join(LAYOUTS)}, "
-                     f"got {data_cfg.get('agent_layout')!r}")
+  is the pipeline's (`default_data_config`) plus `agent_layout` (and `agent_until`, which the
+  caller applies to `source` with `cut_at_goal`)."""
+  check_config(data_cfg)
   pipeline.validate_config(data_cfg, "sft")  # the same fields and limits as SFT
   src = source if source is not None else pipeline.load_source(data_cfg)
   return pipeline.DataIterator(agent_dataset(src, tokenizer, data_cfg, process_index, process_count),

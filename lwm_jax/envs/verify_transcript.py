@@ -66,11 +66,35 @@ def check_transcript(domain: str, seed: int, history: Iterable[Any],
 
 def check_trajectory(traj: Any, env: base.Env | None = None) -> V.Verdict:
   """`check_transcript` of a recorded `schema.Trajectory`; its seed comes from `meta["seed"]`."""
+  return check_transcript(traj.domain, _seed_of(traj), traj.turns, env)
+
+
+def _seed_of(traj: Any) -> int:
   seed = traj.meta.get("seed")
   if not isinstance(seed, int):
     raise ValueError(f"trajectory {traj.id}: meta['seed'] is missing or not an integer ({seed!r}); "
                      "the world of the episode cannot be re-created without it")
-  return check_transcript(traj.domain, seed, traj.turns, env)
+  return seed
+
+
+def solved_turns(traj: Any, env: base.Env | None = None) -> int | None:
+  """The number of turns after which the recorded trajectory `traj` first meets its task (the
+  transcript rules of `check_transcript` on each prefix, one `reset`), or None if it never does."""
+  if traj.domain not in _RULES:
+    raise ValueError(f"trajectory {traj.id}: no transcript verifier for environment "
+                     f"{traj.domain!r} (expected one of {', '.join(_RULES)})")
+  turns = V._turns(traj.turns)
+  own = env is None
+  env = env or base.make_env(traj.domain)
+  try:
+    env.reset(_seed_of(traj))
+    for k in range(1, len(turns) + 1):
+      if _RULES[traj.domain](env, env.goal, turns[:k]).success:
+        return k
+    return None
+  finally:
+    if own:
+      env.close()
 
 
 def _last(turns: V.Turns, pred: Callable[[str, str], bool]) -> tuple[str, str] | None:

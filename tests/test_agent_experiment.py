@@ -1,0 +1,38 @@
+"""launch/agent_experiment.py without training: --bc_from copies an earlier run's BC checkpoints
+and keeps their recorded time."""
+import json
+import os
+
+import pytest
+
+from test_reproduce import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
+
+
+@pytest.fixture
+def ae():
+  mod = _load("agent_experiment")
+  yield mod
+  mod.FLAGS.unparse_flags()
+
+
+def _earlier_run(root, warm: bool):
+  for name in ("bc_0",) + (("bc_warm_0",) if warm else ()):
+    os.makedirs(root / name / "hf")
+    (root / name / "hf" / "config.json").write_text("{}")
+  runs = {"bc": [{"bc_s": 1170.5, "bc_loss": 1.5}], "warmup": [{"bc_s": 900.0}] if warm else []}
+  (root / "results.json").write_text(json.dumps({"runs": runs}))
+
+
+def test_bc_from_copies_the_checkpoint_and_its_time(ae, tmp_path):
+  _earlier_run(tmp_path / "old", warm=False)
+  ae.FLAGS(["agent_experiment.py", f"--bc_from={tmp_path / 'old'}"])
+  got = ae.reused_bc(str(tmp_path / "new" / "bc_0"), 0, "bc")
+  assert got == {"hf": str(tmp_path / "new" / "bc_0" / "hf"), "bc_s": 1170.5, "bc_loss": 1.5}
+  assert (tmp_path / "new" / "bc_0" / "hf" / "config.json").exists()
+  # no warm-up BC in the earlier run: the warm-up arm trains its own
+  assert ae.reused_bc(str(tmp_path / "new" / "bc_warm_0"), 0, "warmup") is None
+  with pytest.raises(SystemExit, match="has no bc run of seed 1"):
+    ae.reused_bc(str(tmp_path / "new" / "bc_1"), 1, "bc")
+  ae.FLAGS.unparse_flags()
+  ae.FLAGS(["agent_experiment.py"])
+  assert ae.reused_bc(str(tmp_path / "other"), 0, "bc") is None
