@@ -58,6 +58,8 @@ flags.DEFINE_integer("seeds", 0, "seeds per arm (0: the budget's)")
 flags.DEFINE_integer("episodes", 0, "RL episodes per arm (0: the budget's)")
 flags.DEFINE_integer("eval_tasks", 0, "held-out tasks (0: the budget's)")
 flags.DEFINE_integer("bc_steps", 0, "behaviour-cloning steps (0: the budget's)")
+flags.DEFINE_integer("bc_tasks", -1, "scripted-agent demonstrations on this many training tasks "
+                     "(seeds after the RL's), cloned with the corpus (-1: the budget's)")
 flags.DEFINE_string("world_model", "", "world-model checkpoint (HF folder) for sim and warm-up")
 flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's for warm-up)")
 flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
@@ -71,11 +73,11 @@ flags.DEFINE_string("bc_from", "", "an earlier --out of this script whose BC run
 BUDGETS = {
     "tiny": dict(preset="tiny", vocab=1024, bc_steps=30, wm_steps=30, episodes=16, seeds=1,
                  eval_tasks=6, train_tasks=8, max_turns=3, max_new_tokens=32, seq_len=2048,
-                 bc_seq_len=1024,
+                 bc_seq_len=1024, bc_tasks=0,
                  wm_max_new_tokens=48, eval_every=1, rl_lr=1e-4),
     "full": dict(preset="demo", vocab=2048, bc_steps=400, wm_steps=300, episodes=512, seeds=3,
                  eval_tasks=64, train_tasks=256, max_turns=6, max_new_tokens=48, seq_len=2048,
-                 bc_seq_len=2048,
+                 bc_seq_len=2048, bc_tasks=0,
                  wm_max_new_tokens=384, eval_every=8, rl_lr=3e-5),
 }
 
@@ -85,6 +87,8 @@ def _budget() -> dict:
   for k in ("seeds", "episodes", "eval_tasks", "bc_steps"):
     if getattr(FLAGS, k):
       b[k] = getattr(FLAGS, k)
+  if FLAGS.bc_tasks >= 0:
+    b["bc_tasks"] = FLAGS.bc_tasks
   return b
 
 
@@ -141,11 +145,28 @@ def reused_bc(wd: str, seed: int, arm: str) -> dict | None:
   return {"hf": os.path.join(wd, "hf"), "bc_s": rec["bc_s"], "bc_loss": rec.get("bc_loss")}
 
 
+def demonstrations(out: str, b: dict) -> str:
+  """The BC data: the domain's corpus training split, plus (with `bc_tasks`) the scripted agent
+  on that many training tasks, taken after the RL's `train_tasks` so that RL meets new tasks;
+  comma-separated files for `data.pipeline.jsonl`."""
+  if not b["bc_tasks"]:
+    return _split("train")
+  from lwm_jax.envs import collect  # pylint: disable=import-outside-toplevel
+  seeds = verify.task_seeds("train", b["train_tasks"] + b["bc_tasks"])[b["train_tasks"]:]
+  t0 = time.perf_counter()
+  trajs = collect.record_tasks(FLAGS.domain, seeds)
+  path = os.path.join(out, f"bc_tasks_{FLAGS.domain}.jsonl.gz")
+  schema.write_jsonl(path, trajs)
+  print(f"BC data: {_split('train')} and {len(trajs)} scripted episodes on training tasks "
+        f"{seeds[0]}..{seeds[-1]} ({time.perf_counter() - t0:.0f} s) -> {path}", flush=True)
+  return f"{_split('train')},{path}"
+
+
 def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str) -> dict:
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   c = agent_bc.get_config(b["preset"])
   c.seed, c.model.vocab_size, c.data.tokenizer = seed, vocab, tok
-  c.data.pipeline.jsonl, c.data.eval_jsonl = _split("train"), _split("validation")
+  c.data.pipeline.jsonl, c.data.eval_jsonl = b["bc_data"], _split("validation")
   c.train.update(dict(num_steps=b["bc_steps"], seq_len=b["bc_seq_len"], eval_every=b["bc_steps"],
                       progress=False, log_every=10))
   c.checkpoint.every = b["bc_steps"]
@@ -291,6 +312,7 @@ def main(argv):
   t_all = time.perf_counter()
   _banner("tokenizer")
   tok, vocab = tokenizer(out, b)
+  b["bc_data"] = demonstrations(out, b)
   wm = FLAGS.world_model
   if not wm and {"sim", "warmup"} & set(FLAGS.arms):
     if FLAGS.budget != "tiny":

@@ -238,3 +238,14 @@ def test_solved_turns_is_the_first_turn_that_opens_the_search_target(envs):
   traj.domain = "chess"
   with pytest.raises(ValueError, match="no transcript verifier for environment 'chess'"):
     solved_turns(traj, env)
+
+
+def test_record_tasks_plays_the_scripted_agent_on_task_seeds():
+  from lwm_jax.envs import collect
+  seeds = verify.task_seeds("train", 3)
+  trajs = collect.record_tasks("search", seeds)
+  assert [t.id for t in trajs] == [f"search-task-{s}" for s in seeds]
+  assert [t.meta["seed"] for t in trajs] == list(seeds)
+  assert all(check_trajectory(t).success for t in trajs)
+  again = collect.record_tasks("search", seeds[:1])
+  assert again[0].to_dict() == trajs[0].to_dict()

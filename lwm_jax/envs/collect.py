@@ -19,7 +19,7 @@ import multiprocessing.util  # noqa: F401  (Finalize)
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lwm_jax.data import schema
 from lwm_jax.envs import base, perturb as perturb_lib, recorder, swe
@@ -64,6 +64,18 @@ def _work(job: tuple[str, int, int, int, str]) -> dict[str, Any]:
   traj = recorder.record(name, recorder.episode_seed(seed, index), episode_id(name, seed, index),
                          env=env, max_turns=max_turns)
   return traj.to_dict()
+
+
+def record_tasks(name: str, seeds: Sequence[int], max_turns: int = 30) -> list[schema.Trajectory]:
+  """The scripted agent of `name` on each task seed of `seeds` (e.g. `verify.task_seeds`), in one
+  real environment, in order: demonstrations for an agent's behaviour cloning. Trajectory ids are
+  `{name}-task-{seed}` and `meta["seed"]` is the task seed, so the task verifiers can judge them."""
+  env = base.make_env(name)
+  try:
+    return [recorder.record(name, int(s), f"{name}-task-{int(s)}", env=env, max_turns=max_turns)
+            for s in seeds]
+  finally:
+    env.close()
 
 
 def _close_worker_envs() -> None:
