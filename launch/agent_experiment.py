@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -226,7 +227,45 @@ def evaluate_checkpoint(hf: str, b: dict) -> dict:
   m["tasks"] = int(m["tasks"])
   m["examples"] = [{"seed": e.seed, "end": e.end, "turns": e.turns[:3], "reason": e.reason}
                    for e in eps[:2]]
+  if FLAGS.domain == "search":
+    m["behaviour"] = search_behaviour(eps)
   return m
+
+
+_QUERY = re.compile(r'^search\(query="([^"]*)"')
+_OPEN = re.compile(r'^open\(doc_id="([^"]*)"')
+_LISTED = re.compile(r"^\d+\. \[([^\]]+)\]", re.M)
+
+
+def search_behaviour(eps) -> dict:
+  """What the held-out search episodes show of the policy: the share of first actions that are a
+  search whose words all come from the task text, of `open` actions naming a document an earlier
+  result list showed, and of actions the environment could not parse."""
+  from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
+  env = base.make_env("search")
+  first_ok, opens, opens_listed, actions, unparsed = 0, 0, 0, 0, 0
+  try:
+    for e in eps:
+      env.reset(e.seed)
+      task_words = set(re.findall(r"[a-z0-9_]+", env.describe().task.lower()))
+      q = _QUERY.match(e.turns[0][0]) if e.turns else None
+      words = re.findall(r"[a-z0-9_]+", q.group(1).lower()) if q else []
+      first_ok += bool(words) and set(words) <= task_words
+      listed: set[str] = set()
+      for action, obs in e.turns:
+        actions += 1
+        unparsed += obs.startswith("Error: cannot parse action")
+        o = _OPEN.match(action)
+        if o:
+          opens += 1
+          opens_listed += o.group(1) in listed
+        listed |= set(_LISTED.findall(obs))
+  finally:
+    env.close()
+  n = max(len(eps), 1)
+  return {"first_query_from_task": first_ok / n, "opens": opens,
+          "open_of_listed_doc": opens_listed / max(opens, 1),
+          "unparsed_actions": unparsed / max(actions, 1)}
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:

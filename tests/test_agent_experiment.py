@@ -36,3 +36,23 @@ def test_bc_from_copies_the_checkpoint_and_its_time(ae, tmp_path):
   ae.FLAGS.unparse_flags()
   ae.FLAGS(["agent_experiment.py"])
   assert ae.reused_bc(str(tmp_path / "other"), 0, "bc") is None
+
+
+def test_search_behaviour_reads_copying_from_the_episodes(ae):
+  from lwm_jax.envs import base, verify
+  from lwm_jax.rl.agent_episodes import Episode
+  seed = verify.task_seeds("heldout", 1)[0]
+  env = base.make_env("search")
+  try:
+    env.reset(seed)
+    word = max(env.describe().task.split(), key=len).strip('".,').lower()
+  finally:
+    env.close()
+  good, bad = Episode(0, seed), Episode(1, seed)
+  good.turns = [(f'search(query="{word}")', "Results 1-2 of 2\n\n1. [a.b] A\n2. [c.d] C"),
+                ('open(doc_id="c.d")', "[c.d] page 1 of 1")]
+  bad.turns = [('search(query="zzqx")', "No results"), ('open(doc_id="a.b")', "Error: no document"),
+               ('open(doc_id="x', "Error: cannot parse action: unterminated string literal")]
+  got = ae.search_behaviour([good, bad])
+  assert got == {"first_query_from_task": 0.5, "opens": 2, "open_of_listed_doc": 0.5,
+                 "unparsed_actions": 0.2}
