@@ -232,8 +232,6 @@ def evaluate_checkpoint(hf: str, b: dict) -> dict:
   return m
 
 
-_QUERY = re.compile(r'^search\(query="([^"]*)"')
-_OPEN = re.compile(r'^open\(doc_id="([^"]*)"')
 _LISTED = re.compile(r"^\d+\. \[([^\]]+)\]", re.M)
 
 
@@ -241,24 +239,29 @@ def search_behaviour(eps) -> dict:
   """What the held-out search episodes show of the policy: the share of first actions that are a
   search whose words all come from the task text, of `open` actions naming a document an earlier
   result list showed, and of actions the environment could not parse."""
-  from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
+  from lwm_jax.envs import base, search  # pylint: disable=import-outside-toplevel
+  def call(action: str) -> tuple[str, dict]:
+    try:
+      return search.parse_call(action)
+    except ValueError:
+      return "", {}
   env = base.make_env("search")
   first_ok, opens, opens_listed, actions, unparsed = 0, 0, 0, 0, 0
   try:
     for e in eps:
       env.reset(e.seed)
       task_words = set(re.findall(r"[a-z0-9_]+", env.describe().task.lower()))
-      q = _QUERY.match(e.turns[0][0]) if e.turns else None
-      words = re.findall(r"[a-z0-9_]+", q.group(1).lower()) if q else []
+      name, kw = call(e.turns[0][0]) if e.turns else ("", {})
+      words = re.findall(r"[a-z0-9_]+", str(kw.get("query", "")).lower()) if name == "search" else []
       first_ok += bool(words) and set(words) <= task_words
       listed: set[str] = set()
       for action, obs in e.turns:
         actions += 1
         unparsed += obs.startswith("Error: cannot parse action")
-        o = _OPEN.match(action)
-        if o:
+        name, kw = call(action)
+        if name == "open":
           opens += 1
-          opens_listed += o.group(1) in listed
+          opens_listed += kw.get("doc_id") in listed
         listed |= set(_LISTED.findall(obs))
   finally:
     env.close()

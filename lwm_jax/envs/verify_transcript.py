@@ -34,11 +34,12 @@ are only as good as the world model's fidelity, which the fidelity report measur
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sqlite3
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from lwm_jax.envs import base
 from lwm_jax.envs import verify as V
@@ -48,25 +49,41 @@ def check_transcript(domain: str, seed: int, history: Iterable[Any],
                      env: base.Env | None = None) -> V.Verdict:
   """Verdict on a recorded episode of `domain` at `seed` from its turns alone (see the module
   docstring). `env` (a real env of that domain, reused across calls) is reset to `seed`."""
+  turns = V._turns(history)
+  with _world(domain, seed, env) as env:
+    return _RULES[domain](env, env.goal, turns)
+
+
+def check_trajectory(traj: Any, env: base.Env | None = None) -> V.Verdict:
+  """`check_transcript` of a recorded `schema.Trajectory`; its seed comes from `meta["seed"]`."""
+  return check_transcript(traj.domain, _seed_of(traj), traj.turns, env)
+
+
+def solved_turns(traj: Any, env: base.Env | None = None) -> int | None:
+  """The number of turns after which the recorded trajectory `traj` first meets its task (the
+  transcript rules of `check_transcript` on each prefix, one `reset`), or None if it never does."""
+  turns = V._turns(traj.turns)
+  with _world(traj.domain, _seed_of(traj), env) as env:
+    return next((k for k in range(1, len(turns) + 1)
+                 if _RULES[traj.domain](env, env.goal, turns[:k]).success), None)
+
+
+@contextlib.contextmanager
+def _world(domain: str, seed: int, env: base.Env | None) -> Iterator[base.Env]:
+  """`env` (or a fresh real env of `domain`, closed afterwards) reset to the world of `seed`."""
   if domain not in _RULES:
     raise ValueError(f"no transcript verifier for environment {domain!r} "
                      f"(expected one of {', '.join(_RULES)})")
-  turns = V._turns(history)
   own = env is None
   env = env or base.make_env(domain)
   try:
     if env.domain != domain:
       raise ValueError(f"env is a {env.domain!r} environment, not {domain!r}")
     env.reset(seed)
-    return _RULES[domain](env, env.goal, turns)
+    yield env
   finally:
     if own:
       env.close()
-
-
-def check_trajectory(traj: Any, env: base.Env | None = None) -> V.Verdict:
-  """`check_transcript` of a recorded `schema.Trajectory`; its seed comes from `meta["seed"]`."""
-  return check_transcript(traj.domain, _seed_of(traj), traj.turns, env)
 
 
 def _seed_of(traj: Any) -> int:
@@ -75,26 +92,6 @@ def _seed_of(traj: Any) -> int:
     raise ValueError(f"trajectory {traj.id}: meta['seed'] is missing or not an integer ({seed!r}); "
                      "the world of the episode cannot be re-created without it")
   return seed
-
-
-def solved_turns(traj: Any, env: base.Env | None = None) -> int | None:
-  """The number of turns after which the recorded trajectory `traj` first meets its task (the
-  transcript rules of `check_transcript` on each prefix, one `reset`), or None if it never does."""
-  if traj.domain not in _RULES:
-    raise ValueError(f"trajectory {traj.id}: no transcript verifier for environment "
-                     f"{traj.domain!r} (expected one of {', '.join(_RULES)})")
-  turns = V._turns(traj.turns)
-  own = env is None
-  env = env or base.make_env(traj.domain)
-  try:
-    env.reset(_seed_of(traj))
-    for k in range(1, len(turns) + 1):
-      if _RULES[traj.domain](env, env.goal, turns[:k]).success:
-        return k
-    return None
-  finally:
-    if own:
-      env.close()
 
 
 def _last(turns: V.Turns, pred: Callable[[str, str], bool]) -> tuple[str, str] | None:

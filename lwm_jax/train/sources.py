@@ -98,8 +98,7 @@ def data_description(data: ml_collections.ConfigDict) -> str:
 
 def _agent_iterator(cfg, tok, _stage: str, process_index: int, process_count: int):
   from lwm_jax.data import agent_targets, pipeline  # pylint: disable=import-outside-toplevel
-  agent_targets.check_config(cfg)
-  source = None
+  source = None  # make_agent_iterator checks the agent fields of `cfg`
   if cfg.get("agent_until", "end") == "goal":
     source, stats = _cut_at_goal(pipeline.load_source(cfg))
     logging.info("agent-bc on %s: %d of %d trajectories cut at their goal (%d later turns left "
