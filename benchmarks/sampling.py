@@ -1,6 +1,6 @@
 """Decode throughput of our engine vs `transformers` generate, and the server's requests/s.
 
-  python benchmarks/sampling.py                      # small preset, batch 1 and 8, 16 + 128 tokens
+  python benchmarks/sampling.py                      # small preset, batch 1, 8 and 32, 16 + 128 tokens
   python benchmarks/sampling.py --repeats=1 --skip_server --dtypes=float32
 
 Both models are the `small` preset with the same random weights (HF's built from ours with
@@ -9,7 +9,10 @@ timed end to end (prefill included) after one warm-up run; tokens/s = batch * ne
 (median of --repeats). The runs interleave: every round times every system once, so that the
 machine's slower and faster phases (it is shared) reach all of them alike. Each side runs at each of `--dtypes`: for us that is the decode copy's
 weight dtype (`Engine(decode_dtype=...)`, float32 = exact), for HF the whole model's
-(`model.to(dtype)`). The ratio compares each of ours with HF's fastest. Then the server (OpenAI
+(`model.to(dtype)`). The ratio compares each of ours with HF's fastest. The batch-1 memory floor is the bytes of weights
+one step must read (every weight but the embedding table and the unchosen experts) over the read
+bandwidth XLA reaches here (a jitted sum over 256 MB): the tokens/s no batch-1 decoder can beat
+on this machine. Then the server (OpenAI
 API, same model, a SentencePiece tokenizer trained here, decode dtype `--server_dtype`) answers
 `--clients` concurrent chat requests of `--server_tokens` tokens each, `--server_rounds` times.
 Writes benchmarks/results/sampling.json.
@@ -75,6 +78,40 @@ def hf_runners(model, batches, prompt_len, new, dtypes):
   return runners, transformers.__version__, torch.__version__
 
 
+def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+  """Bytes per second XLA reads here: the median time of a jitted sum over a `megabytes` fp32
+  array (far larger than the caches), the way a decode step streams its weights."""
+  import statistics
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    total(x).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return x.nbytes / statistics.median(times)
+
+
+def weight_bytes_per_token(model, itemsize: int) -> int:
+  """Bytes of weights one batch-1 decode step must read: every parameter except the embedding
+  table (one row of it) and the experts a token does not choose (k of E are read), the output
+  head in full (the embedding itself when tied). Norms and routers are counted too."""
+  import jax
+  from flax import nnx
+  cfg = model.cfg
+  total = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  d, e, k = cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok
+  moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+  experts = moe_layers * e * 3 * d * cfg.moe_intermediate_size
+  touched = total - (experts * (e - k) // e if e else 0)
+  if not cfg.tie_word_embeddings:
+    touched -= cfg.vocab_size * d - d
+  return touched * itemsize
+
+
 def interleaved(runners: dict, repeats: int) -> dict:
   """Median seconds per runner, each warmed up once and then timed once per round, all runners
   in every round: a slower or faster phase of a shared machine hits every system alike."""
@@ -134,7 +171,7 @@ def server(model, clients, rounds, tokens, dtype, chunk):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--preset", default="small")
-  ap.add_argument("--batches", default="1,8")
+  ap.add_argument("--batches", default="1,8,32")
   ap.add_argument("--prompt", type=int, default=16)
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=5)
@@ -180,6 +217,16 @@ def main():
   print(f"decode, preset {a.preset}, prompt {a.prompt} + {a.new} new tokens, greedy, "
         f"decode layout {layout}")
   print(table(rows, ["batch", "weights", "lwm_jax tok/s", "HF tok/s", "ours / HF's fastest"]))
+  bw = read_bandwidth()
+  floor = {}
+  for dt in dtypes:
+    nbytes = weight_bytes_per_token(model, 2 if dt == "bfloat16" else 4)
+    floor[dt] = {"weight_bytes_per_token": nbytes, "floor_tokens_per_s": bw / nbytes}
+    if 1 in batches:
+      floor[dt]["batch1_over_floor"] = floor[dt]["floor_tokens_per_s"] / mine[dt][1]
+    print(f"batch-1 memory floor ({dt} weights): {nbytes / 1e6:.1f} MB read per token at "
+          f"{bw / 1e9:.1f} GB/s (XLA's read of a 256 MB array) = {bw / nbytes:.1f} tok/s"
+          + (f"; ours is {floor[dt]['batch1_over_floor']:.2f}x below it" if 1 in batches else ""))
   srv = None if a.skip_server else server(model, a.clients, a.server_rounds, a.server_tokens,
                                           a.server_dtype, a.chunk)
   if srv:
@@ -189,6 +236,7 @@ def main():
   path = write_result("sampling", {
       "preset": a.preset, "prompt_tokens": a.prompt, "new_tokens": a.new, "repeats": a.repeats,
       "chunk_steps": a.chunk, "decode_layout": layout,
+      "read_bandwidth_bytes_per_s": bw, "batch1_memory_floor": floor,
       "lwm_jax_tokens_per_s": mine, "hf_tokens_per_s": theirs,
       "ratio_to_hf_fastest": {dt: {b: mine[dt][b] / best_hf[b] for b in best_hf} for dt in mine},
       "seconds_per_round": {"/".join(map(str, k)): v for k, v in rounds.items()},

@@ -44,9 +44,9 @@ def _logits(model, tokens):
   return model(tokens).logits
 
 
-def _relative_error(model, copy, seed=1):
+def _relative_error(model, copy, seed=1, batch=3):
   """Largest logit difference from the model's no-cache forward, relative to the largest logit."""
-  tokens = jax.random.randint(jax.random.key(seed), (3, 12), 0, model.cfg.vocab_size)
+  tokens = jax.random.randint(jax.random.key(seed), (batch, 12), 0, model.cfg.vocab_size)
   ref = _logits(model, tokens)
   got = _cached_logits(model, copy, tokens, prompt=4)
   return float(jnp.abs(got - ref).max() / jnp.abs(ref).max())
@@ -64,6 +64,20 @@ def test_fp32_copy_equals_model(preset, overrides):
   assert not attn.q_proj.transposed and attn.q_proj.kernel.shape[0] == model.cfg.hidden_size
   assert hasattr(next(layer.mlp.experts for layer in model.layers if layer.is_moe), "gate_proj")
   assert not model.decode_layout and copy.decode_layout
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fp32_copy_with_few_rows_runs_only_the_chosen_experts(batch, monkeypatch):
+  """Batch 1 and 2 of `tiny` (2 of 8 experts a row) take the per-assignment path of the `rows`
+  backend; it equals the model as the all-experts path does, and a layout mistake shows."""
+  from lwm_jax.model import moe
+  calls = []
+  chosen = moe.chosen_rows_moe
+  monkeypatch.setattr(moe, "chosen_rows_moe", lambda *a: calls.append(a[0].shape) or chosen(*a))
+  model = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))
+  assert _relative_error(model, for_decoding(model), batch=batch) < 2e-6
+  assert calls and all(shape[0] == batch for shape in calls)
+  assert _relative_error(model, _swap_gate_up(for_decoding(model)), batch=batch) > 1e-3
 
 
 def _swap_gate_up(copy):
