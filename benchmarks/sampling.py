@@ -81,18 +81,12 @@ def hf_runners(model, batches, prompt_len, new, dtypes):
 def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
   """Bytes per second XLA reads here: the median time of a jitted sum over a `megabytes` fp32
   array (far larger than the caches), the way a decode step streams its weights."""
-  import statistics
   import jax
   import jax.numpy as jnp
+  from benchmarks.common import median_time
   x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
   total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    total(x).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return x.nbytes / statistics.median(times)
+  return x.nbytes / median_time(lambda: total(x).block_until_ready(), repeats)
 
 
 def weight_bytes_per_token(model, itemsize: int) -> int:

@@ -70,15 +70,14 @@ def test_fp32_copy_with_few_rows_runs_only_the_chosen_experts(monkeypatch):
   """Batch 1 of `tiny` (2 of 8 experts a row) takes the per-assignment path of the `rows`
   backend (any step of at most E/2 assignments does); it equals the model as the all-experts
   path does, and a layout mistake shows."""
-  batch = 1
   from lwm_jax.model import moe
   calls = []
   chosen = moe.chosen_rows_moe
   monkeypatch.setattr(moe, "chosen_rows_moe", lambda *a: calls.append(a[0].shape) or chosen(*a))
   model = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))
-  assert _relative_error(model, for_decoding(model), batch=batch) < 2e-6
-  assert calls and all(shape[0] == batch for shape in calls)
-  assert _relative_error(model, _swap_gate_up(for_decoding(model)), batch=batch) > 1e-3
+  assert _relative_error(model, for_decoding(model), batch=1) < 2e-6
+  assert calls and all(shape[0] == 1 for shape in calls)
+  assert _relative_error(model, _swap_gate_up(for_decoding(model)), batch=1) > 1e-3
 
 
 def _swap_gate_up(copy):

@@ -129,15 +129,15 @@ def rows_moe(x_NxD, mask_N, router_DxE, gate_up_2EIxD, down_DxEI, *, top_k: int,
 def chosen_rows_moe(x_NxD, top_w_NxK, top_i_NxK, gate_up_2EIxD, down_DxEI,
                     num_experts: int):
   """The `rows` backend when a step has few assignments (at most half the experts: up to 8 rows
-  with Qwen3's 8 of 128 experts, 1 or 2 with `small`'s 4 of 16): each (row, choice) runs through its own expert
-  only, so a step reads k experts' weights instead of all E. `lax.switch` picks one of E branches,
-  each multiplying by static slices of the decode-layout matrices (slices XLA reads in place, no
-  gather of weights). At batch 1 of `small` this is about 8x faster per MoE layer than the dense
-  form (benchmarks/results/speed.md, "Decode")."""
+  with Qwen3's 8 of 128 experts, 1 or 2 with `small`'s 4 of 16): each (row, choice) runs through
+  its own expert only, so a step reads k experts' weights instead of all E. `lax.switch` picks one
+  of E branches, each multiplying by that expert's static slices of the decode-layout matrices
+  (XLA still copies a slice before its product). At batch 1 of `small` the decode runs 1.7x
+  faster than with every expert (benchmarks/results/speed.md, "Decode")."""
   n, k = top_i_NxK.shape
   inter = down_DxEI.shape[1] // num_experts
-  # an expert's gate/up rows indexed in an [E, 2I, D] view: measured faster than the equal slice
-  # of the [E*2I, D] matrix (XLA copies the latter before the product)
+  # gate/up rows indexed in an [E, 2I, D] view: a little faster here than the equal row slice of
+  # the [E*2I, D] matrix, in a noisy measurement (speed.md)
   gate_up_Ex2IxD = gate_up_2EIxD.reshape(num_experts, 2 * inter, -1)
 
   def expert(x_1xD, w, j: int):
