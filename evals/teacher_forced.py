@@ -41,14 +41,8 @@ def main(argv=None) -> None:
   from lwm_jax.data import schema, splits  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval.teacher_forced import observation_accuracy  # pylint: disable=C0415
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
-  thinking = a.thinking == "on"
-  if a.thinking == "auto":
-    prov = os.path.join(a.model, "provenance.json")
-    recorded = "on"
-    if os.path.isfile(prov):
-      with open(prov) as f:
-        recorded = json.load(f).get("settings", {}).get("thinking", "on")
-    thinking = recorded != "off"
+  from lwm_jax.checkpoints import recorded_thinking  # pylint: disable=import-outside-toplevel
+  thinking = recorded_thinking(a.model) if a.thinking == "auto" else a.thinking == "on"
   print(f"SFT targets rendered {'in thinking mode' if thinking else 'without thinking'}")
   sampler = Sampler.from_checkpoint(a.model)
   max_len = a.max_len or int(sampler.cfg.max_position_embeddings)

@@ -54,6 +54,11 @@ flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "perturb_vs_plain"), "
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "the bundled corpus")
 flags.DEFINE_string("domains", ",".join(perturb.CORPUS_MENU), "domains with real perturbations")
 flags.DEFINE_float("perturb_share", 0.5, "share of the copy's episodes played under a perturbation")
+flags.DEFINE_integer("per_domain", 0, "trajectories per domain in each regenerated copy (0: as many "
+                     "as the bundled corpus; more: the same episodes followed by new seeds' ones, "
+                     "split by world like the corpus, so the held-out worlds stay out of training)")
+flags.DEFINE_enum("thinking", "auto", ["auto", "on", "off"], "SFT targets with or without the "
+                  "<think> block (auto: as the start was trained, from its provenance.json)")
 flags.DEFINE_integer("sft_steps", 120, "SFT steps of each run")
 flags.DEFINE_integer("sft_batch", 8, "SFT rows per step")
 flags.DEFINE_integer("sft_seq_len", 1024, "SFT row length")
@@ -77,7 +82,7 @@ def _corpus_copy(wd: str, domains: list[str], name: str, share: float) -> str:
   with open(os.path.join(FLAGS.corpus, "MANIFEST.json")) as f:
     manifest = json.load(f)
   cmd = [sys.executable, os.path.join(ROOT, "tools", "make_corpus.py"),
-         f"--per_domain={manifest['per_domain']}", f"--seed={manifest['seed']}",
+         f"--per_domain={FLAGS.per_domain or manifest['per_domain']}", f"--seed={manifest['seed']}",
          f"--domains={','.join(domains)}", f"--perturb_share={share}",
          f"--corpus_dir={out}", f"--bench_dir={os.path.join(wd, 'bench_' + name)}"]
   print(f"{name} copy:", " ".join(cmd[1:]), flush=True)
@@ -93,6 +98,14 @@ def _files(folder: str, domains: list[str], split: str) -> str:
   return ",".join(paths)
 
 
+def _thinking(start_hf: str) -> bool:
+  """SFT targets in thinking mode or not: --thinking, or the start's own training (auto)."""
+  if FLAGS.thinking == "auto":
+    from lwm_jax.checkpoints import recorded_thinking  # pylint: disable=import-outside-toplevel
+    return recorded_thinking(start_hf)
+  return FLAGS.thinking == "on"
+
+
 def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) -> dict:
   start_hf, sp, vocab, context = start
   run_wd = os.path.join(wd, name)
@@ -104,7 +117,7 @@ def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) ->
                           batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len, workdir=run_wd,
                           tokenizer=sp, train=_files(folder, domains, "train"),
                           valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
-                          export_hf=True, context=context)
+                          export_hf=True, context=context, thinking=_thinking(start_hf))
   c.train.progress = False
   t0 = time.time()
   out = trainer.train(c, run_wd)
@@ -173,6 +186,11 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
   return checks, means
 
 
+def _copy_size(settings: dict) -> str:
+  n = settings.get("per_domain")
+  return f" (copies of {n} trajectories per domain)" if n else ""
+
+
 def _pct(x) -> str:
   return "-" if x is None else f"{100 * x:.1f}"
 
@@ -182,8 +200,10 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
   lines = ["# Perturbed vs plain training: instruction fidelity", "",
            f"Command: `{settings['command']}`", "",
            f"Start: `{settings['start']}`. Both runs: {settings['sft_steps']} SFT steps of "
-           f"{settings['sft_batch']} x {settings['sft_seq_len']} tokens from the start, on the "
-           f"training split of {', '.join(settings['domains'])}; `perturbed` on a copy with "
+           f"{settings['sft_batch']} x {settings['sft_seq_len']} tokens from the start "
+           f"({'thinking' if settings.get('thinking', True) else 'no thinking'}), on the "
+           f"training split of {', '.join(settings['domains'])}"
+           f"{_copy_size(settings)}; `perturbed` on a copy with "
            f"{settings['perturb_share']:g} of the episodes played under a menu perturbation, "
            "`plain` on a copy without perturbations. Fidelity: "
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
@@ -265,6 +285,7 @@ def main(argv):
   settings = {"command": " ".join(["python launch/perturb_experiment.py"] + sys.argv[1:]),
               "start": FLAGS.start, "domains": domains, "perturb_share": FLAGS.perturb_share,
               "sft_steps": FLAGS.sft_steps, "sft_batch": FLAGS.sft_batch,
+              "per_domain": FLAGS.per_domain or None, "thinking": _thinking(start[0]),
               "sft_seq_len": FLAGS.sft_seq_len, "episodes": FLAGS.episodes,
               "max_turns": FLAGS.max_turns, "max_tokens": FLAGS.max_tokens,
               "temperature": FLAGS.temperature}

@@ -11,8 +11,8 @@
   6. free-running evaluation of every trained model on the test split beside copy-previous and
      empty; report.md, report.json and PNGs in the run folder
 
---ablations=masking,thinking also trains the opposite setting of each switch at equal compute (same
-model, steps, batch and sequence length) and reports it as a row. --budget picks the defaults
+--ablations=masking,thinking,sft_loss also trains the opposite setting of each switch at equal
+compute (same model, steps, batch and sequence length) and reports it as a row. --budget picks the defaults
 (tiny: an end-to-end smoke run in minutes; full: the 60-minute reproduction); every flag below
 overrides its budget's value. --plan_only writes plan.json (the resolved settings and each run's
 config) and stops before training.
@@ -71,7 +71,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
 }
 # LLVM at -O0 and the classic CPU emitters: about 3x cheaper compiles, slower steps (tests use it)
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-ABLATIONS = ("masking", "thinking")
+ABLATIONS = ("masking", "thinking", "sft_loss")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "reproduce"), "run folder (replaced)")
@@ -93,8 +93,11 @@ flags.DEFINE_enum("thinking", None, ["on", "off"], "SFT targets with or without 
 flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CPT: search "
                     "(the search environment's pages), actions (action spaces); '' for none")
 flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
-flags.DEFINE_string("ablations", None, "comma list of masking, thinking: also train the other "
-                    "setting of each at equal compute")
+flags.DEFINE_enum("sft_loss", None, ["target", "history"], "SFT loss on the sample's target "
+                  "observation only (the recipe) or on every observation of its kept history too "
+                  "(--thinking=off only: there the history replies are written like the target)")
+flags.DEFINE_string("ablations", None, "comma list of masking, thinking, sft_loss: also train "
+                    "the other setting of each at equal compute")
 flags.DEFINE_bool("rl", False, "add the GSPO stage after SFT (needs the RL stage's rollouts)")
 flags.DEFINE_integer("rl_steps", None, "GSPO steps (with --rl)")
 flags.DEFINE_integer("eval_max_turns", None, "test-split turns evaluated per domain (0: all)")
@@ -136,6 +139,7 @@ class Settings:
   eval_max_new_tokens: int
   eval_batch: int
   sft_lr: float = 0.0            # 0: the SFT config's peak learning rate
+  sft_loss: str = "target"       # target | history (pipeline.sft_history_loss)
   validate: bool = True          # validation loss at the end of each training run
   fast_compile: bool = False     # FAST_COMPILE XLA flags
   seed: int = 0
@@ -170,6 +174,13 @@ def resolve(values: dict[str, Any]) -> Settings:
       raise ValueError(f"--{k} must be >= 1, got {v[k]}")
   if float(v.get("sft_lr") or 0.0) < 0:
     raise ValueError(f"--sft_lr must be >= 0 (0: the SFT config's), got {v['sft_lr']}")
+  thinking = values.get("thinking") or v.get("thinking", "on")
+  sft_loss = values.get("sft_loss") or v.get("sft_loss", "target")
+  if sft_loss not in ("target", "history"):
+    raise ValueError(f"--sft_loss: {sft_loss!r} is not target or history")
+  if thinking == "on" and (sft_loss == "history" or "sft_loss" in ablations):
+    raise ValueError("--sft_loss=history and the sft_loss ablation need --thinking=off: in "
+                     "thinking mode the history replies are not written like the target")
   if int(v["eval_max_turns"]) < 0:
     raise ValueError(f"--eval_max_turns must be >= 0 (0: every turn), got {v['eval_max_turns']}")
   return Settings(budget=budget, preset=str(v["preset"]), vocab=int(v["vocab"]),
@@ -178,18 +189,19 @@ def resolve(values: dict[str, Any]) -> Settings:
                   sft_batch=int(v.get("sft_batch") or v["batch"]),
                   cpt_steps=int(v["cpt_steps"]), sft_steps=int(v["sft_steps"]),
                   masking=values.get("masking") or "it",
-                  thinking=values.get("thinking") or v.get("thinking", "on"),
+                  thinking=thinking,
                   knowledge=knowledge if share > 0 else (), knowledge_share=share,
                   ablations=ablations, rl=bool(values.get("rl")), rl_steps=int(v["rl_steps"]),
                   eval_max_turns=int(v["eval_max_turns"]),
                   eval_max_new_tokens=int(v["eval_max_new_tokens"]),
                   eval_batch=int(v["eval_batch"]), validate=bool(v["validate"]),
                   fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0),
-                  sft_lr=float(v.get("sft_lr") or 0.0))
+                  sft_lr=float(v.get("sft_lr") or 0.0), sft_loss=sft_loss)
 
 
 def settings_from_flags() -> Settings:
-  return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "knowledge", "rl",
+  return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "sft_loss",
+                                              "knowledge", "rl",
                                               "seed", *SIZE_FLAGS)})
 
 
@@ -202,6 +214,7 @@ class RunSpec:
   thinking: str
   init_from: str = ""         # the run whose Hugging Face export this one starts from
   main: bool = False          # on the main pipeline (the flags' settings), not an ablation
+  sft_loss: str = "target"    # SFT: target | history
 
 
 def _flip(value: str, a: str, b: str) -> str:
@@ -211,20 +224,28 @@ def _flip(value: str, a: str, b: str) -> str:
 def plan(s: Settings) -> list[RunSpec]:
   """The runs in order: the main pipeline, then each ablation's extra runs (no run twice)."""
   cpt = lambda m: f"cpt_{m}"
-  sft = lambda m, t: f"sft_{m}_{'think' if t == 'on' else 'nothink'}"
+  sft = lambda m, t, loss=s.sft_loss: (f"sft_{m}_{'think' if t == 'on' else 'nothink'}"
+                                       f"{'_hist' if loss == 'history' else ''}")
   runs = [RunSpec(cpt(s.masking), "cpt", s.masking, s.thinking, main=True),
           RunSpec(sft(s.masking, s.thinking), "sft", s.masking, s.thinking, cpt(s.masking),
-                  main=True)]
+                  main=True, sft_loss=s.sft_loss)]
   if s.rl:
     runs.append(RunSpec("rl_" + runs[1].name, "rl", s.masking, s.thinking, runs[1].name,
                         main=True))
   if "masking" in s.ablations:
     m = _flip(s.masking, "it", "full")
     runs += [RunSpec(cpt(m), "cpt", m, s.thinking),
-             RunSpec(sft(m, s.thinking), "sft", m, s.thinking, cpt(m))]
+             RunSpec(sft(m, s.thinking), "sft", m, s.thinking, cpt(m), sft_loss=s.sft_loss)]
   if "thinking" in s.ablations:
     t = _flip(s.thinking, "on", "off")
-    runs.append(RunSpec(sft(s.masking, t), "sft", s.masking, t, cpt(s.masking)))
+    # thinking mode has no history loss: the counterpart trains on its target only
+    loss = s.sft_loss if t == "off" else "target"
+    runs.append(RunSpec(sft(s.masking, t, loss), "sft", s.masking, t, cpt(s.masking),
+                        sft_loss=loss))
+  if "sft_loss" in s.ablations:
+    loss = _flip(s.sft_loss, "target", "history")
+    runs.append(RunSpec(sft(s.masking, s.thinking, loss), "sft", s.masking, s.thinking,
+                        cpt(s.masking), sft_loss=loss))
   return runs
 
 
@@ -238,8 +259,14 @@ def ablation_pairs(s: Settings, runs: list[RunSpec]) -> list[tuple[str, str, str
     pairs += [("masking (CPT model)", main_cpt, f"cpt_{m}"),
               ("masking (after SFT)", main_sft, main_sft.replace(f"_{s.masking}_", f"_{m}_"))]
   if "thinking" in s.ablations:
-    other = main_sft.rsplit("_", 1)[0] + ("_nothink" if s.thinking == "on" else "_think")
+    other = next(r.name for r in runs if r.stage == "sft" and not r.main
+                 and r.masking == s.masking and r.thinking != s.thinking)
     pairs.append(("thinking (SFT)", main_sft, other))
+  if "sft_loss" in s.ablations:
+    other = next(r.name for r in runs if r.stage == "sft" and not r.main
+                 and r.thinking == s.thinking and r.masking == s.masking
+                 and r.sft_loss != s.sft_loss)
+    pairs.append(("SFT loss on the history too (SFT)", main_sft, other))
   if s.rl:
     pairs.append(("GSPO after SFT", main_sft, "rl_" + main_sft))
   return [p for p in pairs if p[1] in names and p[2] in names]
@@ -262,6 +289,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
   if spec.stage == "sft" and s.sft_lr:
     c.optim.lr = s.sft_lr
+  if spec.stage == "sft":
+    c.data.pipeline.sft_history_loss = spec.sft_loss == "history"
   if not s.validate:
     c.train.eval_every = 0
   return c
@@ -410,6 +439,7 @@ def _train(spec: RunSpec, c, wd: str) -> dict[str, Any]:
   losses = summary.get("losses") or [float("nan")]
   return {"name": spec.name, "stage": spec.stage, "from": spec.init_from or "(random init)",
           "masking": spec.masking, "thinking": spec.thinking, "main": spec.main,
+          "sft_loss": spec.sft_loss if spec.stage == "sft" else None,
           "steps": summary.get("final_step"), "batch": c.train.batch_size,
           "seq_len": c.train.seq_len, "data": stats, "loss_first": losses[0],
           "loss_last": losses[-1], "eval": summary.get("eval"),

@@ -51,6 +51,14 @@ def _f(v: Any, fmt: str = ".3f") -> str:
   return format(v, fmt)
 
 
+def _thinking_cell(r: dict[str, Any]) -> str:
+  """The SFT/RL run's thinking switch, and `+ history loss` when its SFT loss covered every
+  observation of the sample (--sft_loss=history)."""
+  if r["stage"] == "cpt":
+    return "-"
+  return r["thinking"] + (" + history loss" if r.get("sft_loss") == "history" else "")
+
+
 def _stage_table(rows: dict[str, Any]) -> list[str]:
   out = ["| Run | Stage | From | Masking | Thinking | Steps | Rows x tokens | Tokens trained | "
          "Loss tokens | Knowledge tokens | Train loss first -> last | Validation loss | "
@@ -60,7 +68,7 @@ def _stage_table(rows: dict[str, Any]) -> list[str]:
     ev = (r.get("eval") or {}).get("loss")
     out.append(f"| {name}{' (main)' if r['main'] else ''} | {r['stage']} | {r['from']} | "
                f"{r['masking'] if r['stage'] == 'cpt' else '-'} | "
-               f"{r['thinking'] if r['stage'] != 'cpt' else '-'} | {r['steps']} | "
+               f"{_thinking_cell(r)} | {r['steps']} | "
                f"{r['batch']} x {r['seq_len']} | {d.get('tokens', '-')} | "
                f"{d.get('loss_tokens', '-')} | {d.get('knowledge_tokens', '-')} | "
                f"{_f(r['loss_first'])} -> {_f(r['loss_last'])} | {_f(ev)} | "
@@ -94,7 +102,7 @@ def _verdict_lines(v: dict[str, Any] | None) -> list[str]:
 
 def _ablation_table(ablations: list[dict[str, Any]]) -> list[str]:
   if not ablations:
-    return ["No ablation in this run (--ablations=masking,thinking adds them)."]
+    return ["No ablation in this run (--ablations=masking,thinking,sft_loss adds them)."]
   out = ["| Ablation | Run | " + " | ".join(t for _, t in METRICS) + " | Domains ahead of "
          "copy-previous | Steps | Tokens trained |", "|:--|:--" + "|:-:" * (len(METRICS) + 3) + "|"]
   for a in ablations:
@@ -140,7 +148,8 @@ def markdown(rep: dict[str, Any]) -> str:
            f"{max(s['seq_len'], s.get('sft_seq_len') or 0)} tokens; CPT {s['cpt_steps']} steps "
            f"of {s['batch']} x {s['seq_len']} (masking `{s['masking']}`), SFT {s['sft_steps']} "
            f"steps of {s.get('sft_batch') or s['batch']} x {s.get('sft_seq_len') or s['seq_len']} "
-           f"(thinking `{s['thinking']}`)"
+           f"(thinking `{s['thinking']}`, loss on "
+           f"{'every observation' if s.get('sft_loss') == 'history' else 'the target turn'})"
            + (f", GSPO {s['rl_steps']} steps" if s["rl"] else "") + ".", know_line,
            f"Evaluation: greedy, at most {s['eval_max_new_tokens']} new tokens per turn, "
            + (f"at most {s['eval_max_turns']} turn(s) per domain" if s["eval_max_turns"]

@@ -264,3 +264,22 @@ def load(path: str, tokenizer: Any = None, mesh: jax.sharding.Mesh | None = None
                        "data.tokenizer); pass one explicitly")
     tokenizer = load_tokenizer(tok_path)
   return model, tokenizer
+
+
+def recorded_thinking(folder: str, default: bool = True) -> bool:
+  """Whether the model in `folder` was trained to reply in thinking mode, as its provenance.json
+  (written by launch/reproduce.py --ship) records it under settings.thinking; `default` when the
+  folder has no such record."""
+  prov = os.path.join(folder, "provenance.json")
+  if not os.path.isfile(prov):
+    return default
+  with open(prov) as f:
+    try:
+      recorded = json.load(f).get("settings", {}).get("thinking")
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{prov}: not valid JSON ({e})") from e
+  if recorded is None:
+    return default
+  if recorded not in ("on", "off"):
+    raise CheckpointError(f"{prov}: settings.thinking is {recorded!r}, not 'on' or 'off'")
+  return recorded == "on"

@@ -176,3 +176,21 @@ def test_every_step_bad_is_one_error_listing_them(workdir):
     checkpoints.restore_params(workdir)
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
     checkpoints.restore_params(os.path.join(workdir, "nothing_here"))
+
+
+def test_recorded_thinking_reads_the_shipped_provenance(tmp_path):
+  assert checkpoints.recorded_thinking(str(tmp_path)) is True          # no record: the default
+  assert checkpoints.recorded_thinking(str(tmp_path), default=False) is False
+  prov = tmp_path / "provenance.json"
+  for recorded, want in (("off", False), ("on", True)):
+    prov.write_text(json.dumps({"settings": {"thinking": recorded}}))
+    assert checkpoints.recorded_thinking(str(tmp_path)) is want
+  prov.write_text(json.dumps({"settings": {"thinking": "maybe"}}))
+  with pytest.raises(CheckpointError, match="provenance.json: settings.thinking is 'maybe'"):
+    checkpoints.recorded_thinking(str(tmp_path))
+  prov.write_text("{not json")
+  with pytest.raises(CheckpointError, match="provenance.json: not valid JSON"):
+    checkpoints.recorded_thinking(str(tmp_path))
+  # the shipped world model was trained without thinking
+  assert checkpoints.recorded_thinking(os.path.join(os.path.dirname(__file__), "..", "data",
+                                                    "world_model")) is False

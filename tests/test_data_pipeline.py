@@ -123,6 +123,34 @@ def test_sft_target_and_thinking(tok, many):
   assert len(targets) > 1  # the seeded choice varies over trajectories
 
 
+def test_sft_history_loss_trains_every_kept_observation(tok, trajs):
+  t = next(x for x in trajs if x.id == "term-001")
+  k = pipeline.target_turn(t, 3)
+  assert k >= 1  # the test needs history before the target
+  plain = pipeline.sft_sample(t, tok, cfg(thinking=False, seq_len=8192))
+  every = pipeline.sft_sample(t, tok, cfg(thinking=False, seq_len=8192, sft_history_loss=True))
+  assert np.array_equal(plain["tokens"], every["tokens"])  # same sample, other weights
+  header = "**Environment Observation:**\n"
+  obs = lambda run: tok.decode(run)
+  assert [obs(r) for r in _runs(plain["tokens"], plain["loss_weights"])] == [
+      header + t.turns[k].observation + "<|im_end|>"]
+  # Independent reference: every assistant reply of the rendered chat, target included.
+  want = [header + x.observation + "<|im_end|>" for x in t.turns[:k + 1]]
+  assert [obs(r) for r in _runs(every["tokens"], every["loss_weights"])] == want
+  # history cut to fit: only the kept history's replies are weighted
+  msgs = prompts.render_messages(t, k, prompts.variant_for("sft", t.id, 3), thinking=False)
+  budget = len(tok.encode_chat(msgs)) - 1
+  ids, w, drop, _ = pipeline._fit_history(tok, msgs, budget, 1.0, history_weight=1.0)
+  assert drop >= 1
+  assert [obs(r) for r in _runs(ids, w)] == want[drop:]
+  with pytest.raises(ValueError, match="'sft_history_loss' needs the sft stage without thinking"):
+    pipeline.make_train_iterator(cfg(thinking=True, sft_history_loss=True), tok, "sft",
+                                 source=trajs)
+  with pytest.raises(ValueError, match="'sft_history_loss' needs the sft stage"):
+    pipeline.make_train_iterator(cfg(thinking=False, sft_history_loss=True), tok, "cpt",
+                                 source=trajs)
+
+
 def test_sft_overlong_drops_oldest_history(tok, trajs):
   t = next(x for x in trajs if x.id == "term-001")
   k = 3

@@ -91,7 +91,7 @@ def test_each_budget_has_its_thinking_default(rp):
 
 
 def test_bad_values_are_refused_by_name(rp):
-  with pytest.raises(ValueError, match="--ablations: 'rl' is not one of masking, thinking"):
+  with pytest.raises(ValueError, match="--ablations: 'rl' is not one of masking, thinking, sft_loss"):
     rp.resolve({"budget": "tiny", "ablations": "masking,rl"})
   with pytest.raises(ValueError, match="--knowledge: 'web'"):
     rp.resolve({"budget": "tiny", "knowledge": "web"})
@@ -129,6 +129,35 @@ def test_plan_main_pipeline_and_ablations(rp):
                                             "sft_full_think")
   s = rp.resolve({"budget": "tiny", "rl": True})
   assert _names(rp.plan(s))[-1] == ("rl_sft_it_think", "rl", "sft_it_think", True)
+
+
+def test_sft_loss_switch_and_its_ablation(rp, tmp_path):
+  s = rp.resolve({"budget": "tiny", "thinking": "off", "sft_loss": "history",
+                  "ablations": "sft_loss,thinking", "knowledge": ""})
+  runs = rp.plan(s)
+  assert _names(runs) == [("cpt_it", "cpt", "", True),
+                          ("sft_it_nothink_hist", "sft", "cpt_it", True),
+                          ("sft_it_think", "sft", "cpt_it", False),   # thinking: target only
+                          ("sft_it_nothink", "sft", "cpt_it", False)]
+  assert rp.ablation_pairs(s, runs) == [
+      ("thinking (SFT)", "sft_it_nothink_hist", "sft_it_think"),
+      ("SFT loss on the history too (SFT)", "sft_it_nothink_hist", "sft_it_nothink")]
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  cfg = {r.name: rp.run_config(r, s, str(tmp_path), "tok.model", 1024, corpus, "", True)
+         for r in runs}
+  assert cfg["sft_it_nothink_hist"].data.pipeline.sft_history_loss
+  assert not cfg["sft_it_nothink"].data.pipeline.sft_history_loss
+  assert not cfg["sft_it_think"].data.pipeline.sft_history_loss
+  assert not cfg["cpt_it"].data.pipeline.get("sft_history_loss")
+  assert rp.resolve({"budget": "tiny"}).sft_loss == "target"
+  with pytest.raises(ValueError, match="--sft_loss=history and the sft_loss ablation need "
+                                       "--thinking=off"):
+    rp.resolve({"budget": "tiny", "thinking": "on", "sft_loss": "history"})
+  with pytest.raises(ValueError, match="need --thinking=off"):
+    rp.resolve({"budget": "tiny", "thinking": "on", "ablations": "sft_loss"})
+  with pytest.raises(ValueError, match="--sft_loss: 'all' is not target or history"):
+    rp.resolve({"budget": "tiny", "thinking": "off", "sft_loss": "all"})
 
 
 def test_run_configs_carry_the_switches(rp, tmp_path):

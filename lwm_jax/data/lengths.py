@@ -71,10 +71,12 @@ def cpt_windows(tok: Tokenizer, system: Encoded, turns: Sequence[tuple[Encoded, 
 
 
 def fit_history(tok: Tokenizer, msgs: list[dict], budget: int, target_weight: float,
-                add_generation_prompt: bool = False):
+                add_generation_prompt: bool = False, history_weight: float = 0.0):
   """Encodes system + history + target, dropping the oldest history pairs to fit `budget`
-  (policy `truncate_history`); returns (ids, weights, pairs dropped, 1 if anything was cut)."""
-  enc = [tok.encode_message(m) for m in msgs[:-1]]
+  (policy `truncate_history`); returns (ids, weights, pairs dropped, 1 if anything was cut).
+  The history's assistant replies get `history_weight` (0: only the target is in the loss)."""
+  enc = [tok.encode_message(m, history_weight if m["role"] == "assistant" else 0.0)
+         for m in msgs[:-1]]
   last = (tok.encode_message(msgs[-1], target_weight) if not add_generation_prompt
           else tok.encode_message(msgs[-1]))
   tail_ids = last[0] + (tok.generation_prompt() if add_generation_prompt else [])

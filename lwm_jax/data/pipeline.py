@@ -19,7 +19,9 @@ into several documents, each starting with the system prompt (no observation is 
 system prompt and a turn do not fit together, the document windows them (`lengths.cpt_windows`)
 so that it still carries observation tokens. SFT: one target turn per trajectory (seeded),
 template `variant_for("sft", id, seed)`, thinking target with `meta["think"][turn]` when present;
-weight 1 on the assistant target. Over-long SFT samples and RL prompts are dropped (config
+weight 1 on the assistant target; with `sft_history_loss` (SFT without thinking only, where every
+history reply is rendered exactly as the target) weight 1 on every observation of the kept history
+too, so one sample trains each of its turns. Over-long SFT samples and RL prompts are dropped (config
 `overlong='drop'`, the recipe) or, with `overlong='truncate_history'`, lose their oldest history
 turns (then the system prompt's tail). Every drop and cut is counted in `DataIterator.stats`.
 
@@ -89,13 +91,17 @@ def default_data_config() -> ml_collections.ConfigDict:
   knowledge_jsonl: CPT only: comma-separated plain-document files (knowledge text, full loss);
                 empty: none
   knowledge_share: CPT only: the share of tokens (0 <= share < 1) the knowledge documents take
+  sft_history_loss: SFT without thinking only: the observations of the sample's kept history carry
+                loss as well as its target (they are rendered exactly like the target there;
+                in thinking mode they are not, and the field must stay False)
   """
   return ml_collections.ConfigDict(dict(
       jsonl="", tfds_dir="", split="train", validation="strict", hygiene=True,
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
       loss_masking=True, thinking=True, overlong="drop", long_prompts=True, demo_jsonl="",
       demo_pool_size=8, demo_chars=1500, num_packing_bins=8, worker_count=0,
-      worker_buffer_size=2, knowledge_jsonl="", knowledge_share=0.0))
+      worker_buffer_size=2, knowledge_jsonl="", knowledge_share=0.0,
+      sft_history_loss=False))
 
 
 # --- sources ----------------------------------------------------------------------------------
@@ -208,7 +214,8 @@ def sft_sample(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict,
   msgs = sft_messages(traj, t, variant, tok, cfg, pool)
   if cfg.get("overlong", "drop") == "drop" and _too_long(tok, msgs, cfg.seq_len, False):
     return lengths.DROPPED
-  ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0)
+  ids, w, drop, cut = _fit_history(tok, msgs, cfg.seq_len, 1.0,
+                                   history_weight=1.0 if cfg.get("sft_history_loss") else 0.0)
   return _arr(ids, w, dropped=drop, cut=cut)
 
 
@@ -474,6 +481,10 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
   if docs and stage != "cpt":
     raise ValueError(f"data config field 'knowledge_jsonl' is for the cpt stage only (this is "
                      f"{stage}); leave it empty")
+  if cfg.get("sft_history_loss") and (stage != "sft" or cfg.thinking):
+    raise ValueError("data config field 'sft_history_loss' needs the sft stage without thinking "
+                     f"(stage {stage}, thinking={bool(cfg.thinking)}): in thinking mode the history "
+                     "replies are not written like the target, so they cannot be its targets")
   if bool(docs) != (share > 0):
     raise ValueError("data config fields 'knowledge_jsonl' and 'knowledge_share' go together: "
                      f"got knowledge_jsonl={docs!r} and knowledge_share={share}")
