@@ -35,6 +35,7 @@ from lwm_jax.envs import base, perturb, recorder  # noqa: E402
 from lwm_jax.eval import metrics  # noqa: E402
 
 DOMAINS = tuple(perturb.CORPUS_MENU)
+PARTS = ("generate", "likelihood")
 
 # -- detectors: pure functions of an observation -------------------------------------------------
 _ERROR_RE = {
@@ -390,8 +391,84 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
   return out
 
 
+def likelihood(model: Any, tokenizer: Any, trajs: Sequence[schema.Trajectory], *,
+               thinking: bool, max_len: int) -> list[dict[str, Any]]:
+  """Teacher-forced view of the same question, free of sampling noise: the negative
+  log-likelihood (nats per token) the model gives the REAL perturbed observations, with the
+  instruction in the system prompt and without it. A model that reads the instruction predicts
+  the instructed behaviour better with it: `gain` = without - with is positive. One entry per
+  (domain, spec): over all its turns, and per check over the turns where the real observation
+  shows the instructed behaviour (an error of the asked kind, a short page, a withheld field,
+  ...), where the instruction should matter most."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from lwm_jax.eval.teacher_forced import observation_nll  # pylint: disable=C0415
+  kw = dict(stage="sft", max_len=max_len, thinking=thinking)
+  with_i, skip_w = observation_nll(model, tokenizer, trajs, **kw)
+  without_i, skip_o = observation_nll(
+      model, tokenizer, [dataclasses.replace(t, simulation_instruction="") for t in trajs], **kw)
+  w_of = {(r.traj, r.turn): r for r in with_i}
+  o_of = {(r.traj, r.turn): r for r in without_i}
+  groups: dict[tuple[str, str], dict[str, list]] = {}
+  for i, t in enumerate(trajs):
+    spec = t.meta["perturb"]
+    perts = perturb.parse(spec)
+    g = groups.setdefault((t.domain, spec), {"all": [], **{p.name: [] for p in perts}})
+    hist: History = []
+    for k, turn in enumerate(t.turns):
+      pair = (w_of.get((i, k)), o_of.get((i, k)))
+      if None not in pair:
+        g["all"].append(pair)
+        for p in perts:
+          if followed(p, turn.observation, turn.observation, action=turn.action,
+                      sim_history=hist, real_history=hist):
+            g[p.name].append(pair)
+      hist.append((turn.action, turn.observation))
+
+  def summary(pairs: list) -> dict[str, Any]:
+    tokens = sum(w.tokens for w, _ in pairs)
+    if not tokens:
+      return {"turns": len(pairs), "tokens": 0, "nll_with": None, "nll_without": None,
+              "gain": None}
+    w = sum(x.nll for x, _ in pairs) / tokens
+    o = sum(x.nll for _, x in pairs) / tokens
+    return {"turns": len(pairs), "tokens": tokens, "nll_with": w, "nll_without": o,
+            "gain": o - w}
+
+  out = []
+  for (domain, spec), g in groups.items():
+    out.append({"domain": domain, "spec": spec, "all": summary(g.pop("all")),
+                "checks": {name: summary(pairs) for name, pairs in g.items()}})
+  if out:
+    out[0]["skipped_turns"] = {"with": skip_w, "without": skip_o}
+  return out
+
+
 def _pct(x: float | None) -> str:
   return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _nats(x: float | None) -> str:
+  return "-" if x is None else f"{x:.3f}"
+
+
+def _signed(x: float | None) -> str:
+  return "-" if x is None else f"{x:+.3f}"
+
+
+def likelihood_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+  lines = ["Teacher-forced: negative log-likelihood of the REAL perturbed observations (nats per "
+           "body token) with the instruction in the system prompt and without it; `gain` = "
+           "without - with (positive: the instruction helps the model predict what the real "
+           "environment did). `shown` rows keep only the turns where the real observation shows "
+           "the instructed behaviour.", "",
+           "| domain | perturbation | turns | tokens | with | without | gain |",
+           "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    for label, c in [("all turns", r["all"])] + [(f"{n} shown", c) for n, c in r["checks"].items()]:
+      lines.append(f"| {r['domain']} | `{r['spec']}` ({label}) | {c['turns']} | {c['tokens']} | "
+                   f"{_nats(c['nll_with'])} | {_nats(c['nll_without'])} | "
+                   f"{_signed(c['gain'])} |")
+  return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -402,32 +479,39 @@ def markdown(report: dict[str, Any]) -> str:
               if report.get("temperature") else "greedy. ") +
            "Rates in percent of the turns where the check applies; `real` is the detector on the "
            "real environment's observations; `target` is the asked error rate (100 for the other "
-           "kinds).", "",
-           "| domain | perturbation | check | turns | with instruction | without | real | target |",
-           "|---|---|---|---|---|---|---|---|"]
+           "kinds).", ""]
+  if report["rows"]:
+    lines += ["| domain | perturbation | check | turns | with instruction | without | real | "
+              "target |", "|---|---|---|---|---|---|---|---|"]
   for r in report["rows"]:
     for name, c in r["checks"].items():
       lines.append(f"| {r['domain']} | `{r['spec']}` | {name} | {c['turns']} | "
                    f"{_pct(c['with_instruction'])} | {_pct(c['without_instruction'])} | "
                    f"{_pct(c['real'])} | {_pct(c['target'])} |")
-  lines += ["", "Judge-free similarity of the simulated observations to the real ones under the "
-            "same perturbation (percent; with / without the instruction):", "",
-            "| domain | perturbation | turns | exact | token F1 | edit similarity |",
-            "|---|---|---|---|---|---|"]
+  if report["rows"]:
+    lines += ["", "Judge-free similarity of the simulated observations to the real ones under the "
+              "same perturbation (percent; with / without the instruction):", "",
+              "| domain | perturbation | turns | exact | token F1 | edit similarity |",
+              "|---|---|---|---|---|---|"]
   for r in report["rows"]:
     s = r["similarity_to_real"]
     cells = " | ".join(f"{_pct(s['with'][k])} / {_pct(s['without'][k])}"
                        for k in metrics.FREE_METRICS)
     lines.append(f"| {r['domain']} | `{r['spec']}` | {r['turns']} | {cells} |")
+  if report.get("likelihood"):
+    lines += [""] + likelihood_markdown(report["likelihood"])
   return "\n".join(lines) + "\n"
 
 
 def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]],
         corpus_dir: str, episodes: int, max_turns: int, max_tokens: int, batch: int,
-        checkpoint: str = "", temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+        checkpoint: str = "", temperature: float = 0.0, seed: int = 0,
+        parts: Sequence[str] = PARTS, thinking: bool | None = None) -> dict[str, Any]:
   """`temperature` 0 is greedy. A rate-type instruction (errors at 20% of the calls) can only show
   at its rate when observations are sampled: a greedy model that learned "1 call in 5 fails"
-  still writes the likelier success every time."""
+  still writes the likelier success every time. `parts`: "generate" (the rates and similarity
+  above) and/or "likelihood" (`likelihood`, rendered as the model was trained: `thinking`, by
+  default as recorded in the checkpoint's provenance.json)."""
   from lwm_jax.sampling.params import SamplingParams
   params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens, seed=seed)
   trajs: list[schema.Trajectory] = []
@@ -435,13 +519,25 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
   for d in domains:
     trajs += record_real(d, held_out_seeds(corpus_dir, d, episodes), specs[d], max_turns)
   t1 = time.time()
-  with_obs = simulate(sampler, trajs, True, params, batch)
-  without_obs = simulate(sampler, trajs, False, params, batch)
-  return {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
-          "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-          "domains": list(domains),
-          "rows": measure(trajs, with_obs, without_obs),
-          "seconds": {"real": round(t1 - t0, 1), "simulated": round(time.time() - t1, 1)}}
+  report = {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
+            "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "domains": list(domains), "rows": [], "seconds": {"real": round(t1 - t0, 1)}}
+  if "generate" in parts:
+    with_obs = simulate(sampler, trajs, True, params, batch)
+    without_obs = simulate(sampler, trajs, False, params, batch)
+    report["rows"] = measure(trajs, with_obs, without_obs)
+    report["seconds"]["simulated"] = round(time.time() - t1, 1)
+  if "likelihood" in parts:
+    t2 = time.time()
+    if thinking is None:
+      from lwm_jax.checkpoints import recorded_thinking  # pylint: disable=C0415
+      thinking = recorded_thinking(checkpoint) if checkpoint else True
+    report["likelihood_thinking"] = bool(thinking)
+    report["likelihood"] = likelihood(sampler.model, sampler.tokenizer, trajs,
+                                      thinking=thinking,
+                                      max_len=int(sampler.cfg.max_position_embeddings))
+    report["seconds"]["likelihood"] = round(time.time() - t2, 1)
+  return report
 
 
 def parse_specs(text: str, domains: Sequence[str]) -> dict[str, list[str]]:
@@ -480,6 +576,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--temperature", type=float, default=0.0,
                   help="0: greedy; sample (e.g. 1.0) to see rate-type instructions at their rate")
   ap.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
+  ap.add_argument("--parts", default=",".join(PARTS), help="generate (simulated observations: "
+                  "rates and similarity) and/or likelihood (teacher-forced NLL of the real "
+                  "observations with and without the instruction)")
+  ap.add_argument("--thinking", default="auto", choices=("auto", "on", "off"),
+                  help="likelihood: render targets in thinking mode or not (auto: as recorded in "
+                  "the checkpoint's provenance.json, else on)")
   ap.add_argument("--engine", default="{}", help="engine options as a JSON object, e.g. "
                   "'{\"min_prompt_bucket\": 1024}' (fewer compiled shapes)")
   args = ap.parse_args(argv)
@@ -491,6 +593,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("episodes", "max_turns", "max_tokens", "batch"):
       if getattr(args, name) < 1:
         raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or any(p not in PARTS for p in parts):
+      raise ValueError(f"--parts: expected a comma list of {', '.join(PARTS)}, got "
+                       f"'{args.parts}'")
     specs = parse_specs(args.specs, domains)
     try:
       engine = json.loads(args.engine)
@@ -507,7 +613,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   report = run(sampler, domains=domains, specs=specs, corpus_dir=args.corpus_dir,
                episodes=args.episodes, max_turns=args.max_turns, max_tokens=args.max_tokens,
                batch=args.batch, checkpoint=args.checkpoint, temperature=args.temperature,
-               seed=args.seed)
+               seed=args.seed, parts=parts,
+               thinking=None if args.thinking == "auto" else args.thinking == "on")
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "fidelity.json"), "w") as f:
     json.dump(report, f, indent=1, sort_keys=True)

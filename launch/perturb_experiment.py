@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -106,18 +107,55 @@ def _thinking(start_hf: str) -> bool:
   return FLAGS.thinking == "on"
 
 
-def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) -> dict:
+def _config(name: str, folder: str, domains: list[str], wd: str, start: tuple):
   start_hf, sp, vocab, context = start
+  return stages.stage_config("sft", preset=FLAGS.preset, vocab=vocab, steps=FLAGS.sft_steps,
+                             batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len,
+                             workdir=os.path.join(wd, name), tokenizer=sp,
+                             train=_files(folder, domains, "train"),
+                             valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
+                             export_hf=True, context=context, thinking=_thinking(start_hf))
+
+
+def instruction_visible(c, per_domain: int = 200) -> dict[str, dict[str, int]]:
+  """Per domain, of the first `per_domain` training trajectories that carry a simulation
+  instruction: how many SFT samples (rendered as the run's pipeline renders them, in rows of
+  train.seq_len) keep the instruction's text whole. An over-long sample loses its oldest history
+  first and then the system prompt's tail, where the instruction section sits, so a short row
+  can hide the instruction from training altogether."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import lengths, pipeline  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  tok = tok_lib.load_tokenizer(c.data.tokenizer)
+  cfg = ml_collections.ConfigDict(c.data.pipeline.to_dict())
+  cfg.seq_len, cfg.seed = c.train.seq_len, cfg.seed or c.seed
+  cfg.thinking_target = c.data.thinking_target
+  src = pipeline.load_source(cfg)
+  pool = pipeline.demo_pool(cfg, src) if cfg.get("long_prompts") else None
+  out: dict[str, dict[str, int]] = {}
+  for t in src:
+    if not t.simulation_instruction.strip():
+      continue
+    d = out.setdefault(t.domain, {"samples": 0, "kept": 0, "dropped": 0})
+    if d["samples"] + d["dropped"] >= per_domain:
+      continue
+    sample = pipeline.sft_sample(t, tok, cfg, pool)
+    if sample is lengths.DROPPED:
+      d["dropped"] += 1
+      continue
+    d["samples"] += 1
+    d["kept"] += t.simulation_instruction.strip()[-60:] in tok.decode(
+        [int(x) for x in sample["tokens"]])
+  return out
+
+
+def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) -> dict:
   run_wd = os.path.join(wd, name)
   hf = os.path.join(run_wd, "hf")
   if FLAGS.reuse and os.path.exists(os.path.join(hf, "config.json")):
-    return {"export_hf": hf, "reused": True}
+    return _earlier_summary(name, wd, hf)
   shutil.rmtree(run_wd, ignore_errors=True)
-  c = stages.stage_config("sft", preset=FLAGS.preset, vocab=vocab, steps=FLAGS.sft_steps,
-                          batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len, workdir=run_wd,
-                          tokenizer=sp, train=_files(folder, domains, "train"),
-                          valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
-                          export_hf=True, context=context, thinking=_thinking(start_hf))
+  c = _config(name, folder, domains, wd, start)
   c.train.progress = False
   t0 = time.time()
   out = trainer.train(c, run_wd)
@@ -133,21 +171,46 @@ def _train(name: str, folder: str, domains: list[str], wd: str, start: tuple) ->
              "loss_tokens": FLAGS.sft_steps * sum(r.get("loss_weight", 0.0) for r in train_rows)
                             / max(len(train_rows), 1)}
   print(f"{name}: {summary}", flush=True)
+  with open(os.path.join(run_wd, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
   return summary
 
 
-def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str) -> dict:
+def _earlier_summary(name: str, wd: str, hf: str) -> dict:
+  """A kept run's training summary (its summary.json, else the earlier results.json), marked
+  reused; without either only the export is known."""
+  for path, pick in ((os.path.join(wd, name, "summary.json"), lambda d: d),
+                     (os.path.join(wd, "results.json"), lambda d: d.get("runs", {}).get(name))):
+    if os.path.exists(path):
+      with open(path) as f:
+        got = pick(json.load(f))
+      if got and "loss_tokens" in got:
+        return {**got, "export_hf": hf, "reused": True}
+  return {"export_hf": hf, "reused": True}
+
+
+def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str, thinking: bool) -> dict:
+  """evals/fidelity.py on one model: both parts, or with --reuse only what its kept report
+  lacks (a report made before the likelihood part existed gains it)."""
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
   out = os.path.join(wd, f"fidelity_{name}")
   path = os.path.join(out, "fidelity.json")
+  kept = None
   if FLAGS.reuse and os.path.exists(path):
     with open(path) as f:
-      return json.load(f)
+      kept = json.load(f)
+    if kept.get("likelihood"):
+      return kept
   sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
   report = fidelity.run(sampler, domains=domains, specs=fidelity.parse_specs("", domains),
                         corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
                         max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,
-                        batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature)
+                        batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature,
+                        parts=("likelihood",) if kept else fidelity.PARTS, thinking=thinking)
+  if kept:
+    kept["seconds"]["likelihood"] = report["seconds"]["likelihood"]
+    report = {**kept, "likelihood": report["likelihood"],
+              "likelihood_thinking": report["likelihood_thinking"]}
   os.makedirs(out, exist_ok=True)
   with open(path, "w") as f:
     json.dump(report, f, indent=1, sort_keys=True)
@@ -186,6 +249,33 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
   return checks, means
 
 
+def compare_likelihood(reports: dict[str, dict]) -> dict[str, Any]:
+  """Each model's teacher-forced instruction gain (nats per token; fidelity.likelihood): pooled
+  over every turn of every perturbed episode, pooled over the turns that show the instructed
+  behaviour, and per (domain, spec, check) on those turns."""
+  rows: dict[tuple, dict] = {}
+  pooled: dict[str, dict] = {}
+  for model, rep in reports.items():
+    acc = {"all": [0, 0.0, 0.0], "shown": [0, 0.0, 0.0]}
+    for r in rep.get("likelihood") or []:
+      for scope, cells in (("all", [r["all"]]), ("shown", list(r["checks"].values()))):
+        for c in cells:
+          if c["tokens"]:
+            a = acc[scope]
+            a[0] += c["tokens"]
+            a[1] += c["nll_with"] * c["tokens"]
+            a[2] += c["nll_without"] * c["tokens"]
+      for check, c in r["checks"].items():
+        rows.setdefault((r["domain"], r["spec"], check),
+                        {"domain": r["domain"], "spec": r["spec"], "check": check,
+                         "turns": c["turns"], "tokens": c["tokens"]})[model] = c["gain"]
+    if acc["all"][0]:
+      pooled[model] = {scope: {"tokens": a[0], "nll_with": a[1] / a[0],
+                               "nll_without": a[2] / a[0], "gain": (a[2] - a[1]) / a[0]}
+                       for scope, a in acc.items() if a[0]}
+  return {"pooled": pooled, "checks": list(rows.values())}
+
+
 def _copy_size(settings: dict) -> str:
   n = settings.get("per_domain")
   return f" (copies of {n} trajectories per domain)" if n else ""
@@ -195,7 +285,19 @@ def _pct(x) -> str:
   return "-" if x is None else f"{100 * x:.1f}"
 
 
-def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: dict) -> str:
+def _visible_line(settings: dict) -> list[str]:
+  vis = settings.get("instruction_visible")
+  if not vis:
+    return []
+  parts = [f"{d} {100 * v['kept'] / max(v['samples'], 1):.0f}% of {v['samples']}"
+           + (f" ({v['dropped']} dropped as over-long)" if v["dropped"] else "")
+           for d, v in vis.items()]
+  return [f"Training samples of the perturbed run whose {settings['sft_seq_len']}-token row keeps "
+          f"the whole simulation instruction: {'; '.join(parts)}.", ""]
+
+
+def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: dict,
+             gains: dict[str, Any] | None = None) -> str:
   models = list(means)
   lines = ["# Perturbed vs plain training: instruction fidelity", "",
            f"Command: `{settings['command']}`", "",
@@ -209,13 +311,15 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
            f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
            f"temperature {settings['temperature']:g}.", "",
+           *_visible_line(settings),
            "| run | loss tokens | train loss first -> last | validation loss | seconds |",
            "|---|---|---|---|---|"]
   for name, r in runs.items():
-    if r.get("reused"):
+    if "loss_tokens" not in r:
       lines.append(f"| {name} | (reused) | | | |")
       continue
-    lines.append(f"| {name} | {r['loss_tokens']:.0f} | {r['loss_first']:.3f} -> "
+    lines.append(f"| {name}{' (kept from an earlier run)' if r.get('reused') else ''} | "
+                 f"{r['loss_tokens']:.0f} | {r['loss_first']:.3f} -> "
                  f"{r['loss_last']:.3f} | "
                  f"{r['validation_loss'] if r['validation_loss'] is None else round(r['validation_loss'], 3)}"
                  f" | {r['seconds']:.0f} |")
@@ -237,6 +341,26 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
                        for m in models)
     lines.append(f"| {r['domain']} | `{r['spec']}` | {r['check']} | {r['turns']} | "
                  f"{_pct(r['real'])} | {_pct(r['target'])} | {cells} |")
+  if gains and gains["pooled"]:
+    lines += ["", "## Teacher-forced: does the instruction help predict the real observation?", "",
+              "Negative log-likelihood (nats per observation token) of the real perturbed "
+              "observations of the same held-out episodes, with the instruction in the system "
+              "prompt and without it; gain = without - with (positive: the model reads the "
+              "instruction). `shown`: only the turns whose real observation shows the "
+              "instructed behaviour.", "",
+              "| model | scope | tokens | NLL with | NLL without | gain |", "|---|---|---|---|---|---|"]
+    for m, by_scope in gains["pooled"].items():
+      for scope, x in by_scope.items():
+        lines.append(f"| {m} | {scope} | {x['tokens']} | {x['nll_with']:.4f} | "
+                     f"{x['nll_without']:.4f} | {x['gain']:+.4f} |")
+    shown = list(gains["pooled"])
+    lines += ["", "Gain per check (nats per token, turns that show the behaviour):", "",
+              "| domain | perturbation | check | turns | tokens | " + " | ".join(shown) + " |",
+              "|---|---|---|---|---|" + "---|" * len(shown)]
+    for r in gains["checks"]:
+      cells = " | ".join("-" if r.get(m) is None else f"{r[m]:+.3f}" for m in shown)
+      lines.append(f"| {r['domain']} | `{r['spec']}` | {r['check']} | {r['turns']} | "
+                   f"{r['tokens']} | {cells} |")
   return "\n".join(lines) + "\n"
 
 
@@ -280,8 +404,9 @@ def main(argv):
   runs = {"plain": _train("plain", _corpus_copy(wd, domains, "plain", 0.0), domains, wd, start),
           "perturbed": _train("perturbed", copy, domains, wd, start)}
   hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
-  reports = {m: _fidelity(m, hf[m], start[1], domains, wd) for m in MODELS}
+  reports = {m: _fidelity(m, hf[m], start[1], domains, wd, _thinking(start[0])) for m in MODELS}
   checks, means = compare(reports)
+  gains = compare_likelihood(reports)
   settings = {"command": " ".join(["python launch/perturb_experiment.py"] + sys.argv[1:]),
               "start": FLAGS.start, "domains": domains, "perturb_share": FLAGS.perturb_share,
               "sft_steps": FLAGS.sft_steps, "sft_batch": FLAGS.sft_batch,
@@ -292,12 +417,14 @@ def main(argv):
   with open(os.path.join(copy, "MANIFEST.json")) as f:
     settings["perturbed_counts"] = {d: v.get("perturbed", {}) for d, v in
                                     json.load(f)["domains"].items()}
-  text = markdown(checks, means, runs, settings)
+  settings["instruction_visible"] = instruction_visible(
+      _config("perturbed", copy, domains, wd, start))
+  text = markdown(checks, means, runs, settings, gains)
   with open(os.path.join(wd, "results.md"), "w") as f:
     f.write(text)
   with open(os.path.join(wd, "results.json"), "w") as f:
     json.dump({"settings": settings, "runs": runs, "means": means, "checks": checks,
-               "seconds": round(time.time() - t0, 1)}, f, indent=1)
+               "likelihood": gains, "seconds": round(time.time() - t0, 1)}, f, indent=1)
   plot(checks, list(MODELS), os.path.join(wd, "fidelity.png"))
   print(text)
   print(f"done in {time.time() - t0:.0f} s: {wd}/results.md, {wd}/fidelity.png")

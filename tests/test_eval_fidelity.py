@@ -113,6 +113,52 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   assert errs["turns"] == rows["errors:rate=0.5,kind=timeout"]["turns"] and errs["target"] == 0.5
   md = (out / "fidelity.md").read_text()
   assert "| search | `page_size:size=2` | page_size |" in md
+  # the teacher-forced part scored every replayed turn with and without the instruction
+  lik = {r["spec"]: r for r in report["likelihood"]}
+  assert set(lik) == set(rows)
+  for spec, r in lik.items():
+    assert r["all"]["turns"] == rows[spec]["turns"] and r["all"]["tokens"] > 0
+    assert r["all"]["nll_with"] > 0 and r["all"]["nll_without"] > 0
+    assert r["all"]["gain"] == pytest.approx(r["all"]["nll_without"] - r["all"]["nll_with"])
+  assert "(all turns)" in md
+
+
+def test_likelihood_gain_pools_all_turns_and_the_turns_that_show_the_behaviour(monkeypatch):
+  """The teacher-forced part: NLL with and without the instruction, joined turn by turn, pooled
+  per token over all turns and over the turns whose real observation shows each check."""
+  from lwm_jax.data import schema
+  from lwm_jax.eval import teacher_forced as tf
+  timeout = "Error: the request timed out (HTTP 504)"
+  spec = "errors:rate=0.5,kind=timeout; page_size:size=2"
+  traj = schema.Trajectory(id="s1", domain="search", task="find json", action_space="search",
+                           initial_state="", simulation_instruction="half the calls time out",
+                           turns=[schema.Turn('search("json")', timeout),
+                                  schema.Turn('search("json")', SEARCH_OBS),
+                                  schema.Turn('open("json")', "json: JSON encoder and decoder")],
+                           meta={"perturb": spec})
+
+  def fake_nll(model, tokenizer, trajs, **kw):
+    # nats per token: 1 with the instruction and 3 without on the error turn, 2 elsewhere; the
+    # last turn does not fit the context when the instruction is removed (joined turns only)
+    told = bool(trajs[0].simulation_instruction)
+    recs = [tf.TurnNLL(0, 0, 10 * (1.0 if told else 3.0), 10, 0),
+            tf.TurnNLL(0, 1, 20 * 2.0, 20, 0)]
+    if told:
+      recs.append(tf.TurnNLL(0, 2, 99.0, 5, 0))
+    return recs, 0 if told else 1
+
+  monkeypatch.setattr(tf, "observation_nll", fake_nll)
+  (row,) = fidelity.likelihood(None, None, [traj], thinking=False, max_len=64)
+  assert (row["domain"], row["spec"]) == ("search", spec)
+  assert row["all"]["turns"] == 2 and row["all"]["tokens"] == 30
+  assert row["all"]["nll_with"] == pytest.approx(50 / 30)
+  assert row["all"]["gain"] == pytest.approx((70 - 50) / 30)
+  errors, page = row["checks"]["errors"], row["checks"]["page_size"]
+  assert (errors["turns"], errors["nll_with"], errors["nll_without"]) == (1, 1.0, 3.0)
+  assert (page["turns"], page["gain"]) == (1, 0.0)  # the 2-item page; the document is no list
+  assert row["skipped_turns"] == {"with": 0, "without": 1}
+  md = "\n".join(fidelity.likelihood_markdown([row]))
+  assert f"| search | `{spec}` (errors shown) | 1 | 10 | 1.000 | 3.000 | +2.000 |" in md
 
 
 # -- partial and stale on the MCP tool server --------------------------------------------------

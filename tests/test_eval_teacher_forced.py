@@ -131,3 +131,51 @@ def test_world_coverage_and_groups(tok):
                                                           tf.NO_WORLD: n}
   assert tf.observation_accuracy(Oracle(ids, [], tok.vocab_size), tok, evaluated,
                                  stage="cpt").per_group == {}
+
+
+def test_observation_nll_of_every_turn_and_history_dropped_to_fit(tok):
+  ids, body, _, body_ids = _chat_and_spans(tok, "sft_nothink")
+  oracle = Oracle(ids, [p - 1 for p in body], tok.vocab_size)
+  recs, skipped = tf.observation_nll(oracle, tok, [_traj()], thinking=False, max_len=len(ids))
+  assert skipped == 0 and [(r.traj, r.turn, r.dropped) for r in recs] == [(0, 0, 0), (0, 1, 0)]
+  # one-hot logits: the right id has log-probability 1 - log(e + V - 1), every other one
+  # 0 - log(e + V - 1); the oracle is right on every body token of turn 1
+  right = 1.0 - np.log(np.e + tok.vocab_size - 1)
+  last = recs[1]
+  assert last.tokens == len(body_ids) and last.nll == pytest.approx(-right * len(body_ids), 1e-4)
+  assert recs[0].tokens == len(tok.encode(PREV_OBS))
+  # a context one token short: turn 1 loses the oldest (action, observation) pair to fit, and
+  # its body keeps every token
+  recs, skipped = tf.observation_nll(oracle, tok, [_traj()], thinking=False,
+                                     max_len=len(ids) - 1)
+  assert skipped == 0 and recs[1].dropped == 1 and recs[1].tokens == len(body_ids)
+  # a context shorter than the system prompt: nothing fits, every turn is counted as skipped
+  recs, skipped = tf.observation_nll(oracle, tok, [_traj()], thinking=False, max_len=16)
+  assert recs == [] and skipped == 2
+
+
+def test_observation_nll_reuses_a_pass_only_where_it_is_a_prefix(tok, monkeypatch):
+  """Without thinking every turn's sample is a prefix of the last one's, so one pass serves all
+  turns; in thinking mode the target is written differently from the history, so each turn gets
+  its own pass. Either way each turn's figure equals a pass over that turn's sample alone."""
+  import dataclasses
+  traj = _traj()
+  traj = dataclasses.replace(traj, turns=traj.turns + [schema.Turn("cat delta.txt", "delta: 4")])
+  table = jax.random.normal(jax.random.PRNGKey(0), (tok.vocab_size, tok.vocab_size))
+  model = lambda toks: types.SimpleNamespace(logits=table[toks])  # noqa: E731  (causal)
+  real_scorer, passes = tf._scorer, []
+
+  def counting(m):
+    fwd = real_scorer(m)
+    return lambda toks: (passes.append(1), fwd(toks))[1]
+
+  monkeypatch.setattr(tf, "_scorer", counting)
+  for thinking, expect in ((False, 1), (True, 3)):
+    passes.clear()
+    recs, _ = tf.observation_nll(model, tok, [traj], thinking=thinking, max_len=4096)
+    assert [r.turn for r in recs] == [0, 1, 2] and len(passes) == expect
+    for r in recs:  # the same turn as the last of a cut trajectory: always its own pass
+      cut = dataclasses.replace(traj, turns=traj.turns[:r.turn + 1])
+      alone = tf.observation_nll(model, tok, [cut], thinking=thinking, max_len=4096)[0][-1]
+      assert (alone.turn, alone.tokens) == (r.turn, r.tokens)
+      assert alone.nll == pytest.approx(r.nll, rel=1e-5)

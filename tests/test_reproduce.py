@@ -374,3 +374,33 @@ def test_perturb_experiment_compares_models_check_by_check():
                                          "max_tokens": 8, "temperature": 1.0})
   assert "| perturbed | 2 | 62.5 | 25.0 | +37.5 |" in text
   assert "| web | `rate_limit:limit=5,retry_after=20` | rate_limit | 4 | - | 100.0 | - / - | - / - |" in text
+
+
+def test_perturb_experiment_pools_the_likelihood_gain_per_token():
+  """The teacher-forced table pools each model's NLL over tokens (not over cells), separately for
+  all turns and for the turns that show the behaviour; per check it lists each model's gain."""
+  px = _load("perturb_experiment")
+  cell = lambda tok, w, wo: {"turns": 1, "tokens": tok, "nll_with": w,  # noqa: E731
+                             "nll_without": wo, "gain": None if w is None else wo - w}
+  rep = {"rows": [], "likelihood": [
+      {"domain": "mcp", "spec": "errors:rate=0.2,kind=timeout", "all": cell(30, 1.0, 2.0),
+       "checks": {"errors": cell(10, 1.0, 3.0)}},
+      {"domain": "search", "spec": "page_size:size=2", "all": cell(10, 2.0, 2.0),
+       "checks": {"page_size": cell(0, None, None)}}]}
+  gains = px.compare_likelihood({"start": {"rows": []}, "perturbed": rep})
+  assert "start" not in gains["pooled"]  # a report without the likelihood part
+  pooled = gains["pooled"]["perturbed"]
+  assert pooled["all"]["tokens"] == 40
+  assert pooled["all"]["nll_with"] == pytest.approx((30 * 1.0 + 10 * 2.0) / 40)
+  assert pooled["all"]["gain"] == pytest.approx((30 * 1.0) / 40)
+  assert pooled["shown"] == {"tokens": 10, "nll_with": 1.0, "nll_without": 3.0, "gain": 2.0}
+  assert [(r["check"], r["perturbed"]) for r in gains["checks"]] == [("errors", 2.0),
+                                                                     ("page_size", None)]
+  settings = {"command": "c", "start": "s", "sft_steps": 1, "sft_batch": 1, "sft_seq_len": 8,
+              "domains": ["mcp"], "perturb_share": 0.5, "episodes": 1, "max_turns": 1,
+              "max_tokens": 8, "temperature": 1.0,
+              "instruction_visible": {"mcp": {"samples": 8, "kept": 1, "dropped": 2}}}
+  text = px.markdown([], {}, {}, settings, gains)
+  assert "| perturbed | shown | 10 | 1.0000 | 3.0000 | +2.0000 |" in text
+  assert "| mcp | `errors:rate=0.2,kind=timeout` | errors | 1 | 10 | +2.000 |" in text
+  assert "keeps the whole simulation instruction: mcp 12% of 8 (2 dropped as over-long)" in text

@@ -152,6 +152,71 @@ def _suffix_tokens(tokenizer, ids: Sequence[int], suffix: str) -> int:
   return len(ids)
 
 
+def _scorer(model):
+  """jit of ids [1, S] -> (argmax [1, S], log-probability of each next id [1, S - 1])."""
+  def scores(toks):
+    logits = model(toks).logits.astype(jnp.float32)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), toks[:, 1:, None],
+                               axis=-1)[..., 0]
+    return jnp.argmax(logits, axis=-1), logp
+  return jax.jit(scores)
+
+
+def _padded(ids: Sequence[int]) -> jax.Array:
+  """`ids` as [1, bucket] (a power of two, at least 64), so that few lengths are compiled."""
+  bucket = max(64, 1 << (len(ids) - 1).bit_length())
+  toks = np.zeros((1, bucket), np.int32)
+  toks[0, :len(ids)] = ids
+  return jnp.asarray(toks)
+
+
+@dataclasses.dataclass
+class TurnNLL:
+  traj: int        # index into the scored trajectories
+  turn: int        # 0-based turn whose observation body was scored
+  nll: float       # summed negative log-likelihood of the body tokens, nats
+  tokens: int      # body tokens
+  dropped: int     # oldest history turns left out so that the sample fits `max_len`
+
+
+def observation_nll(model, tokenizer, trajs: Sequence[Trajectory], stage: str = "sft",
+                    seed: int = 0, max_len: int = 2048, thinking: bool | None = None
+                    ) -> tuple[list[TurnNLL], int]:
+  """Teacher-forced negative log-likelihood of EVERY turn's observation body (the real history
+  before it, rendered as `observation_accuracy` renders it), one record per turn. A sample longer
+  than `max_len` loses its oldest history turns until it fits, as the sampler's prompts do; one
+  that does not fit even without history is skipped. Returns (records, turns skipped).
+
+  The model is causal, so a turn whose sample is a prefix of a later turn's sample (without
+  thinking, history turns are written as the target is) is read off that sample's pass: turns
+  are visited last to first and a pass is reused while it covers the next sample."""
+  fwd = _scorer(model)
+  think = stage != "cpt" and (thinking is None or bool(thinking))
+  out, skipped = [], 0
+  for i, traj in enumerate(trajs):
+    done: list[TurnNLL] = []
+    seen: tuple[list[int], np.ndarray] | None = None  # the last pass: its ids and log-probs
+    for t in reversed(range(len(traj.turns))):
+      msgs = _render(traj, t, stage, seed, think)
+      dropped = 0
+      while True:
+        ids, body, _ = target_spans(tokenizer, msgs, traj.turns[t].observation, think,
+                                    stage != "cpt")
+        if len(ids) <= max_len or len(msgs) <= 3:
+          break
+        msgs = msgs[:1] + msgs[3:]  # the oldest (action, observation) pair
+        dropped += 1
+      if len(ids) > max_len or not body:
+        skipped += 1
+        continue
+      if seen is None or seen[0][:len(ids)] != ids:
+        seen = (ids, np.asarray(fwd(_padded(ids))[1])[0])
+      pos = np.asarray(body, np.int64) - 1
+      done.append(TurnNLL(i, t, -float(np.sum(seen[1][pos])), len(body), dropped))
+    out += done[::-1]
+  return out, skipped
+
+
 def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: str = "sft",
                          seed: int = 0, max_len: int = 2048,
                          train_worlds: set[str] | None = None,
@@ -162,13 +227,7 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
   unseen worlds, seen worlds with new episodes, and trajectories without a world id.
   `thinking` (default: on for SFT and RL, off for CPT) renders SFT targets in thinking mode or,
   off, as the history turns read: for a model trained with `--thinking=off`."""
-  def scores(toks):
-    logits = model(toks).logits.astype(jnp.float32)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), toks[:, 1:, None],
-                               axis=-1)[..., 0]
-    return jnp.argmax(logits, axis=-1), logp
-
-  fwd = jax.jit(scores)
+  fwd = _scorer(model)
   hits = base_hits = total = kept = 0
   s_hits, s_prob, s_total = 0, 0.0, 0
   dom: dict[str, list[int]] = {}
@@ -187,10 +246,7 @@ def observation_accuracy(model, tokenizer, trajs: Sequence[Trajectory], stage: s
     kept += 1
     pos = np.asarray(body, np.int64)
     prev = [prev_ids[i] for i in prev_body]
-    bucket = max(64, 1 << (len(ids) - 1).bit_length())
-    toks = np.zeros((1, bucket), np.int32)
-    toks[0, :len(ids)] = ids
-    pred, logp = (np.asarray(x)[0] for x in fwd(jnp.asarray(toks)))
+    pred, logp = (np.asarray(x)[0] for x in fwd(_padded(ids)))
     target = np.asarray(ids)[pos]
     sc = np.asarray(scaffold, np.int64)
     s_hits += int(np.sum(pred[sc - 1] == np.asarray(ids)[sc]))
