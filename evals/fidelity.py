@@ -13,7 +13,9 @@ similarity (`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the sim
 observations to the real ones under the same perturbation. The stale detector needs the episode
 so far: a read is stale when it does not show what an earlier, acknowledged write of the same
 episode set; each observation sequence (real, simulated with and without the instruction) is
-judged against its own earlier turns.
+judged against its own earlier turns. A second, teacher-forced part (`likelihood`, on by default,
+`--parts`) scores the real perturbed observations with and without the instruction in the
+prompt: a model that reads the instruction predicts them better with it.
 
   python evals/fidelity.py --checkpoint=runs/demo/sft --out=runs/fidelity --episodes=8
 
