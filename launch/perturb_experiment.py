@@ -123,13 +123,11 @@ def instruction_visible(c, per_domain: int = 200) -> dict[str, dict[str, int]]:
   train.seq_len) keep the instruction's text whole. An over-long sample loses its oldest history
   first and then the system prompt's tail, where the instruction section sits, so a short row
   can hide the instruction from training altogether."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
   from lwm_jax.data import lengths, pipeline  # pylint: disable=import-outside-toplevel
   from lwm_jax.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  from lwm_jax.train.sources import data_config  # pylint: disable=import-outside-toplevel
   tok = tok_lib.load_tokenizer(c.data.tokenizer)
-  cfg = ml_collections.ConfigDict(c.data.pipeline.to_dict())
-  cfg.seq_len, cfg.seed = c.train.seq_len, cfg.seed or c.seed
-  cfg.thinking_target = c.data.thinking_target
+  cfg = data_config(c)
   src = pipeline.load_source(cfg)
   pool = pipeline.demo_pool(cfg, src) if cfg.get("long_prompts") else None
   out: dict[str, dict[str, int]] = {}

@@ -123,6 +123,18 @@ def _cut_at_goal(trajs):
       env.close()
 
 
+def data_config(c: ml_collections.ConfigDict, process_count: int = 1
+                ) -> ml_collections.ConfigDict:
+  """The Grain pipeline's config of a run: `c.data.pipeline` with the run's row length, this
+  process's share of the batch, the run's seed (unless the pipeline sets its own) and thinking
+  target."""
+  dcfg = ml_collections.ConfigDict(c.data.pipeline.to_dict())
+  dcfg.seq_len, dcfg.batch_size = c.train.seq_len, c.train.batch_size // process_count
+  dcfg.seed = c.seed if not dcfg.seed else dcfg.seed
+  dcfg.thinking_target = c.data.thinking_target
+  return dcfg
+
+
 def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage: str,
                     process_index: int = 0, process_count: int = 1
                     ) -> tuple[BatchSource, Callable[[], Iterator] | None, str]:
@@ -136,10 +148,7 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
   if t.batch_size % process_count:
     raise ValueError(f"config.train.batch_size: {t.batch_size} is not divisible by "
                      f"{process_count} processes")
-  dcfg = ml_collections.ConfigDict(c.data.pipeline.to_dict())
-  dcfg.seq_len, dcfg.batch_size = t.seq_len, t.batch_size // process_count
-  dcfg.seed = c.seed if not dcfg.seed else dcfg.seed
-  dcfg.thinking_target = c.data.thinking_target
+  dcfg = data_config(c, process_count)
   # agent-bc: the agent's view of the trajectories, loss on its actions only
   make = _agent_iterator if stage == "agent-bc" else pipeline.make_train_iterator
   it = make(dcfg, tok, stage, process_index, process_count)
