@@ -1,0 +1,76 @@
+"""Can the `demo` architecture learn to copy at all, and in how many steps? Trains it from random
+initialisation on the induction task alone: rows of 512 tokens made of random-token segments of
+16-64 tokens, each written twice; loss on every token. Prints the mean NLL of first and second
+copies on fresh rows every EVERY steps (the loss of a second copy drops towards 0 once the model
+copies; uniform guessing costs ln(vocab)).
+
+  python experiments/copy_drills_random/alone.py [STEPS] [EVERY] [LR] [ALPHABET]
+
+ALPHABET (default: the whole 2,048-token vocabulary) draws the segments from the first ALPHABET
+ordinary ids only, a smaller and easier version of the task.
+"""
+import sys, time, json
+import numpy as np, jax, jax.numpy as jnp, optax
+from flax import nnx
+from lwm_jax.model.config import get_preset
+from lwm_jax.model.transformer import Transformer
+
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 50
+LR = float(sys.argv[3]) if len(sys.argv) > 3 else 3e-3
+B, S, V = 16, 512, 2048
+ALPHABET = int(sys.argv[4]) if len(sys.argv) > 4 else V - 3
+cfg = get_preset("tiny", hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 num_experts=8, num_experts_per_tok=2, max_position_embeddings=S,
+                 rope_theta=1e4, vocab_size=V)
+
+
+def rows(rng, n):
+  toks = np.zeros((n, S), np.int32)
+  second = np.zeros((n, S), bool)  # tokens of a second copy (targets predictable by copying)
+  for r in range(n):
+    i = 0
+    while i < S:
+      k = int(rng.integers(16, 65))
+      seg = rng.integers(3, 3 + ALPHABET, k)
+      both = np.concatenate([seg, seg])[: S - i]
+      toks[r, i:i + len(both)] = both
+      second[r, i + k:i + len(both)] = True
+      i += len(both)
+  return toks, second
+
+
+model = Transformer(cfg, rngs=nnx.Rngs(0))
+opt = nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(0, LR, min(20, STEPS // 2), max(STEPS, 2 * min(20, STEPS // 2) + 1)), 
+                                       weight_decay=0.1), wrt=nnx.Param)
+
+
+def nll(model, toks):
+  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
+  return -jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[..., 0]
+
+
+@nnx.jit
+def step(model, opt, toks):
+  loss, g = nnx.value_and_grad(lambda m: nll(m, toks).mean())(model)
+  opt.update(model, g)
+  return loss
+
+
+@nnx.jit
+def score(model, toks):
+  return nll(model, toks)
+
+
+rng = np.random.default_rng(0)
+test, sec = rows(np.random.default_rng(123), 16)
+t0 = time.time()
+for s in range(1, STEPS + 1):
+  loss = step(model, opt, jnp.asarray(rows(rng, B)[0]))
+  if s % EVERY == 0 or s == 1:
+    n = np.asarray(score(model, jnp.asarray(test)))
+    m = sec[:, 1:]
+    print(json.dumps({"step": s, "train_loss": round(float(loss), 3),
+                      "first": round(float(n[~m].mean()), 3), "second": round(float(n[m].mean()), 3),
+                      "s": round(time.time() - t0)}), flush=True)

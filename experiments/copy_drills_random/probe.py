@@ -1,0 +1,47 @@
+"""In-context copy probe over a run's kept checkpoints: mean next-token NLL of the first and the
+second copy of (a) held-out observations (200-600 characters, 12 per domain, test split) and
+(b) fresh random-piece strings (seed 99, never trained on), each written twice. A model that
+copies scores the second copy far lower than the first.
+
+  python experiments/copy_drills_random/probe.py RUN_WORKDIR_OR_MODEL_DIR [MORE]
+"""
+import gzip, json, os, sys
+import numpy as np, jax, jax.numpy as jnp
+sys.path.insert(0, os.path.dirname(__file__))
+from pilot import random_drills, TOKENIZER
+from lwm_jax import checkpoints
+
+
+def pair_nll(model, ids):
+  toks = jnp.asarray([ids + ids], jnp.int32)
+  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
+  nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[0, :, 0])
+  n = len(ids)
+  return float(nll[:n - 1].mean()), float(nll[n:].mean())
+
+
+def probe(path, tok_path=TOKENIZER):
+  model, tok = checkpoints.load(path, tokenizer=tok_path)
+  res = {}
+  for dom in ("terminal", "mcp", "web"):
+    obs = []
+    for line in gzip.open(f"data/corpus/{dom}_test.jsonl.gz", "rt"):
+      for t in json.loads(line)["turns"]:
+        if 200 < len(t["observation"]) < 600:
+          obs.append(t["observation"])
+    pairs = [pair_nll(model, tok.encode(o)) for o in obs[:12]]
+    res[dom] = [round(float(np.mean([p[i] for p in pairs])), 3) for i in (0, 1)]
+  pairs = [pair_nll(model, tok.encode(d.text.split("\n\n")[0])[:120])
+           for d in random_drills(12, seed=99)]
+  res["random"] = [round(float(np.mean([p[i] for p in pairs])), 3) for i in (0, 1)]
+  return res
+
+
+if __name__ == "__main__":
+  for arg in sys.argv[1:]:
+    paths = [arg]
+    cpt = os.path.join(arg, "cpt")
+    if os.path.isdir(cpt):
+      paths = checkpoints.step_dirs(cpt)
+    for p in paths:
+      print(json.dumps({"model": p, "first/second copy NLL": probe(p)}), flush=True)
