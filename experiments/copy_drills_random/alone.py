@@ -12,18 +12,19 @@ ordinary ids only, a smaller and easier version of the task.
 import sys, time, json
 import numpy as np, jax, jax.numpy as jnp, optax
 from flax import nnx
-from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
+from lwm_jax.train import run_config as rc
+sys.path.insert(0, "launch")
+import stages
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 50
 LR = float(sys.argv[3]) if len(sys.argv) > 3 else 3e-3
 B, S, V = 16, 512, 2048
 ALPHABET = int(sys.argv[4]) if len(sys.argv) > 4 else V - 3
-cfg = get_preset("tiny", hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
-                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 num_experts=8, num_experts_per_tok=2, max_position_embeddings=S,
-                 rope_theta=1e4, vocab_size=V)
+_c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
+_c.model.vocab_size, _c.model.max_position_embeddings, _c.train.seq_len = V, S, S
+cfg = rc.validate_config(_c)
 
 
 def rows(rng, n):
