@@ -33,7 +33,7 @@ flags.DEFINE_string("preset", "small", "model preset")
 flags.DEFINE_integer("batch", 8, "batch size")
 flags.DEFINE_integer("seq", 256, "sequence length")
 flags.DEFINE_integer("steps", 5, "interleaved rounds (median)")
-flags.DEFINE_list("backends", ["blocked", "sorted", "capacity", "dense", "ragged_dot"],
+flags.DEFINE_list("backends", ["tiled", "blocked", "sorted", "capacity", "dense", "ragged_dot"],
                   "MoE backends")
 flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
 flags.DEFINE_string("out", "model_step", "result name under benchmarks/results/")

@@ -1,7 +1,7 @@
 """Where the time of a compiled train step goes on CPU: XLA's own per-op trace of the trainer's step.
 
   python benchmarks/profile_step.py [--preset small] [--layers 8] [--batch 8] [--seq 256]
-      [--moe_backend blocked] [--steps 3] [--top 25] [--vocab N] [--out NAME]
+      [--moe_backend tiled] [--xent_chunk 0] [--steps 3] [--top 25] [--vocab N] [--out NAME]
   python benchmarks/profile_step.py --preset demo --layers 4 --vocab 2048 --batch 4 --seq 2048 \
       --steps 2 --out profile_step_demo      # the CPT step of `make reproduce`
 
@@ -90,7 +90,9 @@ def main():
   ap.add_argument("--vocab", type=int, default=0, help="vocabulary size (0: the preset's)")
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq", type=int, default=256)
-  ap.add_argument("--moe_backend", default="blocked")
+  ap.add_argument("--moe_backend", default="tiled")
+  ap.add_argument("--xent_chunk", type=int, default=0,
+                  help="the chunked cross-entropy with this many columns (0: the plain loss)")
   ap.add_argument("--steps", type=int, default=3)
   ap.add_argument("--top", type=int, default=25)
   ap.add_argument("--out", default="profile_step")
@@ -110,7 +112,7 @@ def main():
   batch = synthetic.synthetic_batch(0, 0, a.batch, a.seq, cfg.vocab_size)
   batch["segment_ids"][:] = 1
   batch["loss_weights"][:] = 1
-  run, _, _, _ = our_runner(cfg, batch)
+  run, _, _, _ = our_runner(cfg, batch, xent_chunk=a.xent_chunk)
   hlo = run.compiled_text()
   run()  # warm-up (compiles)
   run()
@@ -173,7 +175,7 @@ def main():
   print(table(krows, ["kind", "ms/step", "share"]))
   write_result(a.out, {
       "preset": a.preset, "layers": a.layers, "batch": a.batch, "seq": a.seq,
-      "moe_backend": a.moe_backend, "steps": a.steps, "step_s_untraced": untraced,
+      "moe_backend": a.moe_backend, "xent_chunk": a.xent_chunk, "steps": a.steps, "step_s_untraced": untraced,
       "step_s_traced": traced, "ops_ms_per_step_total": total / a.steps, "planes": planes,
       "kinds_ms_per_step": {k: ms / a.steps for k, ms in kinds.items()},
       "matmuls_by_output_ms_per_step": {k: ms / a.steps for k, (ms, _) in by_shape.items()},

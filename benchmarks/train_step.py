@@ -2,11 +2,12 @@
 same machine, same config and same weights (docs/benchmark.md).
 
   python benchmarks/train_step.py [--rounds 4] [--batch 8] [--seq 256] [--layers 8]
-      [--moe_backends blocked,sorted] [--xent_chunk 8192] [--no_hf]
+      [--moe_backends tiled,blocked] [--xent_chunk 512] [--no_hf]
 
 Ours is the trainer's compiled step (`steps.compile_xent_step`) once per MoE backend; with
 `--xent_chunk N` also the same compiled step with `StepConfig(xent_chunk=N)` (the trainer's
-`train.xent_chunk`: the output head applied in N-column slices, no [B*S, V] logits). HF's is `transformers`' Qwen3-MoE (torch CPU, the
+`train.xent_chunk`: the loss taken N rows at a time with its gradients in the same pass, no
+[B*S, V] logits). HF's is `transformers`' Qwen3-MoE (torch CPU, the
 model loaded from our HF export) with torch's AdamW (same betas, eps, weight decay on matrices
 only, global-norm clip 1.0) and its load-balancing loss at the same coefficient. The runs
 interleave (every round times every system once) so that a shared machine's slow phases hit all
@@ -93,7 +94,7 @@ def main():
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--preset", default="small")
-  ap.add_argument("--moe_backends", default="blocked,sorted")
+  ap.add_argument("--moe_backends", default="tiled,blocked")
   ap.add_argument("--xent_chunk", type=int, default=0,
                   help="also time the chunked cross-entropy variant with this many columns")
   ap.add_argument("--no_hf", action="store_true")

@@ -1,4 +1,5 @@
-"""Vocabulary-chunked cross-entropy (custom VJP, no [T, V] logits kept) against the plain loss."""
+"""Row-chunked cross-entropy (custom VJP, gradients made in the forward pass, no [T, V] logits
+kept) against the plain loss."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +21,7 @@ def _inputs(b=3, s=9, d=16, v=103, seed=0):
   return h, head, tokens, seg, lw
 
 
-@pytest.mark.parametrize("chunk,z_coef", [(32, 0.0), (103, 1e-2), (7, 0.3)])
+@pytest.mark.parametrize("chunk,z_coef", [(8, 0.0), (27, 1e-2), (5, 0.3), (100, 0.0)])
 def test_chunked_matches_plain_value_and_gradient(chunk, z_coef):
   h, head, tokens, seg, lw = _inputs()
 
@@ -48,7 +49,7 @@ def test_chunked_matches_plain_value_and_gradient(chunk, z_coef):
 def test_chunked_never_materialises_full_logits():
   h, head, tokens, seg, lw = _inputs(b=2, s=33, d=8, v=1000)
   f = lambda h, w: losses.chunked_cross_entropy_sums(h, w, tokens[:2], seg[:2], lw[:2],
-                                                     chunk=128)["loss"]
+                                                     chunk=16)["loss"]
   jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(h, head)
   rows = 2 * 32
 
@@ -64,7 +65,7 @@ def test_chunked_never_materialises_full_logits():
 
   big = [s for s in shapes(jaxpr.jaxpr) if len(s) >= 2 and rows in s and 1000 in s]
   assert not big, big
-  assert any(s == (rows, 128) for s in shapes(jaxpr.jaxpr))
+  assert any(s == (16, 1000) for s in shapes(jaxpr.jaxpr))
 
 
 def test_chunk_must_be_positive():

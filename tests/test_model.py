@@ -35,7 +35,7 @@ def _moe_numpy(x, router, wg, wu, wd, k, norm):
   return out, p
 
 
-@pytest.mark.parametrize("backend", ["dense", "blocked", "ragged_dot", "capacity"])
+@pytest.mark.parametrize("backend", ["dense", "blocked", "tiled", "ragged_dot", "capacity"])
 @pytest.mark.parametrize("norm", [True, False])
 def test_moe_backends_match_numpy(backend, norm):
   cfg = get_preset("tiny", moe_backend=backend, norm_topk_prob=norm, capacity_factor=8.0)

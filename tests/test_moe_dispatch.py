@@ -1,5 +1,6 @@
-"""The gather-only MoE dispatch (`sorted` and `blocked` backends) against the dense reference:
-forward, gradients, drops, and no scatter of rows in the backward pass."""
+"""The gather-only MoE dispatch (`sorted`, `blocked` and `tiled` backends) against the dense
+reference: forward, gradients, drops, and no scatter of rows in the backward pass; the tiled grouped
+matmul against `jax.lax.ragged_dot`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from flax import nnx
 
 from lwm_jax.model.config import get_preset
-from lwm_jax.model.dispatch import sorted_slots, take_rows
+from lwm_jax.model.dispatch import sorted_slots, take_rows, tiled_matmul
 from lwm_jax.model.moe import MoE
 from lwm_jax.model.transformer import Transformer
 
@@ -23,6 +24,34 @@ def test_take_rows_value_and_gradient_by_hand():
   (dx,) = vjp(g)
   # Row 2 was read twice (m=0 and m=3), row 3 never; m=2 read nothing.
   np.testing.assert_array_equal(dx, [[4, 5, 6], [13, 14, 15], [1 + 10, 2 + 11, 3 + 12], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("rows,sizes,tile", [
+    (37, [9, 0, 13, 12], 8),    # an empty group; 3 rows past the last group
+    (200, [50, 61, 0, 0, 89], 16),
+    (20, [3, 17], 128),         # tiles larger than every group
+])
+def test_tiled_matmul_matches_ragged_dot(rows, sizes, tile):
+  rng = np.random.default_rng(rows)
+  d, f = 6, 5
+  x = jnp.asarray(rng.standard_normal((rows, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((len(sizes), d, f)), jnp.float32)
+  gs = jnp.asarray(sizes, jnp.int32)
+  used = sum(sizes)
+  c = jnp.asarray(rng.standard_normal((rows, f)), jnp.float32)
+
+  def ref(x, w):  # XLA's grouped matmul on the grouped rows; the rest are 0
+    return jnp.concatenate([jax.lax.ragged_dot(x[:used], w, gs), jnp.zeros((rows - used, f))])
+
+  ours = lambda x, w: tiled_matmul(x, w, gs, tile)
+  np.testing.assert_allclose(jax.jit(ours)(x, w), ref(x, w), atol=1e-5)
+  g_ours = jax.jit(jax.grad(lambda x, w: jnp.sum(ours(x, w) * c), (0, 1)))(x, w)
+  g_ref = jax.grad(lambda x, w: jnp.sum(ref(x, w) * c), (0, 1))(x, w)
+  for a, b in zip(g_ours, g_ref):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  assert float(jnp.abs(g_ours[0][used:]).max(initial=0.0)) == 0.0
+  for e, n in enumerate(sizes):  # an empty group's weights get exactly no gradient
+    assert (float(jnp.abs(g_ours[1][e]).max()) == 0.0) == (n == 0)
 
 
 def _row_scatters(jaxpr, width):
@@ -44,7 +73,7 @@ def _row_scatters(jaxpr, width):
   return found
 
 
-@pytest.mark.parametrize("backend,want", [("sorted", 0), ("blocked", 0), ("capacity", 1)])
+@pytest.mark.parametrize("backend,want", [("sorted", 0), ("blocked", 0), ("tiled", 0), ("capacity", 1)])
 def test_backward_pass_moves_rows_without_scatter(backend, want):
   cfg = get_preset("tiny", moe_backend=backend)
   moe = MoE(cfg, rngs=nnx.Rngs(1))
@@ -62,7 +91,8 @@ def _pair(norm=True, cf=2.0, seed=1, backend="sorted"):
   return base, dense, fast
 
 
-@pytest.mark.parametrize("backend,norm", [("sorted", True), ("sorted", False), ("blocked", True)])
+@pytest.mark.parametrize("backend,norm", [("sorted", True), ("sorted", False), ("blocked", True),
+                                          ("tiled", True), ("tiled", False)])
 def test_matches_dense_forward_and_gradients(backend, norm):
   cfg, dense, fast = _pair(norm, cf=8.0, backend=backend)
   x = jax.random.normal(jax.random.key(3), (3, 11, cfg.hidden_size))
@@ -112,7 +142,7 @@ def test_sorted_drops_counted_like_capacity_order():
       assert src_tok[want] == a // cfg.num_experts_per_tok
 
 
-@pytest.mark.parametrize("backend", ["sorted", "blocked"])
+@pytest.mark.parametrize("backend", ["sorted", "blocked", "tiled"])
 def test_transformer_gradients_match_dense(backend):
   base = get_preset("tiny", num_hidden_layers=1)
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, base.vocab_size)

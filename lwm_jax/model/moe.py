@@ -1,4 +1,4 @@
-"""Mixture-of-experts layer: fp32 softmax router, top-k, and four dispatch backends.
+"""Mixture-of-experts layer: fp32 softmax router, top-k, and its dispatch backends.
 
 Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
   ragged_dot  dropless: sort assignments by expert, `jax.lax.ragged_dot` grouped matmul (GPU/TPU).
@@ -6,6 +6,9 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               over blocks with each block's expert weights gathered (fast on CPU, where ragged_dot is
               ~20x slower than a batched einsum). Rows move by gathers only, forward and backward
               (`lwm_jax.model.dispatch`).
+  tiled       dropless: sort by expert, then one loop over tiles of 128 sorted rows, each tile
+              multiplied by its expert's weights (`dispatch.tiled_matmul`, backward written out):
+              no padded rows, no per-block weight copies.
   capacity    sort into a fixed [E, C, D] buffer, C = ceil(capacity_factor * N * k / E); assignments
               past an expert's capacity are dropped and counted.
   sorted      the same [E, C, D] buffer filled and read back by gathers only, forward and backward
@@ -18,7 +21,7 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               `lwm_jax.model.decode_layout` (a few rows per step touch nearly every expert anyway,
               and one large matmul in the weight-streaming form beats E small ones); a step with
               at most E/2 assignments (batch 1 or 2) runs only its chosen experts instead.
-`auto` picks ragged_dot on GPU/TPU and blocked on CPU.
+`auto` picks ragged_dot on GPU/TPU and tiled on CPU (benchmarks/results/speed.md).
 
 Under a device mesh the layer runs inside `shard_map`: tokens stay on their devices, expert weights
 are split over the `expert` mesh axis (and their hidden dim over `tensor`). When the batch is split
@@ -38,7 +41,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn
+from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn, tiled_ffn
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -62,10 +65,10 @@ def _expert_ffn_blocks(x_BxRxD, wg_BxDxI, wu_BxDxI, wd_BxIxD):
 
 def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend: str):
   """Applies expert `expert_N[n]` to row n (rows with valid_N False give 0); dropless. `blocked`
-  goes through `dispatch.blocked_ffn`; `ragged_dot` is XLA's grouped matmul (GPU/TPU)."""
-  if backend == "blocked":
-    return blocked_ffn(x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI,
-                       wd_ExIxD)[:, 0]
+  and `tiled` go through `dispatch.blocked_ffn` and `dispatch.tiled_ffn`; `ragged_dot` is XLA's grouped matmul (GPU/TPU)."""
+  if backend in ("blocked", "tiled"):
+    ffn = blocked_ffn if backend == "blocked" else tiled_ffn
+    return ffn(x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI, wd_ExIxD)[:, 0]
   if backend != "ragged_dot":
     raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
   e = wg_ExDxI.shape[0]
@@ -180,8 +183,9 @@ def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, 
     y, dropped = sorted_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd,
                             cap)
     y = y.reshape(n * top_k, d)
-  elif backend == "blocked":
-    y = blocked_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd)
+  elif backend in ("blocked", "tiled"):
+    ffn = blocked_ffn if backend == "blocked" else tiled_ffn
+    y = ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd)
     y = y.reshape(n * top_k, d)
   elif backend == "capacity":
     cap = max(1, math.ceil(capacity_factor * n * top_k / max(e_local, 1)))
@@ -269,7 +273,7 @@ class MoE(nnx.Module):
   def _backend(self) -> str:
     if self.backend != "auto":
       return self.backend
-    return "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+    return "tiled" if jax.default_backend() == "cpu" else "ragged_dot"
 
   def __call__(self, x_BxSxD: jax.Array, mask_BxS: jax.Array | None = None):
     b, s, d = x_BxSxD.shape
