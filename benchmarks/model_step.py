@@ -1,6 +1,7 @@
 """Forward+backward tokens/s and MFU of a model preset, per MoE backend, beside HF transformers.
 
-  python benchmarks/model_step.py --preset=small --batch=8 --seq=256
+  python benchmarks/model_step.py --preset=small --batch=8 --seq=256 [--backends=tiled,blocked]
+      [--xent_chunk=512]
   python benchmarks/model_step.py --preset=small_hybrid --batch=1 --seq=2048 --out=model_step_hybrid
 Prints a table and writes benchmarks/results/model_step.json. HF transformers (torch CPU) runs in
 the same process when installed (`pip install -e .[hf]`); the ratio column compares with it. The
@@ -27,6 +28,7 @@ import common  # noqa: E402
 from lwm_jax.model import sizes  # noqa: E402
 from lwm_jax.model.config import get_preset, to_hf_dict  # noqa: E402
 from lwm_jax.model.transformer import Transformer  # noqa: E402
+from lwm_jax.train import losses  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "small", "model preset")
@@ -35,19 +37,29 @@ flags.DEFINE_integer("seq", 256, "sequence length")
 flags.DEFINE_integer("steps", 5, "interleaved rounds (median)")
 flags.DEFINE_list("backends", ["tiled", "blocked", "sorted", "capacity", "dense", "ragged_dot"],
                   "MoE backends")
+flags.DEFINE_integer("xent_chunk", 0, "also time the first backend with the loss taken this many "
+                     "tokens at a time (`losses.chunked_cross_entropy_sums`, the trainer's "
+                     "`train.xent_chunk`)")
 flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
 flags.DEFINE_string("out", "model_step", "result name under benchmarks/results/")
 
 
-def jax_runner(cfg, tokens):
+def jax_runner(cfg, tokens, xent_chunk=0):
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
   def loss(params, tokens):
     m = nnx.merge(graphdef, params, rest)
-    out = m(tokens)
-    logp = jax.nn.log_softmax(out.logits[:, :-1])
-    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+    if xent_chunk:
+      out = m(tokens, return_hidden=True)
+      ones = jnp.ones(tokens.shape, jnp.int32)
+      s = losses.chunked_cross_entropy_sums(out.logits, m.head_DxV(), tokens, ones, ones,
+                                            chunk=xent_chunk)
+      nll = s["loss"] / s["weight"]
+    else:
+      out = m(tokens)
+      logp = jax.nn.log_softmax(out.logits[:, :-1])
+      nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
     return nll + cfg.router_aux_loss_coef * out.aux_loss, out.dropped_tokens
 
   step = jax.jit(jax.value_and_grad(loss, has_aux=True))
@@ -92,6 +104,10 @@ def main(_):
   for backend in FLAGS.backends:
     runners[f"lwm_jax {backend}"], dropped[f"lwm_jax {backend}"] = jax_runner(
         base.replace(moe_backend=backend), tokens)
+  if FLAGS.xent_chunk:
+    name = f"lwm_jax {FLAGS.backends[0]} + chunked xent {FLAGS.xent_chunk}"
+    runners[name], dropped[name] = jax_runner(base.replace(moe_backend=FLAGS.backends[0]), tokens,
+                                              FLAGS.xent_chunk)
   if FLAGS.hf:
     run = hf_runner(base, np.asarray(tokens))
     if run is not None:

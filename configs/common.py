@@ -79,10 +79,10 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       num_steps=100, batch_size=8, seq_len=128, micro_batches=1, precision="auto",
       z_loss_coef=0.0, aux_loss_coef=-1.0,   # -1: the model's router_aux_loss_coef
-      # > 0: CPT/SFT cross-entropy taken this many tokens at a time, its gradients made in the
-      # same pass (no [B*S, V] logits, no recomputed logits; same loss and gradients; 512 is the
-      # fast setting on CPU, benchmarks/results/speed.md); 0: the plain full-logits loss
-      xent_chunk=0,
+      # > 0: CPT/SFT cross-entropy taken about this many tokens at a time, its gradients made in
+      # the same pass (no [B*S, V] logits kept or recomputed; same loss and gradients; faster
+      # than the plain loss on CPU, benchmarks/results/speed.md); 0: the plain full-logits loss
+      xent_chunk=512,
       log_every=10, eval_every=0, eval_batches=2, progress=True, stop_after=0))
   c.checkpoint = ml_collections.ConfigDict(dict(every=100, keep=2, use_async=True, resume=True))
   c.data = ml_collections.ConfigDict(dict(

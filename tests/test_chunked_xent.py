@@ -1,4 +1,4 @@
-"""Row-chunked cross-entropy (custom VJP, gradients made in the forward pass, no [T, V] logits
+"""Token-chunked cross-entropy (custom VJP, gradients made in the forward pass, no [T, V] logits
 kept) against the plain loss."""
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,6 @@
-"""The CPT/SFT train step with `xent_chunk` > 0 (cross-entropy in vocabulary slices from the final
-hidden states) against the plain full-logits step: same loss, metrics and updated parameters."""
+"""The CPT/SFT train step with `xent_chunk` > 0 (cross-entropy in token slices from the final
+hidden states, gradients made in the same pass) against the plain full-logits step: same loss,
+metrics and updated parameters."""
 import functools
 
 import jax
@@ -44,14 +45,16 @@ def test_chunked_step_equals_plain_step(tied, micro):
     s, m = f(s, batch)
     results[chunk] = (s, m)
   (sp, mp), (sc_, mc) = results[0], results[48]
-  assert cfg.vocab_size > 48 and cfg.vocab_size % 48 != 0   # several slices, a ragged last one
+  positions = batch["tokens"].shape[1] - 1  # 23 predicted positions, 48 // 4 rows = 12 a slice:
+  assert positions % (48 // batch["tokens"].shape[0]) != 0  # two slices, a padded last one
   assert set(mp) == set(mc)
   for k in mp:
     np.testing.assert_allclose(np.asarray(mc[k]), np.asarray(mp[k]), rtol=1e-5, atol=1e-5,
                                err_msg=k)
   assert float(mp["kept_tokens"]) > 0 and float(mp["loss"]) > 0
+  # (Adam divides by sqrt(v): a near-zero gradient's rounding can move its update by ~1e-5)
   for a, b in zip(jax.tree.leaves(sp.params), jax.tree.leaves(sc_.params)):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=3e-5)
   # the update really moved the parameters (the comparison is not between two unchanged states)
   moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
               zip(jax.tree.leaves(s0.params), jax.tree.leaves(sp.params)))
@@ -102,7 +105,7 @@ def test_config_option_reaches_the_step_and_is_checked():
   from configs import cpt
   from lwm_jax.train import run_config, trainer
   c = cpt.get_config("tiny")
-  assert c.train.xent_chunk == 0  # off by default: the plain loss
+  assert c.train.xent_chunk == 512  # on by default (0: the plain loss)
   c.train.xent_chunk = 64
   model_cfg = run_config.validate_config(c)
   assert trainer._step_config(c, model_cfg).xent_chunk == 64  # pylint: disable=protected-access

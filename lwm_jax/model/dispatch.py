@@ -156,16 +156,18 @@ def blocked_ffn(x_NxD, expert_NxK, valid_NxK, wg_ExDxI, wu_ExDxI, wd_ExIxD, bloc
 
 # ------------------------------------------------------------------ tiled grouped matmul (dropless)
 #
-# Rows sorted by expert are multiplied tile by tile (`tile` rows at a time) by their expert's
-# weights inside one loop whose trip count is the number of tiles actually needed,
+# Rows sorted by expert are multiplied tile by tile (`tile` rows at a time: by default a quarter
+# of an expert's average share, 128 at `small` 8 x 256, 512 at the `demo` CPT shape) by their
+# expert's weights inside one loop whose trip count is the number of tiles actually needed,
 # sum_e ceil(rows_e / tile). Nothing is padded or copied per expert: a tile that runs past its
 # expert's last row computes a few rows with the wrong weights, and the next expert's first tile
 # (processed later, the loop runs in row order) overwrites them. The backward pass is written out
 # (a loop cannot be differentiated with a dynamic trip count): one loop makes dx with transposed
 # weights and dw by summing x_tile^T @ dy_tile per tile, the rows of other experts masked out.
-# The gate and up projections run as one product over their weights side by side ([E, D, 2I]).
-# On CPU this runs each projection at 100-120 GFLOP/s of useful work where the batched einsum of
-# `blocked_ffn` (per-block gathered weights, padded rows) ran at about 50 (benchmarks/results/speed.md).
+# The gate and up projections share one loop (and its tiles of x).
+# At `small` on CPU the tiles' products run near the matmul peak, where the batched einsum of
+# `blocked_ffn` (per-block gathered weights, padded rows) ran at about a third of it
+# (benchmarks/results/speed.md).
 
 
 def _tiles(group_sizes_E, tile: int):
@@ -186,64 +188,82 @@ def _pad_rows(x, tile: int):
   return jnp.concatenate([x, jnp.zeros((tile,) + x.shape[1:], x.dtype)])
 
 
+def _rows_in_groups(a: int, group_sizes_E):
+  return (jnp.arange(a) < jnp.sum(group_sizes_E))[:, None]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def tiled_matmul(x_AxD, w_ExDxF, group_sizes_E, tile: int = 128):
-  """Grouped matmul: rows sorted by group (group e owns the next group_sizes_E[e] rows) times their
-  group's [D, F] weights; rows past the last group give 0. Same result as `jax.lax.ragged_dot`."""
+def tiled_matmuls(x_AxD, ws, group_sizes_E, tile: int = 128):
+  """Grouped matmuls: rows sorted by group (group e owns the next group_sizes_E[e] rows) times
+  their group's weights, for each [E, D, F] array of the tuple `ws` (one loop for all: the gate
+  and up projections share their tiles); rows past the last group give 0. Returns a tuple; each
+  entry equals `jax.lax.ragged_dot(x, w, group_sizes)` on the grouped rows."""
   a = x_AxD.shape[0]
   starts_E, ntiles_E, first_E, total = _tiles(group_sizes_E, tile)
   xp = _pad_rows(x_AxD, tile)
 
-  def body(t, out):
+  def body(t, outs):
     e, r0 = _tile_at(t, starts_E, ntiles_E, first_E, tile)
-    y_t = jnp.dot(jax.lax.dynamic_slice_in_dim(xp, r0, tile), w_ExDxF[e]).astype(out.dtype)
-    return jax.lax.dynamic_update_slice_in_dim(out, y_t, r0, axis=0)
+    x_t = jax.lax.dynamic_slice_in_dim(xp, r0, tile)
+    return tuple(jax.lax.dynamic_update_slice_in_dim(
+        out, jnp.dot(x_t, w[e]).astype(out.dtype), r0, axis=0) for out, w in zip(outs, ws))
 
-  out = jax.lax.fori_loop(0, total, body, jnp.zeros((a + tile, w_ExDxF.shape[2]), x_AxD.dtype))
-  return jnp.where((jnp.arange(a) < jnp.sum(group_sizes_E))[:, None], out[:a], 0)
+  outs = jax.lax.fori_loop(0, total, body, tuple(
+      jnp.zeros((a + tile, w.shape[2]), x_AxD.dtype) for w in ws))
+  keep = _rows_in_groups(a, group_sizes_E)
+  return tuple(jnp.where(keep, out[:a], 0) for out in outs)
 
 
-def _tiled_matmul_fwd(x_AxD, w_ExDxF, group_sizes_E, tile):
-  return tiled_matmul(x_AxD, w_ExDxF, group_sizes_E, tile), (x_AxD, w_ExDxF, group_sizes_E)
+def _tiled_matmuls_fwd(x_AxD, ws, group_sizes_E, tile):
+  return tiled_matmuls(x_AxD, ws, group_sizes_E, tile), (x_AxD, ws, group_sizes_E)
 
 
-def _tiled_matmul_bwd(tile, res, g_AxF):
-  """One loop over the tiles makes both gradients: dx = g @ w^T (written in row order, so a
-  tile's rows of the next expert are overwritten as in the forward pass) and dw[e] += x^T @ g with
-  the rows of other experts masked out."""
-  x_AxD, w_ExDxF, group_sizes_E = res
+def _tiled_matmuls_bwd(tile, res, gs_AxF):
+  """One loop over the tiles makes every gradient: dx = sum_i g_i @ w_i^T (written in row order,
+  so a tile's rows of the next expert are overwritten as in the forward pass) and
+  dw_i[e] += x^T @ g_i with the rows of other experts masked out of x."""
+  x_AxD, ws, group_sizes_E = res
   a = x_AxD.shape[0]
   starts_E, ntiles_E, first_E, total = _tiles(group_sizes_E, tile)
-  xp, gp = _pad_rows(x_AxD, tile), _pad_rows(g_AxF, tile)
+  xp = _pad_rows(x_AxD, tile)
+  gps = tuple(_pad_rows(g, tile) for g in gs_AxF)
 
   def body(t, carry):
-    dx, dw = carry
+    dx, dws = carry
     e, r0 = _tile_at(t, starts_E, ntiles_E, first_E, tile)
-    g_t = jax.lax.dynamic_slice_in_dim(gp, r0, tile)
-    dx_t = jax.lax.dot_general(g_t, w_ExDxF[e], (((1,), (1,)), ((), ()))).astype(dx.dtype)
+    g_ts = [jax.lax.dynamic_slice_in_dim(gp, r0, tile) for gp in gps]
+    dx_t = sum(jax.lax.dot_general(g_t, w[e], (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+               for g_t, w in zip(g_ts, ws))
     own = (r0 + jnp.arange(tile)) < starts_E[e] + group_sizes_E[e]
     x_t = jnp.where(own[:, None], jax.lax.dynamic_slice_in_dim(xp, r0, tile), 0)
-    part = jax.lax.dot_general(x_t, g_t, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-    return jax.lax.dynamic_update_slice_in_dim(dx, dx_t, r0, axis=0), dw.at[e].add(part)
+    dws = tuple(dw.at[e].add(jax.lax.dot_general(x_t, g_t, (((0,), (0,)), ((), ())),
+                                                  preferred_element_type=jnp.float32))
+                for dw, g_t in zip(dws, g_ts))
+    return jax.lax.dynamic_update_slice_in_dim(dx, dx_t.astype(dx.dtype), r0, axis=0), dws
 
-  dx, dw = jax.lax.fori_loop(0, total, body, (jnp.zeros(xp.shape, x_AxD.dtype),
-                                              jnp.zeros(w_ExDxF.shape, jnp.float32)))
-  dx = jnp.where((jnp.arange(a) < jnp.sum(group_sizes_E))[:, None], dx[:a], 0)
-  return dx, dw.astype(w_ExDxF.dtype), None
+  dx, dws = jax.lax.fori_loop(0, total, body, (
+      jnp.zeros(xp.shape, x_AxD.dtype), tuple(jnp.zeros(w.shape, jnp.float32) for w in ws)))
+  dx = jnp.where(_rows_in_groups(a, group_sizes_E), dx[:a], 0)
+  return dx, tuple(dw.astype(w.dtype) for dw, w in zip(dws, ws)), None
 
 
-tiled_matmul.defvjp(_tiled_matmul_fwd, _tiled_matmul_bwd)
+tiled_matmuls.defvjp(_tiled_matmuls_fwd, _tiled_matmuls_bwd)
+
+
+def tiled_matmul(x_AxD, w_ExDxF, group_sizes_E, tile: int = 128):
+  """`tiled_matmuls` with one weight array."""
+  return tiled_matmuls(x_AxD, (w_ExDxF,), group_sizes_E, tile)[0]
 
 
 def tiled_ffn(x_NxD, expert_NxK, valid_NxK, wg_ExDxI, wu_ExDxI, wd_ExIxD, tile: int = 0):
   """Dropless: assignments gathered in expert order, the SwiGLU experts applied by
-  `tiled_matmul`, outputs gathered back to assignment order. Returns [N, K, D]. `tile` (0: 128
-  rows, fewer when the experts' average share is small, as in a short prefill) bounds the rows
-  computed with the wrong weights at each expert's end."""
+  `tiled_matmul`, outputs gathered back to assignment order. Returns [N, K, D]. `tile` (0: a
+  quarter of an expert's average share, as `block_rows_for`) bounds the rows computed with the
+  wrong weights at each expert's end; larger tiles mean fewer, larger products."""
   n, k = expert_NxK.shape
   e = wg_ExDxI.shape[0]
-  tile = tile or min(128, block_rows_for(n * k, e))
+  tile = tile or block_rows_for(n * k, e)
   key_A, order_A, sizes_E, _, pos_A = _sort(expert_NxK, valid_NxK, e)
   a = n * k
   valid_A = key_A < e
@@ -253,9 +273,8 @@ def tiled_ffn(x_NxD, expert_NxK, valid_NxK, wg_ExDxI, wu_ExDxI, wd_ExIxD, tile: 
   slot_A = jnp.where(valid_A, pos_A, a)
   xs_MxD = take_rows(x_NxD, src_token_M, slot_A.reshape(n, k))
   gs = sizes_E.astype(jnp.int32)
-  i = wg_ExDxI.shape[2]
-  gu = tiled_matmul(xs_MxD, jnp.concatenate([wg_ExDxI, wu_ExDxI], axis=2), gs, tile)
-  h = jax.nn.silu(gu[:, :i]) * gu[:, i:]
+  g, u = tiled_matmuls(xs_MxD, (wg_ExDxI, wu_ExDxI), gs, tile)
+  h = jax.nn.silu(g) * u
   ys_MxD = tiled_matmul(h, wd_ExIxD, gs, tile)
   y_AxD = take_rows(ys_MxD, slot_A, jnp.where(valid_M, order_A, a)[:, None])
   return y_AxD.reshape(n, k, -1)

@@ -59,25 +59,32 @@ def cross_entropy_loss(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_B
 
 
 # ----------------------------------------------------------------------- chunked cross-entropy
-# The loss is read from the final hidden states in slices of `chunk` rows (tokens): each slice's
-# [chunk, V] logits are made, reduced and dropped. Under `jax.grad`, each slice also yields its
+# The loss is read from the final hidden states in slices of about `chunk` tokens (the same few
+# positions of every row): each slice's [tokens, V] logits are made, reduced and dropped. Under `jax.grad`, each slice also yields its
 # share of both gradients at once (dlogits = w * ((1 + 2 z lse) * p - onehot(target)), then
 # dh = dlogits @ head^T and dhead += h^T @ dlogits), so the step runs the three products of the
 # plain loss and never a fourth to recompute logits; the backward pass only scales the stored
-# gradients by the loss's cotangent. Slicing by rows instead of vocabulary columns is what makes
-# that possible: a row's logsumexp is complete within its slice.
+# gradients by the loss's cotangent. Slicing by tokens instead of vocabulary columns is what
+# makes that possible: a token's logsumexp is complete within its slice.
 
 
-def _xent_rows(h_TxD, head_DxV, targets_T, weights_T, z_coef: float, chunk: int, grads: bool):
-  """(loss, nll, z, hit) sums over rows, and with `grads` the gradients of `loss` w.r.t. h and
-  the head (accumulated in fp32, returned in their dtypes)."""
-  t, d = h_TxD.shape
-  n = -(-t // chunk)
-  pad = n * chunk - t
-  rows = lambda x: jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)]).reshape(
-      (n, chunk) + x.shape[1:])
-  hc, tc, wc = rows(h_TxD), rows(targets_T), rows(weights_T.astype(jnp.float32))
-  head = head_DxV.astype(h_TxD.dtype)
+def _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int,
+               grads: bool):
+  """(loss, nll, z, hit) sums, and with `grads` the gradients of `loss` w.r.t. h and the head
+  (accumulated in fp32, returned in their dtypes). A slice is `chunk // B` positions of every row
+  (at least one), so the batch axis, and any sharding of it, is kept in every slice."""
+  b, t, d = h_BxTxD.shape
+  p = max(1, chunk // b)
+  n = -(-t // p)
+  pad = n * p - t
+
+  def slices(x):  # [B, T, ...] -> [n, B * p, ...], slice i holding positions [i * p, (i + 1) * p)
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    x = jnp.swapaxes(x.reshape((b, n, p) + x.shape[2:]), 0, 1)
+    return x.reshape((n, b * p) + x.shape[3:])
+
+  hc, tc, wc = slices(h_BxTxD), slices(targets_BxT), slices(weights_BxT.astype(jnp.float32))
+  head = head_DxV.astype(h_BxTxD.dtype)
 
   def body(dhead, xs):
     h, tgt, w = xs
@@ -92,7 +99,7 @@ def _xent_rows(h_TxD, head_DxV, targets_T, weights_T, z_coef: float, chunk: int,
     if not grads:
       return dhead, (sums, None)
     dlogits = ((w * (1.0 + 2.0 * z_coef * lse))[:, None] * jnp.exp(logits - lse[:, None])
-               ).at[jnp.arange(chunk), tgt].add(-w)
+               ).at[jnp.arange(b * p), tgt].add(-w)
     dh = jnp.dot(dlogits.astype(h.dtype), head.T, preferred_element_type=jnp.float32)
     dhead = dhead + jnp.dot(h.T, dlogits.astype(h.dtype), preferred_element_type=jnp.float32)
     return dhead, (sums, dh)
@@ -103,16 +110,17 @@ def _xent_rows(h_TxD, head_DxV, targets_T, weights_T, z_coef: float, chunk: int,
   out = (nll + z_coef * z, nll, z, hit)
   if not grads:
     return out, None
-  return out, (dh.reshape(n * chunk, d)[:t].astype(h_TxD.dtype), dhead.astype(head_DxV.dtype))
+  dh = jnp.swapaxes(dh.reshape(n, b, p, d), 0, 1).reshape(b, n * p, d)[:, :t]
+  return out, (dh.astype(h_BxTxD.dtype), dhead.astype(head_DxV.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _chunked_xent(h_TxD, head_DxV, targets_T, weights_T, z_coef: float, chunk: int):
-  return _xent_rows(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk, grads=False)[0]
+def _chunked_xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int):
+  return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)[0]
 
 
-def _chunked_xent_fwd(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk):
-  return _xent_rows(h_TxD, head_DxV, targets_T, weights_T, z_coef, chunk, grads=True)
+def _chunked_xent_fwd(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk):
+  return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
 
 
 def _chunked_xent_bwd(z_coef, chunk, res, g):
@@ -129,16 +137,15 @@ def chunked_cross_entropy_sums(hidden_BxSxD, head_DxV, tokens_BxS, segment_ids_B
                                loss_weights_BxS, z_loss_coef: float = 0.0,
                                chunk: int = 512) -> Metrics:
   """`cross_entropy_sums` from the final hidden states and the output head, without ever holding
-  the [B*S, V] logits: `chunk` rows (tokens) at a time, gradients made in the same pass (see
-  above). Also returns `loss` = nll + z_loss_coef * z, the one entry that carries gradients (to
+  the [B*S, V] logits: about `chunk` tokens at a time (chunk // B positions of every row),
+  gradients made in the same pass (see above). Also returns `loss` = nll + z_loss_coef * z, the one entry that carries gradients (to
   hidden_BxSxD and head_DxV)."""
   if chunk <= 0:
     raise ValueError(f"chunked_cross_entropy_sums: chunk={chunk} must be positive")
   targets, w = shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS)
-  d = hidden_BxSxD.shape[-1]
-  h_TxD = hidden_BxSxD[:, :-1].reshape(-1, d)
-  loss, nll, z, hit = _chunked_xent(h_TxD, head_DxV, targets.reshape(-1), w.reshape(-1),
-                                    float(z_loss_coef), min(int(chunk), h_TxD.shape[0]))
+  b, s = tokens_BxS.shape
+  loss, nll, z, hit = _chunked_xent(hidden_BxSxD[:, :-1], head_DxV, targets, w,
+                                    float(z_loss_coef), min(int(chunk), b * (s - 1)))
   sg = jax.lax.stop_gradient
   return {"loss": loss, "nll": sg(nll), "weight": jnp.sum(w), "correct": sg(hit),
           "tokens": jnp.sum((w > 0).astype(jnp.float32)),
