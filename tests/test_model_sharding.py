@@ -11,8 +11,9 @@ from conftest import xla_env
 
 # `make test` runs the "main" cases; `make test-slow` the other meshes and backends.
 CASES = {
-    "main": ["blocked:8:data=2,expert=2,tensor=2"],   # tokens exchanged by all_to_all
-    "slow": ["blocked:8:data=2,expert=2,tensor=2:tiny_hybrid",  # Gated DeltaNet + gated attention
+    "main": ["tiled:8:data=2,expert=2,tensor=2"],   # tokens exchanged by all_to_all
+    "slow": ["blocked:8:data=2,expert=2,tensor=2",
+             "blocked:8:data=2,expert=2,tensor=2:tiny_hybrid",  # Gated DeltaNet + gated attention
              "blocked:8:fsdp=4,expert=2",
              "ragged_dot:8:expert=8",
              "blocked:2:data=2,expert=2,tensor=2"],  # batch too small for the expert axis: psum path
