@@ -12,7 +12,9 @@ scattering it:
 
 The buffer's capacity C per expert is static (`capacity_factor * assignments / E`). Assignments past
 an expert's capacity are dropped and counted, as in the `capacity` backend; the benchmarks print the
-count (docs/benchmark.md).
+count (docs/benchmark.md). Two dropless layouts use the same gathers: `blocked_ffn` (each expert's
+rows padded to whole blocks, one batched product with per-block gathered weights) and `tiled_ffn`
+(rows sorted by expert, one loop of 2-D products over tiles; see the section further down).
 """
 from __future__ import annotations
 

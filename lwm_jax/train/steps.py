@@ -39,8 +39,9 @@ class StepConfig:
   aux_loss_coef: float = 0.001
   router_z_loss_coef: float = 0.0
   z_loss_coef: float = 0.0
-  # > 0: cross-entropy over vocabulary slices of this many columns, never building the [B*S, V]
-  # logits (same loss, metrics and gradients as 0, the plain path)
+  # > 0: cross-entropy taken about this many tokens at a time with its gradients in the same
+  # pass, never building the [B*S, V] logits (same loss, metrics and gradients as 0, the plain
+  # path); the configs' `train.xent_chunk` sets it (default 512)
   xent_chunk: int = 0
   # RL
   algo: str = "gspo"
