@@ -6,8 +6,8 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               over blocks with each block's expert weights gathered (fast on CPU, where ragged_dot is
               ~20x slower than a batched einsum). Rows move by gathers only, forward and backward
               (`lwm_jax.model.dispatch`).
-  tiled       dropless: sort by expert, then one loop over tiles of 128 sorted rows, each tile
-              multiplied by its expert's weights (`dispatch.tiled_matmul`, backward written out):
+  tiled       dropless: sort by expert, then one loop over tiles of sorted rows, each tile
+              multiplied by its expert's weights (`dispatch.tiled_matmuls`, backward written out):
               no padded rows, no per-block weight copies.
   capacity    sort into a fixed [E, C, D] buffer, C = ceil(capacity_factor * N * k / E); assignments
               past an expert's capacity are dropped and counted.
@@ -45,6 +45,9 @@ from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn, tiled_
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
+# The dropless CPU layouts of `lwm_jax.model.dispatch`, by backend name: (x, expert [N, K],
+# valid [N, K], wg, wu, wd) -> [N, K, D].
+DROPLESS_FFN = {"blocked": blocked_ffn, "tiled": tiled_ffn}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +68,10 @@ def _expert_ffn_blocks(x_BxRxD, wg_BxDxI, wu_BxDxI, wd_BxIxD):
 
 def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend: str):
   """Applies expert `expert_N[n]` to row n (rows with valid_N False give 0); dropless. `blocked`
-  and `tiled` go through `dispatch.blocked_ffn` and `dispatch.tiled_ffn`; `ragged_dot` is XLA's grouped matmul (GPU/TPU)."""
-  if backend in ("blocked", "tiled"):
-    ffn = blocked_ffn if backend == "blocked" else tiled_ffn
-    return ffn(x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI, wd_ExIxD)[:, 0]
+  and `tiled` go through `DROPLESS_FFN`; `ragged_dot` is XLA's grouped matmul (GPU/TPU)."""
+  if backend in DROPLESS_FFN:
+    return DROPLESS_FFN[backend](x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI,
+                                 wd_ExIxD)[:, 0]
   if backend != "ragged_dot":
     raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
   e = wg_ExDxI.shape[0]
@@ -183,9 +186,9 @@ def _local_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, 
     y, dropped = sorted_ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd,
                             cap)
     y = y.reshape(n * top_k, d)
-  elif backend in ("blocked", "tiled"):
-    ffn = blocked_ffn if backend == "blocked" else tiled_ffn
-    y = ffn(x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu, wd)
+  elif backend in DROPLESS_FFN:
+    y = DROPLESS_FFN[backend](x_NxD, expert.reshape(n, top_k), valid.reshape(n, top_k), wg, wu,
+                              wd)
     y = y.reshape(n * top_k, d)
   elif backend == "capacity":
     cap = max(1, math.ceil(capacity_factor * n * top_k / max(e_local, 1)))

@@ -60,8 +60,8 @@ def cross_entropy_loss(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_B
 
 # ----------------------------------------------------------------------- chunked cross-entropy
 # The loss is read from the final hidden states in slices of about `chunk` tokens (the same few
-# positions of every row): each slice's [tokens, V] logits are made, reduced and dropped. Under `jax.grad`, each slice also yields its
-# share of both gradients at once (dlogits = w * ((1 + 2 z lse) * p - onehot(target)), then
+# positions of every row): each slice's [tokens, V] logits are made, reduced and dropped. Under
+# `jax.grad`, each slice also yields its share of both gradients at once (dlogits = w * ((1 + 2 z lse) * p - onehot(target)), then
 # dh = dlogits @ head^T and dhead += h^T @ dlogits), so the step runs the three products of the
 # plain loss and never a fourth to recompute logits; the backward pass only scales the stored
 # gradients by the loss's cotangent. Slicing by tokens instead of vocabulary columns is what
@@ -138,8 +138,8 @@ def chunked_cross_entropy_sums(hidden_BxSxD, head_DxV, tokens_BxS, segment_ids_B
                                chunk: int = 512) -> Metrics:
   """`cross_entropy_sums` from the final hidden states and the output head, without ever holding
   the [B*S, V] logits: about `chunk` tokens at a time (chunk // B positions of every row),
-  gradients made in the same pass (see above). Also returns `loss` = nll + z_loss_coef * z, the one entry that carries gradients (to
-  hidden_BxSxD and head_DxV)."""
+  gradients made in the same pass (see above). Also returns `loss` = nll + z_loss_coef * z, the
+  one entry that carries gradients (to hidden_BxSxD and head_DxV)."""
   if chunk <= 0:
     raise ValueError(f"chunked_cross_entropy_sums: chunk={chunk} must be positive")
   targets, w = shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS)
