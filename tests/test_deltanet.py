@@ -157,6 +157,20 @@ def test_unit_lower_inverse_matches_numpy():
     _close(dn.unit_lower_inverse(jnp.asarray(a)), ref, 1e-5 * max(1.0, np.abs(ref).max()))
 
 
+def test_unit_lower_inverse_gradient_matches_a_dense_inverse():
+  # The written-out gradient against autodiff of a dense inverse of I + tril(A, -1): equal on the
+  # strictly lower part, zero on and above the diagonal (entries the forward pass never reads).
+  r = np.random.default_rng(9)
+  for n in (16, 12):
+    a = jnp.asarray(r.normal(size=(3, n, n)) * 0.3, jnp.float32)
+    w = jnp.asarray(r.normal(size=(3, n, n)), jnp.float32)
+    ours = jax.grad(lambda x: jnp.sum(jnp.sin(dn.unit_lower_inverse(x)) * w))(a)
+    dense = lambda x: jnp.linalg.inv(jnp.tril(x, -1) + jnp.eye(n))
+    ref = jax.grad(lambda x: jnp.sum(jnp.sin(dense(x)) * w))(a)
+    _close(ours, ref, 1e-4)
+    assert float(jnp.max(jnp.abs(jnp.triu(ours)))) == 0.0
+
+
 # ----------------------------------------------------------------------------------- conv
 def test_conv_matches_transformers(ref):
   x, w = ref["conv_x"], ref["conv_w"]
@@ -192,6 +206,43 @@ def test_conv_segments_and_padding():
   seg2 = np.array([[1] * 18 + [2] * 2], np.int32)  # last segment shorter than K-1: zeros before it
   _, st2 = CONV(x[:1], w, None, seg2)
   _close(st2[0], np.concatenate([np.zeros((3, 1)), x[0, 18:].T], axis=1))
+
+
+def test_conv_gradients_match_a_reference_convolution():
+  # The written-out backward pass against autodiff of XLA's own grouped convolution (one channel
+  # per group, the window padded on the left by the carried state), for x, w and the state; and,
+  # with segments, against the sum of each segment convolved on its own.
+  r = np.random.default_rng(11)
+  x = jnp.asarray(r.normal(size=(2, 20, 3)), jnp.float32)
+  w = jnp.asarray(r.normal(size=(3, 4)), jnp.float32)
+  st = jnp.asarray(r.normal(size=(2, 3, 3)), jnp.float32)
+  ct = jnp.asarray(r.normal(size=(2, 20, 3)), jnp.float32)
+
+  def reference(x, w, st):
+    xp = jnp.concatenate([jnp.swapaxes(st, 1, 2), x], axis=1)       # [B, S+K-1, C]
+    return jax.lax.conv_general_dilated(xp, w.T[:, None, :], (1,), "VALID",
+                                        dimension_numbers=("NWC", "WIO", "NWC"),
+                                        feature_group_count=3)
+  ours = jax.grad(lambda *a: jnp.sum(jnp.sin(CONV(*a)[0]) * ct), argnums=(0, 1, 2))(x, w, st)
+  ref = jax.grad(lambda *a: jnp.sum(jnp.sin(reference(*a)) * ct), argnums=(0, 1, 2))(x, w, st)
+  for a, b in zip(ours, ref):
+    _close(a, b, 1e-5)
+
+  seg = np.array([[1] * 6 + [2] * 2 + [3] * 12, [1] * 15 + [0] * 5], np.int32)
+  ct = ct * (seg != 0)[..., None]                   # padding outputs are not part of the reference
+  ours = jax.grad(lambda x, w: jnp.sum(jnp.sin(CONV(x, w, None, seg)[0]) * ct),
+                  argnums=(0, 1))(x, w)
+  def separate(x, w):
+    total = 0.0
+    for row in range(2):
+      for start, end, sid in _runs(seg[row]):
+        if sid:
+          y = CONV(x[row:row + 1, start:end], w)[0]
+          total = total + jnp.sum(jnp.sin(y) * ct[row:row + 1, start:end])
+    return total
+  ref = jax.grad(separate, argnums=(0, 1))(x, w)
+  for a, b in zip(ours, ref):
+    _close(a, b, 1e-5)
 
 
 # ---------------------------------------------------------------------------------- layer

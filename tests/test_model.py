@@ -179,3 +179,48 @@ def test_chunked_causal_attention_equals_full_mask(segments):
            for f in (full, chunked)]
   for want_g, got_g in zip(*grads):
     np.testing.assert_allclose(got_g, want_g, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_norm_backward_passes_match_autodiff_of_the_plain_formulas(dtype):
+  # `normalize_rows` and `scale_channels` write their backward passes out (layers.py says why);
+  # here against XLA's autodiff of the same formulas written plainly, for RMS and L2 rows, and
+  # through both RMSNorm flavours (the zero-centered one and HF's cast-then-scale one).
+  from lwm_jax.model.layers import RMSNorm, normalize_rows, scale_channels
+  r = np.random.default_rng(5)
+  x = jnp.asarray(r.normal(size=(2, 7, 3, 16)) * 2, dtype)
+  w = jnp.asarray(r.normal(size=(16,)), jnp.float32)
+  ct = jnp.asarray(r.normal(size=x.shape), jnp.float32)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+
+  def plain_rows(x, mean):
+    x = x.astype(jnp.float32)
+    agg = jnp.mean(x * x, -1, keepdims=True) if mean else jnp.sum(x * x, -1, keepdims=True)
+    return x * jax.lax.rsqrt(agg + 1e-6)
+  for mean in (True, False):
+    ours = jax.grad(lambda x: jnp.sum(jnp.sin(normalize_rows(x, 1e-6, mean)) * ct))(x)
+    ref = jax.grad(lambda x: jnp.sum(jnp.sin(plain_rows(x, mean)) * ct))(x)
+    assert ours.dtype == dtype
+    np.testing.assert_allclose(np.float32(ours), np.float32(ref), atol=tol, rtol=tol)
+  xf = x.astype(jnp.float32)
+  ours = jax.grad(lambda x, w: jnp.sum(jnp.sin(scale_channels(x, w)) * ct), (0, 1))(xf, w)
+  ref = jax.grad(lambda x, w: jnp.sum(jnp.sin(x * w) * ct), (0, 1))(xf, w)
+  for a, b in zip(ours, ref):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+
+  for zc in (True, False):
+    norm = RMSNorm(16, 1e-6, zero_centered=zc)
+    norm.scale[...] = w
+    g, p, rest = nnx.split(norm, nnx.Param, ...)
+    def loss(p, x, plain):
+      m = nnx.merge(g, p, rest)
+      if not plain:
+        return jnp.sum(jnp.sin(m(x).astype(jnp.float32)) * ct)
+      s = m.scale[...]
+      y = plain_rows(x, True)
+      y = y * (1.0 + s) if zc else s * y.astype(x.dtype).astype(jnp.float32)
+      return jnp.sum(jnp.sin(y.astype(x.dtype).astype(jnp.float32)) * ct)
+    ours = jax.grad(loss, (0, 1))(p, x, False)
+    ref = jax.grad(loss, (0, 1))(p, x, True)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+      np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol * 10, rtol=tol)
