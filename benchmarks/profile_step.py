@@ -68,6 +68,69 @@ def describe(hlo: str, name: str) -> str:
   return out
 
 
+def trace_ops(run, steps: int) -> tuple[dict[str, list[float]], float]:
+  """Runs `run` `steps` times under the profiler; returns ({op name: [ms, calls] summed over the
+  runs}, seconds per run traced). Needs TRACE_FLAG in XLA_FLAGS before JAX starts."""
+  import jax
+  with tempfile.TemporaryDirectory() as d:
+    t0 = time.perf_counter()
+    with jax.profiler.trace(d):
+      for _ in range(steps):
+        run()
+    traced = (time.perf_counter() - t0) / steps
+    files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".xplane.pb")]
+    if not files:
+      sys.exit("error: the profiler wrote no .xplane.pb file")
+    prof = jax.profiler.ProfileData.from_file(files[0])
+  per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+  for plane in prof.planes:
+    if not plane.name.startswith("/host:CPU"):
+      continue
+    for line in plane.lines:
+      for ev in line.events:
+        name = ev.name
+        # the runtime's own spans, not HLO ops
+        if name.startswith(("PjitFunction", "PjRt", "ThunkExecutor", "Execute", "$")) or \
+            " " in name or "::" in name:
+          continue
+        per_op[name][0] += ev.duration_ns / 1e6
+        per_op[name][1] += 1
+  if not per_op:
+    sys.exit("error: no per-op events in the trace (is --xla_cpu_enable_xprof_traceme honoured "
+             "by this jaxlib?)")
+  return dict(per_op), traced
+
+
+def summarize(per_op: dict, what: dict, steps: int, top_n: int):
+  """Per-op rows (top `top_n`), matmuls by output shape, and each kind's share, per step."""
+  total = sum(v[0] for v in per_op.values())
+  kinds: dict[str, float] = collections.Counter()
+  for name, (ms, _) in per_op.items():
+    kinds[kind_of(name, what[name])] += ms
+  top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:top_n]
+  rows = [{"op": n[:40], "kind": kind_of(n, what[n]), "ms/step": f"{ms / steps:.1f}",
+           "calls/step": f"{c / steps:.0f}", "share": f"{100 * ms / total:.1f}%",
+           "what (output; ops inside)": what[n]} for n, (ms, c) in top]
+  by_shape: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+  for name, (ms, c) in per_op.items():
+    if kind_of(name, what[name]) == "dot / matmul":
+      by_shape[what[name].split(" ")[0]][0] += ms
+      by_shape[what[name].split(" ")[0]][1] += c
+  srows = [{"matmul output": k, "ms/step": f"{ms / steps:.1f}", "ops/step": f"{c / steps:.0f}",
+            "share": f"{100 * ms / total:.1f}%"}
+           for k, (ms, c) in sorted(by_shape.items(), key=lambda kv: -kv[1][0])[:12]]
+  krows = [{"kind": k, "ms/step": f"{ms / steps:.1f}", "share": f"{100 * ms / total:.1f}%"}
+           for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1])]
+  return total, rows, srows, krows, kinds, by_shape, top
+
+
+def print_tables(rows, srows, krows) -> None:
+  from benchmarks.common import table
+  print(table(rows, ["op", "kind", "ms/step", "calls/step", "share", "what (output; ops inside)"]))
+  print(table(srows, ["matmul output", "ms/step", "ops/step", "share"]))
+  print(table(krows, ["kind", "ms/step", "share"]))
+
+
 def model_preset(name: str, overrides: dict):
   """A model preset by name, or the model of a training preset of configs/common.py (`demo` is
   the `tiny` model reshaped), with `overrides` on top."""
@@ -100,8 +163,7 @@ def main():
   flags = os.environ.get("XLA_FLAGS", "")
   if TRACE_FLAG not in flags:
     os.environ["XLA_FLAGS"] = (flags + " " + TRACE_FLAG).strip()
-  import jax
-  from benchmarks.common import table, write_result
+  from benchmarks.common import write_result
   from benchmarks.train_step import our_runner
   from lwm_jax.train import optimizer, synthetic
   over = {"num_hidden_layers": a.layers}
@@ -120,63 +182,17 @@ def main():
   for _ in range(a.steps):
     run()
   untraced = (time.perf_counter() - t0) / a.steps
-  with tempfile.TemporaryDirectory() as d:
-    t0 = time.perf_counter()
-    with jax.profiler.trace(d):
-      for _ in range(a.steps):
-        run()
-    traced = (time.perf_counter() - t0) / a.steps
-    files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".xplane.pb")]
-    if not files:
-      sys.exit("error: the profiler wrote no .xplane.pb file")
-    prof = jax.profiler.ProfileData.from_file(files[0])
-  per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-  planes = []
-  for plane in prof.planes:
-    if not plane.name.startswith("/host:CPU"):
-      continue
-    planes.append(plane.name)
-    for line in plane.lines:
-      for ev in line.events:
-        name = ev.name
-        # the runtime's own spans, not HLO ops
-        if name.startswith(("PjitFunction", "PjRt", "ThunkExecutor", "Execute", "$")) or \
-            " " in name or "::" in name:
-          continue
-        per_op[name][0] += ev.duration_ns / 1e6
-        per_op[name][1] += 1
-  total = sum(v[0] for v in per_op.values())
-  if not total:
-    sys.exit("error: no per-op events in the trace (is --xla_cpu_enable_xprof_traceme honoured "
-             "by this jaxlib?)")
-  kinds: dict[str, float] = collections.Counter()
+  per_op, traced = trace_ops(run, a.steps)
   what = {name: describe(hlo, name) for name in per_op}
-  for name, (ms, _) in per_op.items():
-    kinds[kind_of(name, what[name])] += ms
-  top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:a.top]
-  rows = [{"op": n[:40], "kind": kind_of(n, what[n]), "ms/step": f"{ms / a.steps:.1f}",
-           "calls/step": f"{c / a.steps:.0f}", "share": f"{100 * ms / total:.1f}%",
-           "what (output; ops inside)": what[n]} for n, (ms, c) in top]
+  total, rows, srows, krows, kinds, by_shape, top = summarize(per_op, what, a.steps, a.top)
   print(f"{a.preset} ({a.layers} layers), batch {a.batch} x {a.seq}, moe_backend={a.moe_backend}: "
         f"step {untraced:.2f} s untraced, {traced:.2f} s traced; per-op events sum to "
         f"{total / a.steps / 1e3:.2f} s per step (summed over threads)")
-  print(table(rows, ["op", "kind", "ms/step", "calls/step", "share", "what (output; ops inside)"]))
-  by_shape: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-  for name, (ms, c) in per_op.items():
-    if kind_of(name, what[name]) == "dot / matmul":
-      by_shape[what[name].split(" ")[0]][0] += ms
-      by_shape[what[name].split(" ")[0]][1] += c
-  srows = [{"matmul output": k, "ms/step": f"{ms / a.steps:.1f}", "ops/step": f"{c / a.steps:.0f}",
-            "share": f"{100 * ms / total:.1f}%"}
-           for k, (ms, c) in sorted(by_shape.items(), key=lambda kv: -kv[1][0])[:12]]
-  print(table(srows, ["matmul output", "ms/step", "ops/step", "share"]))
-  krows = [{"kind": k, "ms/step": f"{ms / a.steps:.1f}", "share": f"{100 * ms / total:.1f}%"}
-           for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1])]
-  print(table(krows, ["kind", "ms/step", "share"]))
+  print_tables(rows, srows, krows)
   write_result(a.out, {
       "preset": a.preset, "layers": a.layers, "batch": a.batch, "seq": a.seq,
       "moe_backend": a.moe_backend, "xent_chunk": a.xent_chunk, "steps": a.steps, "step_s_untraced": untraced,
-      "step_s_traced": traced, "ops_ms_per_step_total": total / a.steps, "planes": planes,
+      "step_s_traced": traced, "ops_ms_per_step_total": total / a.steps,
       "kinds_ms_per_step": {k: ms / a.steps for k, ms in kinds.items()},
       "matmuls_by_output_ms_per_step": {k: ms / a.steps for k, (ms, _) in by_shape.items()},
       "top_ops": [{"op": n, "kind": kind_of(n, what[n]), "ms_per_step": ms / a.steps,

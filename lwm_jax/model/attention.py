@@ -68,10 +68,11 @@ def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: fl
     mask = (jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None])[None]
     if segment_ids_BxS is not None:
       mask = mask & (segment_ids_BxS[:, start:end, None] == segment_ids_BxS[:, None, :end])
-    # one mask row per query position, repeated for its R heads (rows are position-major)
-    mb = mask.shape[0]
-    mask = jnp.broadcast_to(mask[:, None, :, None], (mb, 1, c, r, end)).reshape(mb, 1, c * r, end)
-    probs = masked_softmax(scores, mask, scale, v.dtype)
+    # one mask row per query position, shared by its R heads (rows are position-major): the
+    # scores are viewed [B, G, C, R, T] so the mask broadcasts over R inside the softmax's fusion
+    # instead of being materialised at the scores' size
+    probs = masked_softmax(scores.reshape(b, g, c, r, end), mask[:, None, :, None], scale,
+                           v.dtype).reshape(b, g, c * r, end)
     outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
   out = jnp.concatenate(outs, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, s, h, kd)
