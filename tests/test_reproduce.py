@@ -3,6 +3,7 @@ ablation adds, each run's config, and the simulated episode (launch/stages.py) o
 model."""
 import importlib.util
 import os
+import re
 import sys
 import types
 
@@ -18,17 +19,24 @@ def _load(name):
   if name in sys.modules:
     return sys.modules[name]
   from absl import flags
-  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "launch", f"{name}.py"))
-  for _ in range(50):
+  path = os.path.join(REPO, "launch", f"{name}.py")
+  # Other test files in this worker may have loaded scripts that define the same flag names in
+  # absl's process-wide registry: drop those names first (absl lets a module redefine only its
+  # own flags), then load; a clash the file's own definitions did not show is dropped and retried.
+  with open(path) as f:
+    for flag in re.findall(r"flags\.DEFINE_\w+\(\s*[\"']([\w-]+)[\"']", f.read()):
+      if flag in flags.FLAGS:
+        delattr(flags.FLAGS, flag)
+  spec = importlib.util.spec_from_file_location(name, path)
+  for _ in range(20):
     mod = importlib.util.module_from_spec(spec)  # a fresh module: absl lets it redefine its own flags
     sys.modules[name] = mod
     try:
       spec.loader.exec_module(mod)
       return mod
     except flags.DuplicateFlagError as e:
-      # Another test file in this worker loaded a launch script that defines the same flag name
-      # in absl's global registry: drop that definition and load again.
       delattr(flags.FLAGS, str(e).split("'")[1])
+  del sys.modules[name]
   raise RuntimeError(f"launch/{name}.py: flag clashes did not resolve")
 
 
