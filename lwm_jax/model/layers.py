@@ -83,19 +83,22 @@ def _column_sum(a: jax.Array) -> jax.Array:
   return jnp.tensordot(jnp.ones(a.shape[:-1], a.dtype), a, axes=(tuple(range(lead)),) * 2)
 
 
+def _inverse_norm(x32: jax.Array, eps: float, mean: bool) -> jax.Array:
+  return jax.lax.rsqrt((jnp.mean if mean else jnp.sum)(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def normalize_rows(x: jax.Array, eps: float, mean: bool = True) -> jax.Array:
   """x * rsqrt(mean(x^2) + eps) over the last axis (RMS; `mean=False`: the sum, an L2 norm), in
   fp32."""
-  x = x.astype(jnp.float32)
-  return x * jax.lax.rsqrt((jnp.mean if mean else jnp.sum)(x * x, axis=-1, keepdims=True) + eps)
+  x32 = x.astype(jnp.float32)
+  return x32 * _inverse_norm(x32, eps, mean)
 
 
 def _normalize_rows_fwd(x, eps, mean):
-  y = normalize_rows(x, eps, mean)
   x32 = x.astype(jnp.float32)
-  r = jax.lax.rsqrt((jnp.mean if mean else jnp.sum)(x32 * x32, axis=-1, keepdims=True) + eps)
-  return y, (x, r)
+  r = _inverse_norm(x32, eps, mean)
+  return x32 * r, (x, r)
 
 
 def _normalize_rows_bwd(eps, mean, res, dy):
