@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, normalize_rows, param
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, param
 
 Array = jax.Array
 F32 = jnp.float32
@@ -36,8 +36,8 @@ def segment_groups(segment_ids_BxS: Array) -> Array:
 
 
 def l2norm(x: Array, eps: float = 1e-6) -> Array:
-  """x / sqrt(sum(x^2) + eps) over the last axis (the form `transformers` and FLA use), in fp32."""
-  return normalize_rows(x, eps, False)
+  """x / sqrt(sum(x^2) + eps) over the last axis (the form `transformers` and FLA use)."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def _prepare_qk(q: Array, k: Array, num_v_heads: int, use_qk_l2norm: bool) -> tuple[Array, Array]:
