@@ -149,8 +149,9 @@ def causal_conv1d(x_BxSxC: Array, w_CxK: Array, conv_state_BxCxKm1: Array | None
   return y.astype(x_BxSxC.dtype), jnp.swapaxes(new_state, 1, 2)
 
 
-def _masked(a_BxSxC: Array, same_BxS: Array | None) -> Array:
-  return a_BxSxC if same_BxS is None else jnp.where(same_BxS[..., None], a_BxSxC, 0.0)
+def _masked(a_BxSxC: Array, same_KxBxS: Array | None, j: int) -> Array:
+  """`a` with the positions where tap j reads an earlier segment zeroed (all kept without masks)."""
+  return a_BxSxC if same_KxBxS is None else jnp.where(same_KxBxS[j][..., None], a_BxSxC, 0.0)
 
 
 @jax.custom_vjp
@@ -161,8 +162,7 @@ def _conv_taps(xp_BxSpxC: Array, w_CxK: Array, same_KxBxS: Array | None) -> Arra
   layer's backward pass at `small_hybrid`, against 9 ms written out)."""
   k = w_CxK.shape[1]
   s = xp_BxSpxC.shape[1] - k + 1
-  tap = lambda j: None if same_KxBxS is None else same_KxBxS[j]
-  return sum(_masked(xp_BxSpxC[:, j:j + s], tap(j)) * w_CxK[:, j] for j in range(k))
+  return sum(_masked(xp_BxSpxC[:, j:j + s], same_KxBxS, j) * w_CxK[:, j] for j in range(k))
 
 
 def _conv_taps_fwd(xp_BxSpxC, w_CxK, same_KxBxS):
@@ -173,10 +173,9 @@ def _conv_taps_bwd(res, dy_BxSxC):
   xp, w, same = res
   k = w.shape[1]
   s = xp.shape[1] - k + 1
-  tap = lambda j: None if same is None else same[j]
-  dxp = sum(jnp.pad(_masked(dy_BxSxC * w[:, j], tap(j)), ((0, 0), (j, k - 1 - j), (0, 0)))
+  dxp = sum(jnp.pad(_masked(dy_BxSxC * w[:, j], same, j), ((0, 0), (j, k - 1 - j), (0, 0)))
             for j in range(k))
-  dw = jnp.stack([jnp.einsum("bsc,bsc->c", _masked(xp[:, j:j + s], tap(j)), dy_BxSxC)
+  dw = jnp.stack([jnp.einsum("bsc,bsc->c", _masked(xp[:, j:j + s], same, j), dy_BxSxC)
                   for j in range(k)], axis=1)
   return dxp, dw, None
 
