@@ -1,7 +1,7 @@
 """Forward+backward tokens/s and MFU of a model preset, per MoE backend, beside HF transformers.
 
   python benchmarks/model_step.py --preset=small --batch=8 --seq=256 [--backends=tiled,blocked]
-      [--xent_chunk=512]
+      [--xent_chunk=512] [--norm_backwards=xla,written]
   python benchmarks/model_step.py --preset=small_hybrid --batch=1 --seq=2048 --out=model_step_hybrid
 Prints a table and writes benchmarks/results/model_step.json. HF transformers (torch CPU) runs in
 the same process when installed (`pip install -e .[hf]`); the ratio column compares with it. The
@@ -40,6 +40,8 @@ flags.DEFINE_list("backends", ["tiled", "blocked", "sorted", "capacity", "dense"
 flags.DEFINE_integer("xent_chunk", 0, "also time the first backend with the loss taken this many "
                      "tokens at a time (`losses.chunked_cross_entropy_sums`, the trainer's "
                      "`train.xent_chunk`)")
+flags.DEFINE_list("norm_backwards", [], "also time the --xent_chunk runner (the first backend's "
+                  "when no chunk) under each of these model.norm_backward forms (auto|xla|written)")
 flags.DEFINE_bool("hf", True, "also time HF transformers (torch) when installed")
 flags.DEFINE_string("out", "model_step", "result name under benchmarks/results/")
 
@@ -108,6 +110,12 @@ def main(_):
     name = f"lwm_jax {FLAGS.backends[0]} + chunked xent {FLAGS.xent_chunk}"
     runners[name], dropped[name] = jax_runner(base.replace(moe_backend=FLAGS.backends[0]), tokens,
                                               FLAGS.xent_chunk)
+  for form in FLAGS.norm_backwards:
+    name = (f"lwm_jax {FLAGS.backends[0]}" + (f" + chunked xent {FLAGS.xent_chunk}"
+                                             if FLAGS.xent_chunk else "") + f" + norms {form}")
+    runners[name], dropped[name] = jax_runner(
+        base.replace(moe_backend=FLAGS.backends[0], norm_backward=form).validate(), tokens,
+        FLAGS.xent_chunk)
   if FLAGS.hf:
     run = hf_runner(base, np.asarray(tokens))
     if run is not None:
@@ -136,6 +144,7 @@ def main(_):
   path = common.write_result(FLAGS.out, {
       "preset": FLAGS.preset, "batch": FLAGS.batch, "seq": FLAGS.seq, "peak_gflops": peak,
       "train_flops_per_token": flops, "rows": rows, "step_s_per_round": times,
+      "norm_backward_default": base.norm_backward, "written_norms_by_default": base.written_norms,
       "load_average": os.getloadavg()})
   print(f"wrote {path}")
 

@@ -180,3 +180,74 @@ def test_chunked_causal_attention_equals_full_mask(segments):
   for want_g, got_g in zip(*grads):
     np.testing.assert_allclose(got_g, want_g, atol=1e-4)
 
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_norm_backward_passes_match_autodiff_of_the_plain_formulas(dtype):
+  # `normalize_rows` and `scale_channels` write their backward passes out (layers.py says why);
+  # here against XLA's autodiff of the same formulas written plainly, for RMS and L2 rows, and
+  # through both RMSNorm flavours (the zero-centered one and HF's cast-then-scale one).
+  from lwm_jax.model.layers import RMSNorm, normalize_rows, scale_channels
+  r = np.random.default_rng(5)
+  x = jnp.asarray(r.normal(size=(2, 7, 3, 16)) * 2, dtype)
+  w = jnp.asarray(r.normal(size=(16,)), jnp.float32)
+  ct = jnp.asarray(r.normal(size=x.shape), jnp.float32)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+
+  def plain_rows(x, mean):
+    x = x.astype(jnp.float32)
+    agg = jnp.mean(x * x, -1, keepdims=True) if mean else jnp.sum(x * x, -1, keepdims=True)
+    return x * jax.lax.rsqrt(agg + 1e-6)
+  for mean in (True, False):
+    ours = jax.grad(lambda x: jnp.sum(jnp.sin(normalize_rows(x, 1e-6, mean)) * ct))(x)
+    ref = jax.grad(lambda x: jnp.sum(jnp.sin(plain_rows(x, mean)) * ct))(x)
+    assert ours.dtype == dtype
+    np.testing.assert_allclose(np.float32(ours), np.float32(ref), atol=tol, rtol=tol)
+  xf = x.astype(jnp.float32)
+  ours = jax.grad(lambda x, w: jnp.sum(jnp.sin(scale_channels(x, w)) * ct), (0, 1))(xf, w)
+  ref = jax.grad(lambda x, w: jnp.sum(jnp.sin(x * w) * ct), (0, 1))(xf, w)
+  for a, b in zip(ours, ref):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+
+  for zc in (True, False):
+    norm = RMSNorm(16, 1e-6, zero_centered=zc, written_backward=True)
+    norm.scale[...] = w
+    g, p, rest = nnx.split(norm, nnx.Param, ...)
+    def loss(p, x, plain):
+      m = nnx.merge(g, p, rest)
+      if not plain:
+        return jnp.sum(jnp.sin(m(x).astype(jnp.float32)) * ct)
+      s = m.scale[...]
+      y = plain_rows(x, True)
+      y = y * (1.0 + s) if zc else s * y.astype(x.dtype).astype(jnp.float32)
+      return jnp.sum(jnp.sin(y.astype(x.dtype).astype(jnp.float32)) * ct)
+    ours = jax.grad(loss, (0, 1))(p, x, False)
+    ref = jax.grad(loss, (0, 1))(p, x, True)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+      np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol * 10, rtol=tol)
+
+
+def test_norm_backward_switch_keeps_the_hybrid_model_s_values_and_gradients():
+  # `model.norm_backward` picks how the norms are differentiated, never what they compute: the
+  # tiny hybrid (RMSNorms, q/k norms, DeltaNet's L2 and gated norms) under "xla" and "written".
+  cfg = get_preset("tiny_hybrid")
+  assert cfg.written_norms and not get_preset("tiny").written_norms   # "auto"
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24)))
+  out = {}
+  for form in ("xla", "written"):
+    model = Transformer(cfg.replace(norm_backward=form), rngs=nnx.Rngs(3))
+    g, p, rest = nnx.split(model, nnx.Param, ...)
+    def loss(p):
+      logits = nnx.merge(g, p, rest)(tokens).logits
+      return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0]), logits
+    out[form] = jax.jit(jax.value_and_grad(loss, has_aux=True))(p)
+  (l_x, logit_x), g_x = out["xla"]
+  (l_w, logit_w), g_w = out["written"]
+  np.testing.assert_allclose(logit_w, logit_x, atol=1e-5)
+  np.testing.assert_allclose(l_w, l_x, rtol=1e-6)
+  leaves_x, leaves_w = jax.tree.leaves(g_x), jax.tree.leaves(g_w)
+  assert len(leaves_x) == len(leaves_w) > 0
+  for a, b in zip(leaves_w, leaves_x):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-4)
+  with pytest.raises(ValueError, match="model.norm_backward"):
+    cfg.replace(norm_backward="fast").validate()

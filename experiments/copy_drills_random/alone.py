@@ -4,10 +4,11 @@ initialisation on the induction task alone: rows of 512 tokens made of random-to
 copies on fresh rows every EVERY steps (the loss of a second copy drops towards 0 once the model
 copies; uniform guessing costs ln(vocab)).
 
-  python experiments/copy_drills_random/alone.py [STEPS] [EVERY] [LR] [ALPHABET]
+  python experiments/copy_drills_random/alone.py [STEPS] [EVERY] [LR] [ALPHABET] [ARCH]
 
 ALPHABET (default: the whole 2,048-token vocabulary) draws the segments from the first ALPHABET
-ordinary ids only, a smaller and easier version of the task.
+ordinary ids only, a smaller and easier version of the task. ARCH `hybrid` swaps the demo's
+attention layers for Qwen3.5's hybrid stack at the same width (see HYBRID below); default `demo`.
 """
 import sys, time, json
 import numpy as np, jax, jax.numpy as jnp, optax
@@ -24,6 +25,16 @@ B, S, V = 16, 512, 2048
 ALPHABET = int(sys.argv[4]) if len(sys.argv) > 4 else V - 3
 _c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
 _c.model.vocab_size, _c.model.max_position_embeddings, _c.train.seq_len = V, S, S
+ARCH = sys.argv[5] if len(sys.argv) > 5 else "demo"
+# the demo's width with Qwen3.5-MoE layers: Gated DeltaNet (short causal conv + delta rule) in
+# layers 1-3, full attention in layer 4, a shared expert beside the routed ones
+HYBRID = dict(model_type="qwen3_5_moe_text", full_attention_interval=4, partial_rotary_factor=0.5,
+              shared_expert_intermediate_size=128, linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
+if ARCH == "hybrid":
+  _c.model.update(HYBRID)
+elif ARCH != "demo":
+  raise SystemExit(f"ARCH must be demo or hybrid, not {ARCH!r}")
 cfg = rc.validate_config(_c)
 
 

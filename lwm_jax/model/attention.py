@@ -116,8 +116,9 @@ class Attention(nnx.Module):
     self.o_proj = Linear(h * k, d, ("q_heads", "embed"), **kw)
     zc = cfg.is_hybrid
     pdt = DTYPES[cfg.param_dtype]
-    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc, param_dtype=pdt)
-    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, zero_centered=zc, param_dtype=pdt)
+    nkw = dict(zero_centered=zc, param_dtype=pdt, written_backward=cfg.written_norms)
+    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, **nkw)
+    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, **nkw)
     self.h, self.g, self.k = h, g, k
     self.rotary_dim = cfg.rotary_dim
     self.theta = cfg.rope_theta

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lwm_jax.model.config import ModelConfig
-from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, param
+from lwm_jax.model.layers import DTYPES, Linear, RMSNorm, normalize_rows, param
 
 Array = jax.Array
 F32 = jnp.float32
@@ -35,8 +35,11 @@ def segment_groups(segment_ids_BxS: Array) -> Array:
   return jnp.cumsum(start.astype(jnp.int32), axis=1)
 
 
-def l2norm(x: Array, eps: float = 1e-6) -> Array:
-  """x / sqrt(sum(x^2) + eps) over the last axis (the form `transformers` and FLA use)."""
+def l2norm(x: Array, eps: float = 1e-6, written_backward: bool = False) -> Array:
+  """x / sqrt(sum(x^2) + eps) over the last axis (the form `transformers` and FLA use); with
+  `written_backward`, in fp32 with `layers.normalize_rows`' gradient."""
+  if written_backward:
+    return normalize_rows(x, eps, False)
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
@@ -334,7 +337,9 @@ class GatedDeltaNet(nnx.Module):
     a = jax.random.uniform(rngs.params(), (self.hv,), jnp.float32, 0.01, 16.0)
     self.A_log = nnx.Param(jnp.log(a).astype(pdt), axes=("linear_heads",))
     self.dt_bias = param(None, (self.hv,), ("linear_heads",), init="ones", dtype=pdt)
-    self.norm = RMSNorm(self.dv, cfg.rms_norm_eps, zero_centered=False, param_dtype=pdt)
+    self.written_norms = cfg.written_norms
+    self.norm = RMSNorm(self.dv, cfg.rms_norm_eps, zero_centered=False, param_dtype=pdt,
+                        written_backward=self.written_norms)
     self.out_proj = Linear(self.value_dim, d, ("linear_v", "embed"), **kw)
 
   def init_cache(self, batch: int, dtype=None) -> dict[str, Array]:
@@ -356,15 +361,20 @@ class GatedDeltaNet(nnx.Module):
     q = mixed[..., :self.key_dim].reshape(b, s, self.hk, self.dk)
     k = mixed[..., self.key_dim:2 * self.key_dim].reshape(b, s, self.hk, self.dk)
     v = mixed[..., 2 * self.key_dim:].reshape(b, s, self.hv, self.dv)
+    # q, k L2-normalised here (per key head, before the rule repeats them to the value heads) so
+    # that the norm's backward form follows the config
+    q, k = (l2norm(a, written_backward=self.written_norms) for a in (q, k))
     z = self.in_proj_z(x_BxSxD).reshape(b, s, self.hv, self.dv)
     beta = jax.nn.sigmoid(self.in_proj_b(x_BxSxD).astype(F32))
     a = self.in_proj_a(x_BxSxD).astype(F32)
     g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
     state = None if cache is None else cache["ssm_state"]
     if cache is not None and s == 1:
-      o, new_state = recurrent_gated_delta_rule(q, k, v, g, beta, state, segment_ids)
+      o, new_state = recurrent_gated_delta_rule(q, k, v, g, beta, state, segment_ids,
+                                                use_qk_l2norm=False)
     else:
-      o, new_state = chunk_gated_delta_rule(q, k, v, g, beta, self.chunk_size, state, segment_ids)
+      o, new_state = chunk_gated_delta_rule(q, k, v, g, beta, self.chunk_size, state, segment_ids,
+                                            use_qk_l2norm=False)
     o = self.norm(o.astype(self.dtype))
     o = (o.astype(F32) * jax.nn.silu(z.astype(F32))).astype(self.dtype)
     y = self.out_proj(o.reshape(b, s, self.value_dim))

@@ -5,6 +5,8 @@ maps those names to mesh axes with rules from the config, so the modules never m
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -62,25 +64,103 @@ class Linear(nnx.Module):
     return jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 
+# ------------------------------------------------------------------------- normalisation
+# Row normalisation and the per-channel scale with written-out backward passes, used where
+# `model.norm_backward` says so (ModelConfig.written_norms). Differentiated by XLA on CPU, their sums
+# (over a row for the normaliser, over every row for the scale's gradient) can become reduction
+# fusions that run 10-20x slower than the same sums taken as products with a vector of ones (an
+# RMSNorm over [2048, 512]: 18 ms forward+backward differentiated, 1 ms written out; about 0.3 s of
+# a `small_hybrid` step at 1 x 2048). At other shapes the products are the slower form (the `demo`
+# CPT step at 4 x 2048, hidden 128: 1.68 -> 2.10 s), hence the switch (benchmarks/results/speed.md).
+# The forward values are the same either way.
+
+
+def _row_sum(a: jax.Array) -> jax.Array:
+  """Sum over the last axis, kept: a product with a ones vector."""
+  return jnp.dot(a, jnp.ones((a.shape[-1], 1), a.dtype), preferred_element_type=jnp.float32)
+
+
+def _column_sum(a: jax.Array) -> jax.Array:
+  """Sum over every axis but the last: a product with a ones array over the leading axes."""
+  lead = a.ndim - 1
+  return jnp.tensordot(jnp.ones(a.shape[:-1], a.dtype), a, axes=(tuple(range(lead)),) * 2)
+
+
+def _inverse_norm(x32: jax.Array, eps: float, mean: bool) -> jax.Array:
+  return jax.lax.rsqrt((jnp.mean if mean else jnp.sum)(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def normalize_rows(x: jax.Array, eps: float, mean: bool = True) -> jax.Array:
+  """x * rsqrt(mean(x^2) + eps) over the last axis (RMS; `mean=False`: the sum, an L2 norm), in
+  fp32."""
+  x32 = x.astype(jnp.float32)
+  return x32 * _inverse_norm(x32, eps, mean)
+
+
+def _normalize_rows_fwd(x, eps, mean):
+  x32 = x.astype(jnp.float32)
+  r = _inverse_norm(x32, eps, mean)
+  return x32 * r, (x, r)
+
+
+def _normalize_rows_bwd(eps, mean, res, dy):
+  # y = x r with r = (agg + eps)^-1/2: dx = r (dy - y <y, dy> / n), n = row length (RMS) or 1 (L2).
+  del eps
+  x, r = res
+  y = x.astype(jnp.float32) * r
+  n = x.shape[-1] if mean else 1
+  dy = dy.astype(jnp.float32)
+  return ((r * (dy - y * (_row_sum(y * dy) / n))).astype(x.dtype),)
+
+
+normalize_rows.defvjp(_normalize_rows_fwd, _normalize_rows_bwd)
+
+
+@jax.custom_vjp
+def scale_channels(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x * w with w over the last axis (the weight gradient a sum over every row)."""
+  return x * w
+
+
+def _scale_channels_fwd(x, w):
+  return x * w, (x, w)
+
+
+def _scale_channels_bwd(res, dy):
+  x, w = res
+  return (dy * w).astype(x.dtype), _column_sum(x * dy).astype(w.dtype)
+
+
+scale_channels.defvjp(_scale_channels_fwd, _scale_channels_bwd)
+
+
 class RMSNorm(nnx.Module):
-  """RMSNorm in fp32. `zero_centered=True` scales by (1 + w) with w stored near 0 (Qwen3.5)."""
+  """RMSNorm in fp32. `zero_centered=True` scales by (1 + w) with w stored near 0 (Qwen3.5).
+  `written_backward=True` takes the gradients from `normalize_rows` / `scale_channels` (same values)."""
 
   def __init__(self, dim: int, eps: float, *, zero_centered: bool = False,
-               param_dtype=jnp.float32, axes: tuple[str | None] = ("norm",)):
+               param_dtype=jnp.float32, axes: tuple[str | None] = ("norm",),
+               written_backward: bool = False):
     self.scale = param(None, (dim,), axes, init="zeros" if zero_centered else "ones",
                        dtype=param_dtype)
     self.eps = eps
     self.zero_centered = zero_centered
+    self.written_backward = written_backward
 
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = x.dtype
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.written_backward:
+      x32, scale = normalize_rows(x, self.eps), scale_channels
+    else:
+      x32 = x.astype(jnp.float32)
+      x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+      scale = jnp.multiply
     w = self.scale[...].astype(jnp.float32)
     if self.zero_centered:
-      return (x32 * (1.0 + w)).astype(dtype)
+      return scale(x32, 1.0 + w).astype(dtype)
     # HF casts the normalised value back to the input dtype before the weight multiply.
-    return (w * x32.astype(dtype).astype(jnp.float32)).astype(dtype)
+    return scale(x32.astype(dtype).astype(jnp.float32), w).astype(dtype)
 
 
 def rope_cos_sin(positions_BxS: jax.Array, rotary_dim: int, theta: float):
