@@ -154,8 +154,7 @@ class RMSNorm(nnx.Module):
       x32, scale = normalize_rows(x, self.eps), scale_channels
     else:
       x32 = x.astype(jnp.float32)
-      x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-      scale = jnp.multiply
+      x32, scale = x32 * _inverse_norm(x32, self.eps, True), jnp.multiply
     w = self.scale[...].astype(jnp.float32)
     if self.zero_centered:
       return scale(x32, 1.0 + w).astype(dtype)
