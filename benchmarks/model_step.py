@@ -106,13 +106,13 @@ def main(_):
   for backend in FLAGS.backends:
     runners[f"lwm_jax {backend}"], dropped[f"lwm_jax {backend}"] = jax_runner(
         base.replace(moe_backend=backend), tokens)
+  first = f"lwm_jax {FLAGS.backends[0]}"
   if FLAGS.xent_chunk:
-    name = f"lwm_jax {FLAGS.backends[0]} + chunked xent {FLAGS.xent_chunk}"
-    runners[name], dropped[name] = jax_runner(base.replace(moe_backend=FLAGS.backends[0]), tokens,
-                                              FLAGS.xent_chunk)
+    first = f"{first} + chunked xent {FLAGS.xent_chunk}"
+    runners[first], dropped[first] = jax_runner(base.replace(moe_backend=FLAGS.backends[0]), tokens,
+                                                FLAGS.xent_chunk)
   for form in FLAGS.norm_backwards:
-    name = (f"lwm_jax {FLAGS.backends[0]}" + (f" + chunked xent {FLAGS.xent_chunk}"
-                                             if FLAGS.xent_chunk else "") + f" + norms {form}")
+    name = f"{first} + norms {form}"
     runners[name], dropped[name] = jax_runner(
         base.replace(moe_backend=FLAGS.backends[0], norm_backward=form).validate(), tokens,
         FLAGS.xent_chunk)
