@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.profile_step import TRACE_FLAG, describe, print_tables, summarize, trace_ops  # noqa: E402
+from benchmarks.profile_step import TRACE_FLAG, describe, summarize, trace_ops  # noqa: E402
 
 
 def main():
@@ -68,22 +68,17 @@ def main():
   hlo = open(max(texts, key=os.path.getsize)).read()
   what = {name: describe(hlo, name) for name in per_op}
   steps = a.runs * a.new
-  total, rows, srows, krows, kinds, by_shape, top = summarize(per_op, what, steps, a.top)
+  summary = summarize(per_op, what, steps, a.top)
   print(f"{a.preset} decode, batch {a.batch}, {a.prompt} + {a.new} tokens, {a.dtype}, layout "
         f"{eng.decode_layout}: {a.batch * a.new / untraced:.1f} tok/s untraced "
         f"({1e3 * untraced / a.new:.2f} ms per step), {1e3 * traced / a.new:.2f} ms per step "
-        f"traced; per-op events sum to {total / steps:.2f} ms per step")
-  print_tables(rows, srows, krows)
+        f"traced; per-op events sum to {summary.total / steps:.2f} ms per step")
+  summary.print_tables()
   write_result(a.out or f"profile_decode_b{a.batch}", {
       "preset": a.preset, "batch": a.batch, "prompt": a.prompt, "new": a.new, "dtype": a.dtype,
       "decode_layout": eng.decode_layout, "tokens_per_s_untraced": a.batch * a.new / untraced,
       "ms_per_step_untraced": 1e3 * untraced / a.new, "ms_per_step_traced": 1e3 * traced / a.new,
-      "ops_ms_per_step_total": total / steps,
-      "kinds_ms_per_step": {k: ms / steps for k, ms in kinds.items()},
-      "matmuls_by_output_ms_per_step": {k: ms / steps for k, (ms, _) in by_shape.items()},
-      "top_ops": [{"op": n, "kind": rows[i]["kind"], "ms_per_step": ms / steps,
-                   "calls_per_step": c / steps, "hlo": what[n]}
-                  for i, (n, (ms, c)) in enumerate(top)]})
+      **summary.results()})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import sys
@@ -101,34 +102,56 @@ def trace_ops(run, steps: int) -> tuple[dict[str, list[float]], float]:
   return dict(per_op), traced
 
 
-def summarize(per_op: dict, what: dict, steps: int, top_n: int):
-  """Per-op rows (top `top_n`), matmuls by output shape, and each kind's share, per step."""
-  total = sum(v[0] for v in per_op.values())
+@dataclasses.dataclass
+class OpSummary:
+  """Traced op time per step: the top ops, matmuls by output shape, and each kind's share."""
+  total: float                       # ms summed over every op and step
+  steps: int
+  kinds: dict                        # kind -> ms
+  by_shape: dict                     # matmul output shape -> [ms, calls]
+  top: list                          # [(op name, [ms, calls])], slowest first
+  what: dict                         # op name -> its HLO description
+
+  def print_tables(self) -> None:
+    from benchmarks.common import table
+    n, total = self.steps, self.total
+    rows = [{"op": op[:40], "kind": kind_of(op, self.what[op]), "ms/step": f"{ms / n:.1f}",
+             "calls/step": f"{c / n:.0f}", "share": f"{100 * ms / total:.1f}%",
+             "what (output; ops inside)": self.what[op]} for op, (ms, c) in self.top]
+    print(table(rows, ["op", "kind", "ms/step", "calls/step", "share",
+                       "what (output; ops inside)"]))
+    srows = [{"matmul output": k, "ms/step": f"{ms / n:.1f}", "ops/step": f"{c / n:.0f}",
+              "share": f"{100 * ms / total:.1f}%"}
+             for k, (ms, c) in sorted(self.by_shape.items(), key=lambda kv: -kv[1][0])[:12]]
+    print(table(srows, ["matmul output", "ms/step", "ops/step", "share"]))
+    krows = [{"kind": k, "ms/step": f"{ms / n:.1f}", "share": f"{100 * ms / total:.1f}%"}
+             for k, ms in sorted(self.kinds.items(), key=lambda kv: -kv[1])]
+    print(table(krows, ["kind", "ms/step", "share"]))
+
+  def results(self) -> dict:
+    """The per-step figures both profilers write to their JSON."""
+    n = self.steps
+    return {
+        "ops_ms_per_step_total": self.total / n,
+        "kinds_ms_per_step": {k: ms / n for k, ms in self.kinds.items()},
+        "matmuls_by_output_ms_per_step": {k: ms / n for k, (ms, _) in self.by_shape.items()},
+        "top_ops": [{"op": op, "kind": kind_of(op, self.what[op]), "ms_per_step": ms / n,
+                     "calls_per_step": c / n, "hlo": self.what[op]} for op, (ms, c) in self.top]}
+
+
+def summarize(per_op: dict, what: dict, steps: int, top_n: int) -> OpSummary:
+  """Sums `trace_ops`' events by kind and by matmul output shape; keeps the `top_n` slowest ops."""
   kinds: dict[str, float] = collections.Counter()
-  for name, (ms, _) in per_op.items():
-    kinds[kind_of(name, what[name])] += ms
-  top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:top_n]
-  rows = [{"op": n[:40], "kind": kind_of(n, what[n]), "ms/step": f"{ms / steps:.1f}",
-           "calls/step": f"{c / steps:.0f}", "share": f"{100 * ms / total:.1f}%",
-           "what (output; ops inside)": what[n]} for n, (ms, c) in top]
   by_shape: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
   for name, (ms, c) in per_op.items():
-    if kind_of(name, what[name]) == "dot / matmul":
+    kind = kind_of(name, what[name])
+    kinds[kind] += ms
+    if kind == "dot / matmul":
       by_shape[what[name].split(" ")[0]][0] += ms
       by_shape[what[name].split(" ")[0]][1] += c
-  srows = [{"matmul output": k, "ms/step": f"{ms / steps:.1f}", "ops/step": f"{c / steps:.0f}",
-            "share": f"{100 * ms / total:.1f}%"}
-           for k, (ms, c) in sorted(by_shape.items(), key=lambda kv: -kv[1][0])[:12]]
-  krows = [{"kind": k, "ms/step": f"{ms / steps:.1f}", "share": f"{100 * ms / total:.1f}%"}
-           for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1])]
-  return total, rows, srows, krows, kinds, by_shape, top
-
-
-def print_tables(rows, srows, krows) -> None:
-  from benchmarks.common import table
-  print(table(rows, ["op", "kind", "ms/step", "calls/step", "share", "what (output; ops inside)"]))
-  print(table(srows, ["matmul output", "ms/step", "ops/step", "share"]))
-  print(table(krows, ["kind", "ms/step", "share"]))
+  top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:top_n]
+  return OpSummary(sum(v[0] for v in per_op.values()), steps, dict(kinds), dict(by_shape), top,
+                   what)
 
 
 def model_preset(name: str, overrides: dict):
@@ -184,20 +207,15 @@ def main():
   untraced = (time.perf_counter() - t0) / a.steps
   per_op, traced = trace_ops(run, a.steps)
   what = {name: describe(hlo, name) for name in per_op}
-  total, rows, srows, krows, kinds, by_shape, top = summarize(per_op, what, a.steps, a.top)
+  summary = summarize(per_op, what, a.steps, a.top)
   print(f"{a.preset} ({a.layers} layers), batch {a.batch} x {a.seq}, moe_backend={a.moe_backend}: "
         f"step {untraced:.2f} s untraced, {traced:.2f} s traced; per-op events sum to "
-        f"{total / a.steps / 1e3:.2f} s per step (summed over threads)")
-  print_tables(rows, srows, krows)
+        f"{summary.total / a.steps / 1e3:.2f} s per step (summed over threads)")
+  summary.print_tables()
   write_result(a.out, {
       "preset": a.preset, "layers": a.layers, "batch": a.batch, "seq": a.seq,
       "moe_backend": a.moe_backend, "xent_chunk": a.xent_chunk, "steps": a.steps, "step_s_untraced": untraced,
-      "step_s_traced": traced, "ops_ms_per_step_total": total / a.steps,
-      "kinds_ms_per_step": {k: ms / a.steps for k, ms in kinds.items()},
-      "matmuls_by_output_ms_per_step": {k: ms / a.steps for k, (ms, _) in by_shape.items()},
-      "top_ops": [{"op": n, "kind": kind_of(n, what[n]), "ms_per_step": ms / a.steps,
-                   "calls_per_step": c / a.steps, "hlo": what[n]}
-                  for n, (ms, c) in top]})
+      "step_s_traced": traced, **summary.results()})
 
 
 if __name__ == "__main__":

@@ -114,11 +114,8 @@ class Attention(nnx.Module):
     self.k_proj = Linear(d, g * k, ("embed", "kv_heads"), **kw)
     self.v_proj = Linear(d, g * k, ("embed", "kv_heads"), **kw)
     self.o_proj = Linear(h * k, d, ("q_heads", "embed"), **kw)
-    zc = cfg.is_hybrid
-    pdt = DTYPES[cfg.param_dtype]
-    nkw = dict(zero_centered=zc, param_dtype=pdt, written_backward=cfg.written_norms)
-    self.q_norm = RMSNorm(k, cfg.rms_norm_eps, **nkw)
-    self.k_norm = RMSNorm(k, cfg.rms_norm_eps, **nkw)
+    self.q_norm = RMSNorm.for_model(cfg, k)
+    self.k_norm = RMSNorm.for_model(cfg, k)
     self.h, self.g, self.k = h, g, k
     self.rotary_dim = cfg.rotary_dim
     self.theta = cfg.rope_theta

@@ -148,6 +148,13 @@ class RMSNorm(nnx.Module):
     self.zero_centered = zero_centered
     self.written_backward = written_backward
 
+  @classmethod
+  def for_model(cls, cfg, dim: int) -> "RMSNorm":
+    """The model's own RMSNorm over `dim` for a ModelConfig `cfg`: zero-centred in the hybrid,
+    parameters in its param dtype, the backward form `cfg.norm_backward` picks."""
+    return cls(dim, cfg.rms_norm_eps, zero_centered=cfg.is_hybrid,
+               param_dtype=DTYPES[cfg.param_dtype], written_backward=cfg.written_norms)
+
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = x.dtype
     if self.written_backward:

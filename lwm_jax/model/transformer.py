@@ -57,10 +57,8 @@ class SparseMLP(nnx.Module):
 
 class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
-    zc, pdt = cfg.is_hybrid, DTYPES[cfg.param_dtype]
-    nkw = dict(zero_centered=zc, param_dtype=pdt, written_backward=cfg.written_norms)
-    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **nkw)
-    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **nkw)
+    self.input_layernorm = RMSNorm.for_model(cfg, cfg.hidden_size)
+    self.post_attention_layernorm = RMSNorm.for_model(cfg, cfg.hidden_size)
     self.kind = cfg.layer_type(layer)
     if self.kind == "linear_attention":
       from lwm_jax.model.deltanet import GatedDeltaNet  # pylint: disable=import-outside-toplevel
@@ -109,8 +107,7 @@ class Transformer(nnx.Module):
     self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                               dtype=pdt)
     self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_hidden_layers)])
-    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=cfg.is_hybrid,
-                        param_dtype=pdt, written_backward=cfg.written_norms)
+    self.norm = RMSNorm.for_model(cfg, cfg.hidden_size)
     if not cfg.tie_word_embeddings:
       self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), rngs=rngs,
                             dtype=DTYPES[cfg.dtype], param_dtype=pdt)
