@@ -230,7 +230,9 @@ def test_norm_backward_passes_match_autodiff_of_the_plain_formulas(dtype):
 def test_norm_backward_switch_keeps_the_hybrid_model_s_values_and_gradients():
   # `model.norm_backward` picks how the norms are differentiated, never what they compute: the
   # tiny hybrid (RMSNorms, q/k norms, DeltaNet's L2 and gated norms) under "xla" and "written".
-  cfg = get_preset("tiny_hybrid")
+  # two layers, one of each kind, to keep compilation short
+  cfg = get_preset("tiny_hybrid").replace(
+      num_hidden_layers=2, layer_types=("linear_attention", "full_attention"))
   assert cfg.written_norms and not get_preset("tiny").written_norms   # "auto"
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24)))
   out = {}
