@@ -59,8 +59,12 @@ flags.DEFINE_integer("seeds", 0, "seeds per arm (0: the budget's)")
 flags.DEFINE_integer("episodes", 0, "RL episodes per arm (0: the budget's)")
 flags.DEFINE_integer("eval_tasks", 0, "held-out tasks (0: the budget's)")
 flags.DEFINE_integer("bc_steps", 0, "behaviour-cloning steps (0: the budget's)")
+flags.DEFINE_integer("eval_every", 0, "RL steps between held-out evaluations (0: the budget's)")
+flags.DEFINE_float("rl_lr", 0.0, "agent-RL learning rate, the same for every arm (0: the budget's)")
 flags.DEFINE_integer("bc_tasks", -1, "scripted-agent demonstrations on this many training tasks "
                      "(seeds after the RL's), cloned with the corpus (-1: the budget's)")
+flags.DEFINE_enum("bc_layout", "", ["", "turns", "trajectory"], "BC sample layout "
+                  "(data.pipeline.agent_layout; empty: configs/agent_bc.py's)")
 flags.DEFINE_string("world_model", "", "world-model checkpoint (HF folder) for sim and warm-up")
 flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's for warm-up)")
 flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
@@ -85,7 +89,7 @@ BUDGETS = {
 
 def _budget() -> dict:
   b = dict(BUDGETS[FLAGS.budget])
-  for k in ("seeds", "episodes", "eval_tasks", "bc_steps"):
+  for k in ("seeds", "episodes", "eval_tasks", "bc_steps", "rl_lr", "eval_every"):
     if getattr(FLAGS, k):
       b[k] = getattr(FLAGS, k)
   if FLAGS.bc_tasks >= 0:
@@ -168,6 +172,8 @@ def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str
   c = agent_bc.get_config(b["preset"])
   c.seed, c.model.vocab_size, c.data.tokenizer = seed, vocab, tok
   c.data.pipeline.jsonl, c.data.eval_jsonl = b["bc_data"], _split("validation")
+  if FLAGS.bc_layout:
+    c.data.pipeline.agent_layout = FLAGS.bc_layout
   c.train.update(dict(num_steps=b["bc_steps"], seq_len=b["bc_seq_len"], eval_every=b["bc_steps"],
                       progress=False, log_every=10))
   c.checkpoint.every = b["bc_steps"]
@@ -227,9 +233,30 @@ def evaluate_checkpoint(hf: str, b: dict) -> dict:
   m["tasks"] = int(m["tasks"])
   m["examples"] = [{"seed": e.seed, "end": e.end, "turns": e.turns[:3], "reason": e.reason}
                    for e in eps[:2]]
+  m["by_kind"] = success_by_kind(eps)
   if FLAGS.domain == "search":
     m["behaviour"] = search_behaviour(eps)
   return m
+
+
+def success_by_kind(eps) -> dict[str, dict]:
+  """Held-out success and mean credit per task kind (the goal's "kind"; "-" for a domain whose
+  goals have none), from a real env reset to each episode's seed."""
+  from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
+  env = base.make_env(FLAGS.domain)
+  out: dict[str, dict] = {}
+  try:
+    for e in eps:
+      env.reset(e.seed)
+      k = out.setdefault(str(env.goal.get("kind", "-")), {"tasks": 0, "success": 0, "credit": 0.0})
+      k["tasks"] += 1
+      k["success"] += int(e.success)
+      k["credit"] += e.credit
+  finally:
+    env.close()
+  for k in out.values():
+    k["credit"] = round(k["credit"] / k["tasks"], 3)
+  return dict(sorted(out.items()))
 
 
 _LISTED = re.compile(r"^\d+\. \[([^\]]+)\]", re.M)

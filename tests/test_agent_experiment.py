@@ -56,3 +56,30 @@ def test_search_behaviour_reads_copying_from_the_episodes(ae):
   got = ae.search_behaviour([good, bad])
   assert got == {"first_query_from_task": 0.5, "opens": 2, "open_of_listed_doc": 0.5,
                  "unparsed_actions": 0.2}
+
+
+def test_success_by_kind_groups_held_out_episodes_by_their_goal(ae):
+  from lwm_jax.envs import base, verify
+  from lwm_jax.rl.agent_episodes import Episode
+  ae.FLAGS(["agent_experiment.py", "--domain=android"])
+  seeds = list(verify.task_seeds("heldout", 12))
+  env = base.make_env("android")
+  try:  # the kinds as the environment gives them, seed by seed
+    kinds = []
+    for s in seeds:
+      env.reset(s)
+      kinds.append(env.goal["kind"])
+  finally:
+    env.close()
+  eps = []
+  for i, s in enumerate(seeds):
+    e = Episode(i, s)
+    e.success, e.credit = i % 3 == 0, (1.0 if i % 3 == 0 else 0.5 * (i % 2))
+    eps.append(e)
+  got = ae.success_by_kind(eps)
+  assert sorted(got) == sorted(set(kinds))
+  for k, row in got.items():
+    mine = [e for e, kk in zip(eps, kinds) if kk == k]
+    assert row["tasks"] == len(mine)
+    assert row["success"] == sum(e.success for e in mine)
+    assert row["credit"] == pytest.approx(sum(e.credit for e in mine) / len(mine), abs=1e-3)

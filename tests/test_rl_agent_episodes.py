@@ -305,3 +305,29 @@ def test_a_dead_worker_is_a_clear_error():
       pool.open([(0, verify.task_seeds("train", 1)[0])])
   finally:
     pool.shutdown()
+
+
+def test_a_batch_without_policy_signal_leaves_the_weights_alone(policy_batch):
+  """All groups filtered (response mask all zero): the MoE balance loss still has a gradient, but
+  the step must not move the parameters or Adam's moments; a batch with signal does."""
+  graphdef, params, batch, _, _ = policy_batch
+  tx = optax.adam(1e-3)
+  state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(steps.gspo_step, graphdef, tx, lambda _: 1e-3,
+                                   steps.StepConfig(algo="gspo")))
+  b = dict(batch, advantages=np.array([1.0, -1.0, 0.5, -0.5], np.float32))
+  empty = dict(b, response_mask=np.zeros_like(b["response_mask"]))
+  leaves = lambda t: [np.asarray(x) for x in jax.tree.leaves(t)]  # noqa: E731
+  new, m = step(state, empty)
+  assert float(m["grad_norm"]) > 0 and float(m["skipped"]) == 1.0  # the aux loss had a gradient
+  for a, c in zip(leaves(new.params), leaves(state.params)):
+    np.testing.assert_array_equal(a, c)
+  for a, c in zip(leaves(new.opt_state), leaves(state.opt_state)):
+    if np.issubdtype(a.dtype, np.integer):
+      assert int(a) == int(c) + 1  # the counters advance with the step
+    else:
+      np.testing.assert_array_equal(a, c)
+  assert int(new.step) == 1
+  moved, m = step(state, b)
+  assert float(m["skipped"]) == 0.0
+  assert any(np.any(a != c) for a, c in zip(leaves(moved.params), leaves(state.params)))

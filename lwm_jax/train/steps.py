@@ -69,9 +69,22 @@ def _split_micro(batch: dict, n: int) -> dict:
   return jax.tree.map(one, batch)
 
 
-def _apply(tx, schedule, state: TrainState, grads, metrics: dict) -> tuple[TrainState, dict]:
+def _apply(tx, schedule, state: TrainState, grads, metrics: dict, active=None
+           ) -> tuple[TrainState, dict]:
+  """The optimizer update. With `active` (a boolean scalar) false, the parameters and the
+  optimizer's moments stay as they were (its integer counters still advance, so the schedule
+  keeps following the step count): Adam would otherwise turn any leftover gradient, however
+  small, into a step of the full learning rate."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  if active is not None:
+    def keep(new, old):
+      if jnp.issubdtype(new.dtype, jnp.integer):
+        return new
+      return jnp.where(active, new, old)
+    params = jax.tree.map(keep, params, state.params)
+    opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+    metrics = dict(metrics, skipped=1.0 - active.astype(jnp.float32))
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
   rng, _ = jax.random.split(state.rng)
   return TrainState(params, opt_state, state.step + 1, rng), metrics
@@ -199,7 +212,9 @@ def gspo_step(graphdef, tx, schedule, cfg: StepConfig, state: TrainState, batch:
   grads, sums = _accumulate(loss_fn, state.params, _split_micro(batch, n), n)
   metrics = dict(sums, loss=sums["pg_loss"],
                  entropy=sums["entropy"] / jnp.maximum(sums["response_tokens"], 1.0))
-  return _apply(tx, schedule, state, grads, metrics)
+  # A batch whose rows were all filtered (every group had equal rewards) carries no policy
+  # signal; only the MoE balance loss would move the weights. Such a step changes nothing.
+  return _apply(tx, schedule, state, grads, metrics, active=jnp.sum(mask_all) > 0)
 
 
 # ----------------------------------------------------------------------- compilation
