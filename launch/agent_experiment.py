@@ -24,7 +24,7 @@ wall-clock per arm), success_vs_episodes.png.
 
 `--budget=tiny` trains its own tokenizer and a tiny world model (a few SFT steps on the corpus)
 when none is given, and runs end to end in minutes on a CPU; its numbers only show the machinery.
-Domain: search (docs/agents.md says why).
+Domain: `--domain` (search and android measured so far; docs/agents.md says why each).
 """
 from __future__ import annotations
 
