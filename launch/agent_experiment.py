@@ -239,21 +239,28 @@ def evaluate_checkpoint(hf: str, b: dict) -> dict:
   return m
 
 
-def success_by_kind(eps) -> dict[str, dict]:
-  """Held-out success and mean credit per task kind (the goal's "kind"; "-" for a domain whose
-  goals have none), from a real env reset to each episode's seed."""
+def _reset_to_each(domain: str, eps):
+  """Yields (episode, one real env of `domain` reset to the episode's seed), then closes it."""
   from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
-  env = base.make_env(FLAGS.domain)
-  out: dict[str, dict] = {}
+  env = base.make_env(domain)
   try:
     for e in eps:
       env.reset(e.seed)
-      k = out.setdefault(str(env.goal.get("kind", "-")), {"tasks": 0, "success": 0, "credit": 0.0})
-      k["tasks"] += 1
-      k["success"] += int(e.success)
-      k["credit"] += e.credit
+      yield e, env
   finally:
     env.close()
+
+
+def success_by_kind(eps) -> dict[str, dict]:
+  """Held-out success and mean credit per task kind (the env's `episode_meta()["task_kind"]`;
+  "-" for a domain that names none)."""
+  out: dict[str, dict] = {}
+  for e, env in _reset_to_each(FLAGS.domain, eps):
+    kind = str(env.episode_meta().get("task_kind") or "-")
+    k = out.setdefault(kind, {"tasks": 0, "success": 0, "credit": 0.0})
+    k["tasks"] += 1
+    k["success"] += int(e.success)
+    k["credit"] += e.credit
   for k in out.values():
     k["credit"] = round(k["credit"] / k["tasks"], 3)
   return dict(sorted(out.items()))
@@ -266,32 +273,27 @@ def search_behaviour(eps) -> dict:
   """What the held-out search episodes show of the policy: the share of first actions that are a
   search whose words all come from the task text, of `open` actions naming a document an earlier
   result list showed, and of actions the environment could not parse."""
-  from lwm_jax.envs import base, search  # pylint: disable=import-outside-toplevel
+  from lwm_jax.envs import search  # pylint: disable=import-outside-toplevel
   def call(action: str) -> tuple[str, dict]:
     try:
       return search.parse_call(action)
     except ValueError:
       return "", {}
-  env = base.make_env("search")
   first_ok, opens, opens_listed, actions, unparsed = 0, 0, 0, 0, 0
-  try:
-    for e in eps:
-      env.reset(e.seed)
-      task_words = set(re.findall(r"[a-z0-9_]+", env.describe().task.lower()))
-      name, kw = call(e.turns[0][0]) if e.turns else ("", {})
-      words = re.findall(r"[a-z0-9_]+", str(kw.get("query", "")).lower()) if name == "search" else []
-      first_ok += bool(words) and set(words) <= task_words
-      listed: set[str] = set()
-      for action, obs in e.turns:
-        actions += 1
-        unparsed += obs.startswith("Error: cannot parse action")
-        name, kw = call(action)
-        if name == "open":
-          opens += 1
-          opens_listed += kw.get("doc_id") in listed
-        listed |= set(_LISTED.findall(obs))
-  finally:
-    env.close()
+  for e, env in _reset_to_each("search", eps):
+    task_words = set(re.findall(r"[a-z0-9_]+", env.describe().task.lower()))
+    name, kw = call(e.turns[0][0]) if e.turns else ("", {})
+    words = re.findall(r"[a-z0-9_]+", str(kw.get("query", "")).lower()) if name == "search" else []
+    first_ok += bool(words) and set(words) <= task_words
+    listed: set[str] = set()
+    for action, obs in e.turns:
+      actions += 1
+      unparsed += obs.startswith("Error: cannot parse action")
+      name, kw = call(action)
+      if name == "open":
+        opens += 1
+        opens_listed += kw.get("doc_id") in listed
+      listed |= set(_LISTED.findall(obs))
   n = max(len(eps), 1)
   return {"first_query_from_task": first_ok / n, "opens": opens,
           "open_of_listed_doc": opens_listed / max(opens, 1),
