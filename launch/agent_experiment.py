@@ -25,6 +25,12 @@ wall-clock per arm), success_vs_episodes.png.
 `--budget=tiny` trains its own tokenizer and a tiny world model (a few SFT steps on the corpus)
 when none is given, and runs end to end in minutes on a CPU; its numbers only show the machinery.
 Domain: `--domain` (search and android measured so far; docs/agents.md says why each).
+
+Seeds in several sittings: `--first_seed=K --seeds=N` runs seeds K..K+N-1; `--bc_seed=S` starts
+every seed's RL from the BC checkpoints of seed S (with `--bc_from`, those of an earlier run), so
+the seeds differ in the RL only; `--merge=DIR[:ARM+ARM],...` puts the runs an earlier --out
+made itself (of the named arms, or all) into this report; results.json keeps this run's own runs
+under "runs" and the merged ones under "merged" (`--arms=` with `--merge`: the report alone).
 """
 from __future__ import annotations
 
@@ -73,6 +79,13 @@ flags.DEFINE_integer("workers", 2, "processes stepping the real envs")
 flags.DEFINE_string("bc_from", "", "an earlier --out of this script whose BC runs (bc_SEED, and "
                     "bc_warm_SEED when there) are copied instead of trained again; their recorded "
                     "BC time is kept")
+flags.DEFINE_integer("first_seed", 0, "the seeds run are first_seed .. first_seed + seeds - 1")
+flags.DEFINE_integer("bc_seed", -1, "every seed's RL starts from the BC (and warm-up BC) of this "
+                     "seed, made or reused once; the seeds then differ in the RL only (-1: each "
+                     "seed has its own BC)")
+flags.DEFINE_list("merge", [], "earlier --out folders of this script (DIR, or DIR:ARM+ARM for "
+                  "some arms) whose own runs join this one's in the report (an arm's seed may "
+                  "appear once)")
 
 # budget -> settings; "preset" is the model/shape preset of configs/agent_{bc,rl}.py
 BUDGETS = {
@@ -140,14 +153,56 @@ def reused_bc(wd: str, seed: int, arm: str) -> dict | None:
     return None
   try:
     with open(results) as f:
-      rec = json.load(f)["runs"][arm][seed]
-  except (OSError, KeyError, IndexError, ValueError) as e:
-    raise SystemExit(f"--bc_from: {results} has no {arm} run of seed {seed} ({e!r})") from None
+      recs = [r for r in _seeded(json.load(f)["runs"][arm]) if r["seed"] == seed]
+  except (OSError, KeyError, ValueError) as e:
+    raise SystemExit(f"--bc_from: {results} has no {arm} runs ({e!r})") from None
+  if not recs:
+    raise SystemExit(f"--bc_from: {results} has no {arm} run of seed {seed}")
+  rec = recs[0]
   if not os.path.isdir(os.path.join(src, "hf")):
     raise SystemExit(f"--bc_from: {src}/hf is missing (no exported BC checkpoint)")
   shutil.copytree(src, wd)
   print(f"BC of {arm}, seed {seed}: reused from {src} (trained in {rec['bc_s']:.0f} s)", flush=True)
   return {"hf": os.path.join(wd, "hf"), "bc_s": rec["bc_s"], "bc_loss": rec.get("bc_loss")}
+
+
+def _seeded(rs: list[dict]) -> list[dict]:
+  """An arm's runs, each with its "seed" (runs written before the field existed are seeds 0..)."""
+  return [dict(r, seed=r.get("seed", i)) for i, r in enumerate(rs)]
+
+
+def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, dict]:
+  """(`runs` with the own runs of earlier --out folders, per arm in seed order; what was taken from
+  each folder). A spec is DIR or DIR:ARM+ARM (those arms only); the same (arm, seed) twice is an
+  error naming both places."""
+  out: dict[str, list[dict]] = {}
+  taken: dict[str, dict[str, list[dict]]] = {}
+  where: dict[tuple[str, int], str] = {}
+  for spec in [None] + list(specs):
+    if spec is None:
+      name, arms = "this run", runs
+    else:
+      folder, _, only = spec.partition(":")
+      name = os.path.join(folder, "results.json")
+      try:
+        with open(name) as f:
+          arms = json.load(f)["runs"]
+      except (OSError, KeyError, ValueError) as e:
+        raise SystemExit(f"--merge: cannot read the runs of {name} ({e!r})") from None
+      if only:
+        missing = set(only.split("+")) - set(arms)
+        if missing:
+          raise SystemExit(f"--merge: {name} has no runs of {sorted(missing)}")
+        arms = {a: arms[a] for a in only.split("+")}
+      arms = taken[folder] = {a: _seeded(rs) for a, rs in arms.items()}
+    for arm, rs in arms.items():
+      for r in _seeded(rs):
+        key = (arm, r["seed"])
+        if key in where:
+          raise SystemExit(f"--merge: {arm} seed {r['seed']} is in both {where[key]} and {name}")
+        where[key] = name
+        out.setdefault(arm, []).append(r)
+  return {arm: sorted(rs, key=lambda r: r["seed"]) for arm, rs in out.items()}, taken
 
 
 def demonstrations(out: str, b: dict) -> str:
@@ -318,28 +373,40 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
             for r in rs]
     credit = sum(r["credit"] for r in rs) / len(rs)
     out[arm] = {"success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
-                "credit": credit,
+                "credit": credit, "bc_seeds": sorted({r.get("bc_seed", r.get("seed", i))
+                                                      for i, r in enumerate(rs)}),
                 "seeds": len(xs), "wall_s": sum(wall) / len(wall),
                 "episodes": rs[0].get("episodes", 0)}
   return out
 
 
-def write_report(out: str, runs: dict, table: dict, meta: dict) -> None:
+def write_report(out: str, own: dict, runs: dict, merged: dict, table: dict, meta: dict) -> None:
+  """results.json (this run's `own` runs, the `merged` ones by folder, the table over `runs`, all
+  of them), results.md and the PNG."""
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump({"meta": meta, "summary": table, "runs": runs}, f, indent=2, default=str)
+    json.dump({"meta": meta, "summary": table, "runs": own, "merged": merged}, f, indent=2,
+              default=str)
   lines = [f"# Agent RL on {FLAGS.domain}: held-out success in the real environment", "",
            f"budget={FLAGS.budget}; held-out tasks={meta['eval_tasks']}; RL episodes per arm="
            f"{meta['episodes']}; world model: {meta['world_model']}", "",
-           "| arm | success | 95% CI | CI over | mean credit | seeds | RL episodes | "
-           "wall-clock (s) |", "|---|---|---|---|---|---|---|---|"]
+           "| arm | success | 95% CI | CI over | mean credit | seeds | BC seeds | RL episodes | "
+           "wall-clock (s) |", "|---|---|---|---|---|---|---|---|---|"]
   for arm, s in table.items():
     lines.append(f"| {arm} | {s['success']:.3f} | {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f} | "
-                 f"{s['ci_over']} | {s['credit']:.3f} | {s['seeds']} | {s['episodes']} | "
+                 f"{s['ci_over']} | {s['credit']:.3f} | {s['seeds']} | "
+                 f"{','.join(map(str, s['bc_seeds']))} | {s['episodes']} | "
                  f"{s['wall_s']:.0f} |")
   lines += ["", "Wall-clock per seed: bc = BC from the base and its evaluation (shared by real and "
             "sim); real / sim = their RL with its periodic held-out evaluations; warmup = its own "
             "BC plus its RL. Compilation falls on the first arm that needs each shape.",
             f"Total: {meta['total_s']:.0f} s."]
+  lines += ["", "| arm | seed | BC seed | success | mean credit |", "|---|---|---|---|---|"]
+  lines += [f"| {arm} | {r['seed']} | {r.get('bc_seed', r['seed'])} | {r['success']:.3f} | "
+            f"{r['credit']:.3f} |" for arm, rs in runs.items() for r in rs]
+  lines.append("")
+  for folder, arms in merged.items():
+    lines.append(f"Merged from {folder}: " + "; ".join(
+        f"{a} seeds {','.join(str(r['seed']) for r in _seeded(rs))}" for a, rs in arms.items()))
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
@@ -381,9 +448,11 @@ def main(argv):
   shutil.rmtree(out, ignore_errors=True)
   os.makedirs(out)
   t_all = time.perf_counter()
-  _banner("tokenizer")
-  tok, vocab = tokenizer(out, b)
-  b["bc_data"] = demonstrations(out, b)
+  tok, vocab = "", 0
+  if FLAGS.arms:  # (none: only a report of the --merge folders)
+    _banner("tokenizer")
+    tok, vocab = tokenizer(out, b)
+    b["bc_data"] = demonstrations(out, b)
   wm = FLAGS.world_model
   if not wm and {"sim", "warmup"} & set(FLAGS.arms):
     if FLAGS.budget != "tiny":
@@ -392,36 +461,49 @@ def main(argv):
     _banner("a tiny stand-in world model (SFT on the corpus)")
     wm = train_world_model(out, tok, vocab, b)
   runs: dict[str, list[dict]] = {a: [] for a in FLAGS.arms}
-  for seed in range(b["seeds"]):
-    _banner(f"seed {seed}: BC from the base")
-    wd = os.path.join(out, f"bc_{seed}")
-    bc = reused_bc(wd, seed, "bc") or behaviour_clone(wd, tok, vocab, b, seed, FLAGS.base)
-    if "bc" in runs:
+  starts: dict[tuple[str, int], dict] = {}  # (bc | warmup, BC seed) -> its checkpoint and time
+
+  def start_of(arm: str, seed: int) -> dict:
+    """The BC checkpoint an arm of `seed` starts from, made (or reused) once per BC seed."""
+    bc_seed = FLAGS.bc_seed if FLAGS.bc_seed >= 0 else seed
+    if (arm, bc_seed) not in starts:
+      name, init = ("bc", FLAGS.base) if arm == "bc" else ("bc_warm", wm)
+      _banner(f"seed {bc_seed}: BC from the {'base' if arm == 'bc' else 'world model (warm-up)'}")
+      wd = os.path.join(out, f"{name}_{bc_seed}")
+      starts[arm, bc_seed] = dict(reused_bc(wd, bc_seed, arm)
+                                  or behaviour_clone(wd, tok, vocab, b, bc_seed, init),
+                                  bc_seed=bc_seed)
+    return starts[arm, bc_seed]
+
+  for seed in range(FLAGS.first_seed, FLAGS.first_seed + b["seeds"]) if FLAGS.arms else ():
+    bc = start_of("bc", seed)
+    if "bc" in runs and all(r["seed"] != bc["bc_seed"] for r in runs["bc"]):  # once per BC
       t0 = time.perf_counter()
       m = evaluate_checkpoint(bc["hf"], b)
       m["eval_s"] = time.perf_counter() - t0  # with the checkpoint load and env start
-      runs["bc"].append(dict(bc, **m, curve=[]))
+      runs["bc"].append(dict(bc, **m, curve=[], seed=bc["bc_seed"]))
       print(f"BC only: success {m['success']:.3f} on {int(m['tasks'])} held-out tasks", flush=True)
     for arm in ("real", "sim", "warmup"):
       if arm not in runs:
         continue
       start, env_arm, extra = bc, arm, {}
       if arm == "warmup":
-        _banner(f"seed {seed}: BC from the world model (warm-up)")
-        wd = os.path.join(out, f"bc_warm_{seed}")
-        start = reused_bc(wd, seed, "warmup") or behaviour_clone(wd, tok, vocab, b, seed, wm)
+        start = start_of("warmup", seed)
         env_arm, extra = FLAGS.warmup_rl, {"bc_s": start["bc_s"]}
       _banner(f"seed {seed}: agent RL, arm {arm} ({env_arm} episodes)")
       c = rl_config(b, tok, vocab, seed, start["hf"], env_arm, wm)
       r = agent_rl_run(os.path.join(out, f"{arm}_{seed}"), c)
-      runs[arm].append(dict(r, **extra))
+      runs[arm].append(dict(r, **extra, seed=seed, bc_seed=start["bc_seed"]))
+      with open(os.path.join(out, "results.json"), "w") as f:  # so far (--merge can read it)
+        json.dump({"partial": True, "runs": runs}, f, indent=2, default=str)
       print(f"{arm}: success {r['success']:.3f} after {r['episodes']} episodes "
             f"({r['rl_s']:.0f} s)", flush=True)
-  table = summarize(runs)
+  everything, merged = merged_runs(runs, FLAGS.merge)
+  table = summarize(everything)
   meta = {"budget": b, "domain": FLAGS.domain, "world_model": wm or "(none)",
           "eval_tasks": b["eval_tasks"], "episodes": b["episodes"],
           "total_s": time.perf_counter() - t_all}
-  write_report(out, runs, table, meta)
+  write_report(out, runs, everything, merged, table, meta)
   print(f"\nwrote {out}/results.md, results.json, success_vs_episodes.png "
         f"({meta['total_s']:.0f} s in all)")
 

@@ -83,3 +83,43 @@ def test_success_by_kind_groups_held_out_episodes_by_their_goal(ae):
     assert row["tasks"] == len(mine)
     assert row["success"] == sum(e.success for e in mine)
     assert row["credit"] == pytest.approx(sum(e.credit for e in mine) / len(mine), abs=1e-3)
+
+
+def test_merge_joins_earlier_seeds_and_refuses_a_seed_twice(ae, tmp_path):
+  old = tmp_path / "old"
+  os.makedirs(old)
+  # written before runs carried "seed": list position is the seed
+  (old / "results.json").write_text(json.dumps({"runs": {
+      "bc": [{"success": 0.25, "tasks": 64, "credit": 0.3, "bc_s": 10.0, "eval_s": 2.0}],
+      "real": [{"success": 0.125, "tasks": 64, "credit": 0.2, "rl_s": 5.0, "curve": [[0, 0.25]],
+                "episodes": 8}]}}))
+  new = {"real": [{"success": 0.375, "tasks": 64, "credit": 0.4, "rl_s": 7.0, "curve": [],
+                   "episodes": 8, "seed": 2, "bc_seed": 0},
+                  {"success": 0.25, "tasks": 64, "credit": 0.3, "rl_s": 6.0, "curve": [],
+                   "episodes": 8, "seed": 1, "bc_seed": 0}]}
+  got, taken = ae.merged_runs(new, [str(old)])
+  assert [r["seed"] for r in got["real"]] == [0, 1, 2]
+  assert [r["seed"] for r in got["bc"]] == [0]
+  assert sorted(taken[str(old)]) == ["bc", "real"]
+  only_bc, taken = ae.merged_runs(new, [f"{old}:bc"])  # the earlier run's BC only
+  assert [r["seed"] for r in only_bc["real"]] == [1, 2] and list(taken[str(old)]) == ["bc"]
+  with pytest.raises(SystemExit, match=r"has no runs of \['sim'\]"):
+    ae.merged_runs(new, [f"{old}:bc+sim"])
+  table = ae.summarize(got)
+  assert table["real"]["seeds"] == 3 and table["real"]["success"] == pytest.approx(0.25)
+  assert table["real"]["ci_over"] == "seeds" and table["real"]["bc_seeds"] == [0]
+  sd = 0.125  # sample sd of 0.125, 0.25, 0.375
+  assert table["real"]["ci95"][1] == pytest.approx(0.25 + 4.303 * sd / 3 ** 0.5)
+  assert table["bc"]["ci_over"] == "Wilson over 64 tasks"
+  with pytest.raises(SystemExit, match="real seed 0 is in both"):
+    ae.merged_runs({"real": [dict(new["real"][0], seed=0)]}, [str(old)])
+  with pytest.raises(SystemExit, match="cannot read the runs of"):
+    ae.merged_runs({}, [str(tmp_path / "missing")])
+  ae.FLAGS(["agent_experiment.py", "--domain=android"])
+  ae.write_report(str(tmp_path), new, got, taken, table, {"eval_tasks": 64, "episodes": 8,
+                                                           "world_model": "wm", "total_s": 1.0})
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["runs"] == new and saved["merged"] == {str(old): {"bc": got["bc"]}}
+  md = (tmp_path / "results.md").read_text()
+  assert "| real | 2 | 0 | 0.375 | 0.400 |" in md and f"Merged from {old}: bc seeds 0" in md
+  assert (tmp_path / "success_vs_episodes.png").stat().st_size > 0
