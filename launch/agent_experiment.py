@@ -196,7 +196,7 @@ def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, di
         arms = {a: arms[a] for a in only.split("+")}
       arms = taken[folder] = {a: _seeded(rs) for a, rs in arms.items()}
     for arm, rs in arms.items():
-      for r in _seeded(rs):
+      for r in rs:  # seeded: this run's carry theirs, an earlier folder's went through _seeded
         key = (arm, r["seed"])
         if key in where:
           raise SystemExit(f"--merge: {arm} seed {r['seed']} is in both {where[key]} and {name}")
@@ -373,8 +373,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
             for r in rs]
     credit = sum(r["credit"] for r in rs) / len(rs)
     out[arm] = {"success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
-                "credit": credit, "bc_seeds": sorted({r.get("bc_seed", r.get("seed", i))
-                                                      for i, r in enumerate(rs)}),
+                "credit": credit, "bc_seeds": sorted({r.get("bc_seed", r["seed"]) for r in rs}),
                 "seeds": len(xs), "wall_s": sum(wall) / len(wall),
                 "episodes": rs[0].get("episodes", 0)}
   return out
@@ -406,7 +405,7 @@ def write_report(out: str, own: dict, runs: dict, merged: dict, table: dict, met
   lines.append("")
   for folder, arms in merged.items():
     lines.append(f"Merged from {folder}: " + "; ".join(
-        f"{a} seeds {','.join(str(r['seed']) for r in _seeded(rs))}" for a, rs in arms.items()))
+        f"{a} seeds {','.join(str(r['seed']) for r in rs)}" for a, rs in arms.items()))
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))

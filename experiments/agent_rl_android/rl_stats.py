@@ -41,22 +41,10 @@ def stats(folder: str) -> dict:
 
 def _group_size(folder: str) -> int:
   with open(os.path.join(folder, "config.json")) as f:
-    cfg = json.load(f)
-  found = _find(cfg, "group_size")
-  if not found:
-    raise SystemExit(f"{folder}/config.json: no group_size field")
-  return int(found)
-
-
-def _find(tree, key):
-  if isinstance(tree, dict):
-    if key in tree:
-      return tree[key]
-    for v in tree.values():
-      hit = _find(v, key)
-      if hit:
-        return hit
-  return None
+    try:
+      return int(json.load(f)["rl"]["group_size"])
+    except (KeyError, TypeError, ValueError) as e:
+      raise SystemExit(f"{folder}/config.json: no rl.group_size ({e!r})") from None
 
 
 def main(folders: list[str]) -> None:
