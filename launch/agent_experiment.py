@@ -28,10 +28,10 @@ Domain: `--domain` (search and android measured so far; docs/agents.md says why 
 
 Seeds in several sittings: `--first_seed=K --seeds=N` runs seeds K..K+N-1; `--bc_seed=S` starts
 every seed's RL from the BC checkpoints of seed S (with `--bc_from`, those of an earlier run), so
-the seeds differ in the RL only; `--merge=DIR[:ARM+ARM],...` puts the runs an earlier --out
-made itself (of the named arms, or all) into this report; results.json keeps this run's own runs
-under "runs" and the merged ones under "merged" (`--arms=` with `--merge`: the report alone).
-"""
+the seeds differ in the RL only; `--merge=DIR[:ARM+ARM],...` puts the runs of an earlier --out
+(of the named arms, or all: those it made and those it had merged itself) into this report;
+results.json keeps this run's own runs under "runs" and the merged ones under "merged"
+(`--arms=` with `--merge`: the report alone)."""
 from __future__ import annotations
 
 import json
@@ -171,13 +171,24 @@ def _seeded(rs: list[dict]) -> list[dict]:
   return [dict(r, seed=r.get("seed", i)) for i, r in enumerate(rs)]
 
 
+def _folder_runs(results: dict) -> dict[str, list[dict]]:
+  """Every run a results.json holds: its own and those it had merged from other folders (so a
+  report folder can be merged again without the folders it was made from)."""
+  arms: dict[str, list[dict]] = {}
+  for src in [results["runs"]] + list(results.get("merged", {}).values()):
+    for arm, rs in src.items():
+      arms.setdefault(arm, []).extend(_seeded(rs))
+  return arms
+
+
 def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, dict]:
-  """(`runs` with the own runs of earlier --out folders, per arm in seed order; what was taken from
-  each folder). A spec is DIR or DIR:ARM+ARM (those arms only); the same (arm, seed) twice is an
-  error naming both places."""
+  """(`runs` with the runs of earlier --out folders, per arm in seed order; what was taken from
+  each folder). A folder gives its own runs and those it had merged itself. A spec is DIR or
+  DIR:ARM+ARM (those arms only); the same (arm, seed) twice is an error naming both places,
+  unless both are the same record (a folder merged again beside one it was made from)."""
   out: dict[str, list[dict]] = {}
   taken: dict[str, dict[str, list[dict]]] = {}
-  where: dict[tuple[str, int], str] = {}
+  where: dict[tuple[str, int], tuple[str, dict]] = {}
   for spec in [None] + list(specs):
     if spec is None:
       name, arms = "this run", runs
@@ -186,21 +197,24 @@ def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, di
       name = os.path.join(folder, "results.json")
       try:
         with open(name) as f:
-          arms = json.load(f)["runs"]
-      except (OSError, KeyError, ValueError) as e:
+          arms = _folder_runs(json.load(f))
+      except (OSError, KeyError, ValueError, AttributeError) as e:
         raise SystemExit(f"--merge: cannot read the runs of {name} ({e!r})") from None
       if only:
         missing = set(only.split("+")) - set(arms)
         if missing:
           raise SystemExit(f"--merge: {name} has no runs of {sorted(missing)}")
         arms = {a: arms[a] for a in only.split("+")}
-      arms = taken[folder] = {a: _seeded(rs) for a, rs in arms.items()}
+      taken[folder] = arms
     for arm, rs in arms.items():
       for r in rs:  # seeded: this run's carry theirs, an earlier folder's went through _seeded
         key = (arm, r["seed"])
         if key in where:
-          raise SystemExit(f"--merge: {arm} seed {r['seed']} is in both {where[key]} and {name}")
-        where[key] = name
+          if where[key][1] == r:
+            continue
+          raise SystemExit(f"--merge: {arm} seed {r['seed']} is in both {where[key][0]} and "
+                           f"{name}")
+        where[key] = (name, r)
         out.setdefault(arm, []).append(r)
   return {arm: sorted(rs, key=lambda r: r["seed"]) for arm, rs in out.items()}, taken
 
@@ -475,7 +489,8 @@ def main(argv):
     return starts[arm, bc_seed]
 
   for seed in range(FLAGS.first_seed, FLAGS.first_seed + b["seeds"]) if FLAGS.arms else ():
-    bc = start_of("bc", seed)
+    # The BC from the base is made only for the arms that use it (a warm-up-only run skips it).
+    bc = start_of("bc", seed) if {"bc", "real", "sim"} & set(runs) else {}
     if "bc" in runs and all(r["seed"] != bc["bc_seed"] for r in runs["bc"]):  # once per BC
       t0 = time.perf_counter()
       m = evaluate_checkpoint(bc["hf"], b)

@@ -123,3 +123,55 @@ def test_merge_joins_earlier_seeds_and_refuses_a_seed_twice(ae, tmp_path):
   md = (tmp_path / "results.md").read_text()
   assert "| real | 2 | 0 | 0.375 | 0.400 |" in md and f"Merged from {old}: bc seeds 0" in md
   assert (tmp_path / "success_vs_episodes.png").stat().st_size > 0
+
+
+def test_merge_reads_what_a_report_folder_had_merged(ae, tmp_path):
+  """A folder written with --merge holds the runs it merged under "merged": merging that folder
+  again brings them too, and merging it beside its own source takes each run once."""
+  src, rep = tmp_path / "src", tmp_path / "report"
+  os.makedirs(src)
+  os.makedirs(rep)
+  bc = {"success": 0.25, "tasks": 64, "credit": 0.3, "bc_s": 10.0, "eval_s": 2.0, "seed": 0}
+  real = {"success": 0.125, "tasks": 64, "credit": 0.2, "rl_s": 5.0, "curve": [], "episodes": 8,
+          "seed": 0, "bc_seed": 0}
+  sim = dict(real, success=0.5, rl_s=9.0)
+  (src / "results.json").write_text(json.dumps({"runs": {"bc": [bc], "real": [real]}}))
+  (rep / "results.json").write_text(json.dumps({"runs": {"sim": [sim]},
+                                                "merged": {str(src): {"bc": [bc], "real": [real]}}}))
+  got, taken = ae.merged_runs({}, [str(rep)])
+  assert {a: [r["success"] for r in rs] for a, rs in got.items()} == {
+      "sim": [0.5], "bc": [0.25], "real": [0.125]}
+  both, _ = ae.merged_runs({}, [str(rep), str(src)])  # the same records: each counted once
+  assert both == got
+  clash = dict(real, success=0.375)  # another run under the same seed is still refused
+  (src / "results.json").write_text(json.dumps({"runs": {"real": [clash]}}))
+  with pytest.raises(SystemExit, match="real seed 0 is in both"):
+    ae.merged_runs({}, [str(rep), str(src)])
+
+
+def test_a_warmup_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypatch):
+  """--arms=warmup needs only the BC from the world model: the BC from the base is not made."""
+  made, rl = [], []
+  monkeypatch.setattr(ae, "tokenizer", lambda out, b: ("tok.model", 64))
+  monkeypatch.setattr(ae, "demonstrations", lambda out, b: "bc.jsonl.gz")
+
+  def clone(wd, tok, vocab, b, seed, init):
+    made.append((os.path.basename(wd), init))
+    return {"hf": os.path.join(wd, "hf"), "bc_s": 1.0, "bc_loss": 0.5}
+
+  def run(wd, c):
+    rl.append(os.path.basename(wd))
+    return {"success": 0.25, "tasks": 4, "credit": 0.3, "rl_s": 2.0, "curve": [],
+            "episodes": 8}
+
+  monkeypatch.setattr(ae, "behaviour_clone", clone)
+  monkeypatch.setattr(ae, "rl_config", lambda *a: None)
+  monkeypatch.setattr(ae, "agent_rl_run", run)
+  monkeypatch.setattr(ae, "evaluate_checkpoint", lambda hf, b: pytest.fail("BC evaluated"))
+  ae.FLAGS(["agent_experiment.py", "--arms=warmup", "--seeds=2", "--bc_seed=0",
+            "--world_model=wm_dir", f"--out={tmp_path / 'out'}"])
+  ae.main([])
+  assert made == [("bc_warm_0", "wm_dir")]  # one warm-up BC, from the world model, shared
+  assert rl == ["warmup_0", "warmup_1"]
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert [r["bc_seed"] for r in saved["runs"]["warmup"]] == [0, 0]
