@@ -85,6 +85,7 @@ flags.DEFINE_integer("sft_seq_len", None, "tokens per SFT row (0: --seq_len)")
 flags.DEFINE_integer("sft_batch", None, "rows per SFT batch (0: --batch)")
 flags.DEFINE_integer("cpt_steps", None, "CPT steps")
 flags.DEFINE_integer("sft_steps", None, "SFT steps")
+flags.DEFINE_float("cpt_lr", None, "CPT peak learning rate (0: the CPT config's, 1e-3)")
 flags.DEFINE_float("sft_lr", None, "SFT peak learning rate (0: the SFT config's, 1e-3)")
 flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
                   "full loss on every observation")
@@ -113,7 +114,7 @@ flags.DEFINE_string("ship", "", "copy the final main model (its Hugging Face exp
                     "folder with provenance.json (command, settings, corpus sha256, results); "
                     "`make world-model` ships data/world_model/ this way")
 
-SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps", "sft_steps", "sft_lr", "knowledge_share",
+SIZE_FLAGS = ("preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps", "sft_steps", "cpt_lr", "sft_lr", "knowledge_share",
               "ablations", "eval_max_turns", "eval_max_new_tokens", "eval_batch", "rl_steps")
 
 
@@ -138,6 +139,7 @@ class Settings:
   eval_max_turns: int
   eval_max_new_tokens: int
   eval_batch: int
+  cpt_lr: float = 0.0            # 0: the CPT config's peak learning rate
   sft_lr: float = 0.0            # 0: the SFT config's peak learning rate
   sft_loss: str = "target"       # target | history (pipeline.sft_history_loss)
   validate: bool = True          # validation loss at the end of each training run
@@ -172,8 +174,9 @@ def resolve(values: dict[str, Any]) -> Settings:
             "eval_batch", "rl_steps"):
     if int(v[k]) < 1:
       raise ValueError(f"--{k} must be >= 1, got {v[k]}")
-  if float(v.get("sft_lr") or 0.0) < 0:
-    raise ValueError(f"--sft_lr must be >= 0 (0: the SFT config's), got {v['sft_lr']}")
+  for k in ("cpt_lr", "sft_lr"):
+    if float(v.get(k) or 0.0) < 0:
+      raise ValueError(f"--{k} must be >= 0 (0: the {k[:3].upper()} config's), got {v[k]}")
   thinking = values.get("thinking") or v.get("thinking", "on")
   sft_loss = values.get("sft_loss") or v.get("sft_loss", "target")
   if sft_loss not in ("target", "history"):
@@ -196,7 +199,8 @@ def resolve(values: dict[str, Any]) -> Settings:
                   eval_max_new_tokens=int(v["eval_max_new_tokens"]),
                   eval_batch=int(v["eval_batch"]), validate=bool(v["validate"]),
                   fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0),
-                  sft_lr=float(v.get("sft_lr") or 0.0), sft_loss=sft_loss)
+                  cpt_lr=float(v.get("cpt_lr") or 0.0), sft_lr=float(v.get("sft_lr") or 0.0),
+                  sft_loss=sft_loss)
 
 
 def settings_from_flags() -> Settings:
@@ -289,6 +293,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
   if spec.stage == "sft" and s.sft_lr:
     c.optim.lr = s.sft_lr
+  if spec.stage == "cpt" and s.cpt_lr:
+    c.optim.lr = s.cpt_lr
   if spec.stage == "sft":
     c.data.pipeline.sft_history_loss = spec.sft_loss == "history"
   if not s.validate:

@@ -201,6 +201,12 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
   assert think.optim.lr == _load("stages").STAGE_CONFIGS["sft"].get_config("tiny").optim.lr
   with pytest.raises(ValueError, match="sft_lr"):
     rp.resolve({"budget": "tiny", "sft_lr": -1.0})
+  lr = rp.resolve({"budget": "tiny", "knowledge": "", "cpt_lr": 4e-3})
+  c_lr = {r.stage: rp.run_config(r, lr, wd, "tok.model", 1024, corpus, "", True)
+          for r in rp.plan(lr)}
+  assert c_lr["cpt"].optim.lr == 4e-3 and c_lr["sft"].optim.lr == think.optim.lr
+  with pytest.raises(ValueError, match="cpt_lr"):
+    rp.resolve({"budget": "tiny", "cpt_lr": -1.0})
 
 
 def test_sft_rows_and_the_models_context(rp):
