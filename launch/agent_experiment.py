@@ -515,7 +515,10 @@ def main(argv):
   everything, merged = merged_runs(runs, FLAGS.merge)
   table = summarize(everything)
   meta = {"budget": b, "domain": FLAGS.domain, "world_model": wm or "(none)",
-          "eval_tasks": b["eval_tasks"], "episodes": b["episodes"],
+          "eval_tasks": b["eval_tasks"],
+          # a report of merged folders alone: the RL episodes its runs had, not the budget's
+          "episodes": b["episodes"] if FLAGS.arms else ",".join(sorted(
+              {str(r["episodes"]) for a, rs in everything.items() if a != "bc" for r in rs})),
           "total_s": time.perf_counter() - t_all}
   write_report(out, runs, everything, merged, table, meta)
   print(f"\nwrote {out}/results.md, results.json, success_vs_episodes.png "
