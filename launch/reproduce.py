@@ -85,7 +85,7 @@ flags.DEFINE_integer("sft_seq_len", None, "tokens per SFT row (0: --seq_len)")
 flags.DEFINE_integer("sft_batch", None, "rows per SFT batch (0: --batch)")
 flags.DEFINE_integer("cpt_steps", None, "CPT steps")
 flags.DEFINE_integer("sft_steps", None, "SFT steps")
-flags.DEFINE_float("cpt_lr", None, "CPT peak learning rate (0: the CPT config's, 1e-3)")
+flags.DEFINE_float("cpt_lr", None, "CPT peak learning rate (0: the CPT config's, 3e-3)")
 flags.DEFINE_float("sft_lr", None, "SFT peak learning rate (0: the SFT config's, 1e-3)")
 flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theoretic masking or "
                   "full loss on every observation")
