@@ -518,7 +518,7 @@ def main(argv):
           "eval_tasks": b["eval_tasks"],
           # a report of merged folders alone: the RL episodes its runs had, not the budget's
           "episodes": b["episodes"] if FLAGS.arms else ",".join(sorted(
-              {str(r["episodes"]) for a, rs in everything.items() if a != "bc" for r in rs})),
+              {str(t["episodes"]) for a, t in table.items() if a != "bc"})),
           "total_s": time.perf_counter() - t_all}
   write_report(out, runs, everything, merged, table, meta)
   print(f"\nwrote {out}/results.md, results.json, success_vs_episodes.png "

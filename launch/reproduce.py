@@ -291,10 +291,9 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       init_from_hf=os.path.join(wd, spec.init_from, "hf") if spec.init_from else "",
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
       knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
-  if spec.stage == "sft" and s.sft_lr:
-    c.optim.lr = s.sft_lr
-  if spec.stage == "cpt" and s.cpt_lr:
-    c.optim.lr = s.cpt_lr
+  stage_lr = {"cpt": s.cpt_lr, "sft": s.sft_lr}.get(spec.stage)  # 0 / None: the config's own
+  if stage_lr:
+    c.optim.lr = stage_lr
   if spec.stage == "sft":
     c.data.pipeline.sft_history_loss = spec.sft_loss == "history"
   if not s.validate:
