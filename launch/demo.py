@@ -7,8 +7,9 @@
   5. one simulated terminal episode: the SFT model answers a real episode's actions, each simulated
      observation printed beside the real one with its edit similarity (and their mean)
   6. the same episode played by the shipped world model (data/world_model/, made by
-     `make world-model`: launch/reproduce.py's main model, trained for about an hour), which a
-     few minutes of demo training cannot match; skipped with a note when the folder is absent
+     `make world-model`: launch/reproduce.py's main model with 2000 CPT steps, about 66 minutes
+     of training), which a few minutes of demo training cannot match; skipped with a note when
+     the folder is absent
 
   python launch/demo.py [--workdir=runs/demo] [--cpt_steps=N] [--sft_steps=N]
 """
