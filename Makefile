@@ -35,7 +35,8 @@ demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py
 
 # The recipe end to end with every stage evaluated free-running (docs/reproduce.md): sized for
-# about 60 minutes on 2 CPU cores (45 minutes on idle cores on 2026-12-03, experiments/reproduce_timed/). `make reproduce BUDGET=tiny` is the few-minute smoke run; more flags
+# about 60 minutes on 2 CPU cores (1600 CPT steps: 51 minutes on idle cores on 2026-12-04,
+# experiments/reproduce_cpt1600/). `make reproduce BUDGET=tiny` is the few-minute smoke run; more flags
 # (e.g. --ablations=masking) go in REPRODUCE_FLAGS. The report lands in runs/reproduce_$(BUDGET)/.
 BUDGET ?= full
 REPRODUCE_FLAGS ?=

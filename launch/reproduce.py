@@ -49,8 +49,11 @@ BUDGETS: dict[str, dict[str, Any]] = {
     # system prompt about half as often as rows of 1024, so 42% of their tokens are in the loss
     # against 24%; SFT rows stay at 1024, where its one target turn is twice the share of the row.
     # The ablations are their own budget (`ablation`), so this one spends the hour on the main
-    # pipeline: 850 CPT steps and the thinking ablation ran 64 minutes (experiments/reproduce_full);
-    # without the ablation 1000 steps fit the hour at 2.5 s a step or less. SFT takes 300 steps:
+    # pipeline: 850 CPT steps and the thinking ablation ran 64 minutes (experiments/reproduce_full).
+    # CPT takes 1600 steps: on idle cores (1.5-1.7 s a step) the whole run took 51 minutes and its
+    # SFT model beat copy-previous in 5 of 7 domains (+8.4 points), where 1000 steps took 40 minutes
+    # and were ahead in 4 of 7 (-0.7) and 2000 took 66 minutes, over the hour (7 of 7, +12.7;
+    # experiments/reproduce_cpt1600, reproduce_cpt2000). SFT takes 300 steps:
     # from the same CPT, 150 left the reply format half learned and scored 35.9 token F1 against
     # 42.2 for 300 (docs/reproduce.md); the run with 300 took 101 minutes on a slow, partly shared
     # host (CPT at 4.1 s a step), so this budget fits the hour only on a quiet, fast one.
@@ -58,7 +61,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     # 42.2 with it on the 140 test turns, 44.2 against 41.8 on 420
     # (experiments/reproduce_thinking_full); --thinking=on trains the paper's thinking mode.
     "full": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024, sft_batch=8,
-                 cpt_steps=1000, sft_steps=300, knowledge_share=0.1, ablations="", thinking="off",
+                 cpt_steps=1600, sft_steps=300, knowledge_share=0.1, ablations="", thinking="off",
                  eval_max_turns=20, eval_max_new_tokens=320, eval_batch=32, rl_steps=24,
                  validate=True, fast_compile=False),
     # the ablations at equal compute, smaller than `full` (about 35 minutes): CPT with and without
