@@ -11,7 +11,8 @@
    observations show the real misbehaviour; the others are the same as the plain copy's.
 2. Two SFT runs from the same start at equal compute (same steps, rows, row length, learning
    rate, seed; only the data differ): `perturbed` on the perturbed copy's training split,
-   `plain` on the plain copy's.
+   `plain` on the plain copy's. With `--paired` the perturbed run's split also holds the plain
+   twin of each of its perturbed episodes (`paired_copy`).
 3. Instruction fidelity (evals/fidelity.py) of the start and of both runs, on the same held-out
    episodes (test-split seeds, played for real under each menu perturbation; their actions
    replayed in the world model with and without the instruction), sampled at `--temperature`:
@@ -43,7 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "evals"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fidelity  # noqa: E402  (evals/fidelity.py)
 import stages  # noqa: E402  (launch/stages.py)
-from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
+from lwm_jax.data.jsonl import iter_jsonl, open_text  # noqa: E402
 from lwm_jax.envs import perturb  # noqa: E402
 from lwm_jax.train import trainer  # noqa: E402
 
@@ -68,6 +69,10 @@ flags.DEFINE_integer("max_turns", 6, "turns per held-out episode")
 flags.DEFINE_integer("max_tokens", 192, "new tokens per simulated observation")
 flags.DEFINE_float("temperature", 1.0, "sampling temperature of the fidelity runs (0: greedy)")
 flags.DEFINE_integer("batch", 16, "episodes stepped per engine call")
+flags.DEFINE_bool("paired", False, "the perturbed run also trains on the plain twin of each of "
+                  "its perturbed training episodes (same seed and world, played without the "
+                  "instruction; from the plain copy), so that only the instruction tells the two "
+                  "apart (written to WORKDIR/corpus_paired)")
 flags.DEFINE_bool("reuse", False, "keep finished parts (corpus copy, trained runs) in --workdir")
 
 MODELS = ("start", "plain", "perturbed")
@@ -89,6 +94,33 @@ def _corpus_copy(wd: str, domains: list[str], name: str, share: float) -> str:
   print(f"{name} copy:", " ".join(cmd[1:]), flush=True)
   subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
   return out
+
+
+def paired_copy(wd: str, domains: list[str], perturbed: str, plain: str) -> tuple[str, dict]:
+  """WORKDIR/corpus_paired: per domain, the perturbed copy's training split followed by the plain
+  copy's version of each training episode that carries an instruction there (its twin: same id,
+  seed and world), and the perturbed copy's validation split. Returns the folder and, per domain,
+  how many twins were added. A perturbed episode without a twin is an error (the copies must come
+  from the same seeds)."""
+  out = os.path.join(wd, "corpus_paired")
+  os.makedirs(out, exist_ok=True)
+  added = {}
+  for d in domains:
+    train = [rec for _, rec in iter_jsonl(os.path.join(perturbed, f"{d}_train.jsonl.gz"))]
+    wanted = {rec["id"] for rec in train if str(rec.get("simulation_instruction", "")).strip()}
+    path = os.path.join(plain, f"{d}_train.jsonl.gz")
+    twins = [rec for _, rec in iter_jsonl(path) if rec["id"] in wanted]
+    missing = wanted - {rec["id"] for rec in twins}
+    if missing:
+      raise SystemExit(f"{path}: no plain twin for {len(missing)} perturbed episodes "
+                       f"(e.g. {sorted(missing)[0]}); were both copies made from the same seeds?")
+    with open_text(os.path.join(out, f"{d}_train.jsonl.gz"), "w") as f:
+      for rec in train + twins:
+        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    shutil.copyfile(os.path.join(perturbed, f"{d}_validation.jsonl.gz"),
+                    os.path.join(out, f"{d}_validation.jsonl.gz"))
+    added[d] = len(twins)
+  return out, added
 
 
 def _files(folder: str, domains: list[str], split: str) -> str:
@@ -279,6 +311,15 @@ def _copy_size(settings: dict) -> str:
   return f" (copies of {n} trajectories per domain)" if n else ""
 
 
+def _twins_text(settings: dict) -> str:
+  twins = settings.get("paired_twins")
+  if not twins:
+    return ""
+  return (" plus the plain twin of each of its perturbed training episodes (same seed and world, "
+          "played without the instruction: "
+          + ", ".join(f"{d} {n}" for d, n in twins.items()) + ")")
+
+
 def _pct(x) -> str:
   return "-" if x is None else f"{100 * x:.1f}"
 
@@ -304,8 +345,8 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"({'thinking' if settings.get('thinking', True) else 'no thinking'}), on the "
            f"training split of {', '.join(settings['domains'])}"
            f"{_copy_size(settings)}; `perturbed` on a copy with "
-           f"{settings['perturb_share']:g} of the episodes played under a menu perturbation, "
-           "`plain` on a copy without perturbations. Fidelity: "
+           f"{settings['perturb_share']:g} of the episodes played under a menu perturbation"
+           f"{_twins_text(settings)}, `plain` on a copy without perturbations. Fidelity: "
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
            f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
            f"temperature {settings['temperature']:g}.", "",
@@ -399,8 +440,14 @@ def main(argv):
   copy = _corpus_copy(wd, domains, "perturbed", FLAGS.perturb_share)
   # the bundled corpus carries perturbations itself (a quarter of these domains' episodes), so
   # the control is regenerated without any
-  runs = {"plain": _train("plain", _corpus_copy(wd, domains, "plain", 0.0), domains, wd, start),
-          "perturbed": _train("perturbed", copy, domains, wd, start)}
+  plain = _corpus_copy(wd, domains, "plain", 0.0)
+  twins = None
+  if FLAGS.paired:
+    copy_trained, twins = paired_copy(wd, domains, copy, plain)
+  else:
+    copy_trained = copy
+  runs = {"plain": _train("plain", plain, domains, wd, start),
+          "perturbed": _train("perturbed", copy_trained, domains, wd, start)}
   hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
   reports = {m: _fidelity(m, hf[m], start[1], domains, wd, _thinking(start[0])) for m in MODELS}
   checks, means = compare(reports)
@@ -411,12 +458,12 @@ def main(argv):
               "per_domain": FLAGS.per_domain or None, "thinking": _thinking(start[0]),
               "sft_seq_len": FLAGS.sft_seq_len, "episodes": FLAGS.episodes,
               "max_turns": FLAGS.max_turns, "max_tokens": FLAGS.max_tokens,
-              "temperature": FLAGS.temperature}
+              "temperature": FLAGS.temperature, "paired_twins": twins}
   with open(os.path.join(copy, "MANIFEST.json")) as f:
     settings["perturbed_counts"] = {d: v.get("perturbed", {}) for d, v in
                                     json.load(f)["domains"].items()}
   settings["instruction_visible"] = instruction_visible(
-      _config("perturbed", copy, domains, wd, start))
+      _config("perturbed", copy_trained, domains, wd, start))
   text = markdown(checks, means, runs, settings, gains)
   with open(os.path.join(wd, "results.md"), "w") as f:
     f.write(text)

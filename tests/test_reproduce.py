@@ -418,3 +418,34 @@ def test_perturb_experiment_pools_the_likelihood_gain_per_token():
   assert "| perturbed | shown | 10 | 1.0000 | 3.0000 | +2.0000 |" in text
   assert "| mcp | `errors:rate=0.2,kind=timeout` | errors | 1 | 10 | +2.000 |" in text
   assert "keeps the whole simulation instruction: mcp 12% of 8 (2 dropped as over-long)" in text
+
+
+def test_perturb_experiment_paired_copy_adds_each_perturbed_episodes_plain_twin(tmp_path):
+  """--paired: the perturbed run's training split gains, after its own episodes, the plain copy's
+  version of exactly the episodes that carry an instruction; validation is the perturbed copy's;
+  a perturbed episode with no twin is refused, naming the file."""
+  import json
+  from lwm_jax.data.jsonl import iter_jsonl, open_text
+  px = _load("perturb_experiment")
+
+  def write(folder, split, recs):
+    os.makedirs(folder, exist_ok=True)
+    with open_text(os.path.join(folder, f"mcp_{split}.jsonl.gz"), "w") as f:
+      for r in recs:
+        f.write(json.dumps(r) + "\n")
+
+  rec = lambda i, instr, obs: {"id": f"mcp-{i}", "simulation_instruction": instr,  # noqa: E731
+                               "turns": [{"action": "a", "observation": obs}]}
+  pert, plain = str(tmp_path / "p"), str(tmp_path / "q")
+  write(pert, "train", [rec(0, "", "ok"), rec(1, "Calls fail.", "error"), rec(2, " ", "ok")])
+  write(pert, "validation", [rec(9, "Calls fail.", "error")])
+  write(plain, "train", [rec(0, "", "ok"), rec(1, "", "ok"), rec(2, "", "ok")])
+  out, added = px.paired_copy(str(tmp_path / "wd"), ["mcp"], pert, plain)
+  got = [r for _, r in iter_jsonl(os.path.join(out, "mcp_train.jsonl.gz"))]
+  assert added == {"mcp": 1}
+  assert [(r["id"], r["turns"][0]["observation"]) for r in got] == [
+      ("mcp-0", "ok"), ("mcp-1", "error"), ("mcp-2", "ok"), ("mcp-1", "ok")]
+  assert [r["id"] for _, r in iter_jsonl(os.path.join(out, "mcp_validation.jsonl.gz"))] == ["mcp-9"]
+  write(plain, "train", [rec(0, "", "ok")])
+  with pytest.raises(SystemExit, match="mcp_train.jsonl.gz: no plain twin for 1 perturbed"):
+    px.paired_copy(str(tmp_path / "wd2"), ["mcp"], pert, plain)
