@@ -32,7 +32,6 @@ all its tokens and the partial outputs are summed over `expert`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -136,27 +135,27 @@ def chosen_rows_moe(x_NxD, top_w_NxK, top_i_NxK, gate_up_2EIxD, down_DxEI,
                     num_experts: int):
   """The `rows` backend when a step has few assignments (at most half the experts: up to 8 rows
   with Qwen3's 8 of 128 experts, 1 or 2 with `small`'s 4 of 16): each (row, choice) runs through
-  its own expert only, so a step reads k experts' weights instead of all E. `lax.switch` picks one
-  of E branches, each multiplying by that expert's static slices of the decode-layout matrices
-  (XLA still copies a slice before its product). At batch 1 of `small` the decode runs 1.7x
-  faster than with every expert (benchmarks/results/speed.md, "Decode")."""
+  its own expert only, so a step reads k experts' weights instead of all E. The expert's rows of
+  gate/up and its column block of down are dynamic slices that XLA feeds to the products without
+  a `lax.switch` over E branches (the earlier form): 8 chained MoE layers of `small` at batch 1,
+  timed alone, take 1.0 ms instead of the switch's 2.5 ms; a whole decode step moved less than
+  the run-to-run noise (benchmarks/results/speed.md, 2026-12-04)."""
   n, k = top_i_NxK.shape
   inter = down_DxEI.shape[1] // num_experts
-  # gate/up rows indexed in an [E, 2I, D] view: a little faster here than the equal row slice of
-  # the [E*2I, D] matrix, in a noisy measurement (speed.md)
   gate_up_Ex2IxD = gate_up_2EIxD.reshape(num_experts, 2 * inter, -1)
-
-  def expert(x_1xD, w, j: int):
-    gu = rows_matmul(x_1xD, gate_up_Ex2IxD[j], jnp.float32)
-    act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:] * w
-    return rows_matmul(act, down_DxEI[:, j * inter:(j + 1) * inter], jnp.float32)
-
-  branches = [functools.partial(expert, j=j) for j in range(num_experts)]
   rows = []
   for r in range(n):
     x_1xD = x_NxD[r:r + 1]
-    outs = [jax.lax.switch(top_i_NxK[r, c], branches, x_1xD, top_w_NxK[r, c]) for c in range(k)]
-    rows.append(sum(outs[1:], outs[0]))
+    out = None
+    for c in range(k):
+      j = top_i_NxK[r, c]
+      gu = rows_matmul(x_1xD, jax.lax.dynamic_index_in_dim(gate_up_Ex2IxD, j, 0, keepdims=False),
+                       jnp.float32)
+      act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:] * top_w_NxK[r, c]
+      y = rows_matmul(act, jax.lax.dynamic_slice_in_dim(down_DxEI, j * inter, inter, axis=1),
+                      jnp.float32)
+      out = y if out is None else out + y
+    rows.append(out)
   return jnp.concatenate(rows, axis=0).astype(x_NxD.dtype)
 
 
