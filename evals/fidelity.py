@@ -544,22 +544,8 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
 
 def parse_specs(text: str, domains: Sequence[str]) -> dict[str, list[str]]:
   """`--specs`: "" for each domain's menu, else `domain=SPEC|SPEC,...` entries separated by
-  `&&` (a spec itself uses `;` and `,`)."""
-  out = {d: list(perturb.CORPUS_MENU[d]) for d in domains}
-  if not text:
-    return out
-  out = {d: [] for d in domains}
-  for part in text.split("&&"):
-    d, eq, rest = part.partition("=")
-    d = d.strip()
-    if not eq or d not in out:
-      raise ValueError(f"--specs: expected DOMAIN=SPEC|SPEC with DOMAIN in {', '.join(domains)}, "
-                       f"got '{part}'")
-    for spec in rest.split("|"):
-      perts = perturb.parse(spec)
-      perturb.real_options(perts, d)
-      out[d].append(perturb.spec_of(perts))
-  return out
+  `&&` (`lwm_jax.envs.perturb.parse_menu`)."""
+  return perturb.parse_menu(text, domains, "--specs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

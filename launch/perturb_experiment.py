@@ -69,6 +69,9 @@ flags.DEFINE_integer("max_turns", 6, "turns per held-out episode")
 flags.DEFINE_integer("max_tokens", 192, "new tokens per simulated observation")
 flags.DEFINE_float("temperature", 1.0, "sampling temperature of the fidelity runs (0: greedy)")
 flags.DEFINE_integer("batch", 16, "episodes stepped per engine call")
+flags.DEFINE_string("menu", "", "the perturbations of the perturbed copy and of the fidelity "
+                    "runs instead of each domain's fixed menu: DOMAIN=SPEC|SPEC entries separated "
+                    "by && ('' : lwm_jax.envs.perturb.CORPUS_MENU)")
 flags.DEFINE_bool("paired", False, "the perturbed run also trains on the plain twin of each of "
                   "its perturbed training episodes (same seed and world, played without the "
                   "instruction; from the plain copy), so that only the instruction tells the two "
@@ -90,6 +93,7 @@ def _corpus_copy(wd: str, domains: list[str], name: str, share: float) -> str:
   cmd = [sys.executable, os.path.join(ROOT, "tools", "make_corpus.py"),
          f"--per_domain={FLAGS.per_domain or manifest['per_domain']}", f"--seed={manifest['seed']}",
          f"--domains={','.join(domains)}", f"--perturb_share={share}",
+         *([f"--menu={FLAGS.menu}"] if FLAGS.menu and share > 0 else []),
          f"--corpus_dir={out}", f"--bench_dir={os.path.join(wd, 'bench_' + name)}"]
   print(f"{name} copy:", " ".join(cmd[1:]), flush=True)
   subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -232,7 +236,7 @@ def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str, thinking
     if kept.get("likelihood"):
       return kept
   sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
-  report = fidelity.run(sampler, domains=domains, specs=fidelity.parse_specs("", domains),
+  report = fidelity.run(sampler, domains=domains, specs=fidelity.parse_specs(FLAGS.menu, domains),
                         corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
                         max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,
                         batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature,
@@ -345,7 +349,9 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"({'thinking' if settings.get('thinking', True) else 'no thinking'}), on the "
            f"training split of {', '.join(settings['domains'])}"
            f"{_copy_size(settings)}; `perturbed` on a copy with "
-           f"{settings['perturb_share']:g} of the episodes played under a menu perturbation"
+           f"{settings['perturb_share']:g} of the episodes played under "
+           + (f"a perturbation of `{settings['menu']}`" if settings.get("menu")
+              else "a menu perturbation") +
            f"{_twins_text(settings)}, `plain` on a copy without perturbations. Fidelity: "
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
            f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
@@ -436,6 +442,10 @@ def main(argv):
   if bad:
     raise SystemExit(f"--domains: '{bad[0]}' has no real perturbations "
                      f"(use {', '.join(perturb.CORPUS_MENU)})")
+  try:  # a bad --menu fails here, before any work
+    perturb.parse_menu(FLAGS.menu, domains, "--menu")
+  except (ValueError, NotImplementedError) as e:
+    raise SystemExit(str(e)) from None
   start = stages.given_start(FLAGS.start)
   copy = _corpus_copy(wd, domains, "perturbed", FLAGS.perturb_share)
   # the bundled corpus carries perturbations itself (a quarter of these domains' episodes), so
@@ -458,7 +468,8 @@ def main(argv):
               "per_domain": FLAGS.per_domain or None, "thinking": _thinking(start[0]),
               "sft_seq_len": FLAGS.sft_seq_len, "episodes": FLAGS.episodes,
               "max_turns": FLAGS.max_turns, "max_tokens": FLAGS.max_tokens,
-              "temperature": FLAGS.temperature, "paired_twins": twins}
+              "temperature": FLAGS.temperature, "paired_twins": twins,
+              "menu": FLAGS.menu or None}
   with open(os.path.join(copy, "MANIFEST.json")) as f:
     settings["perturbed_counts"] = {d: v.get("perturbed", {}) for d, v in
                                     json.load(f)["domains"].items()}

@@ -238,6 +238,26 @@ def test_corpus_menu_and_share():
     perturb.corpus_choice("web", 0, 1.5)
 
 
+def test_a_given_menu_replaces_the_domains_menu():
+  """`parse_menu` (make_corpus --menu, fidelity --specs): the fixed menus for "", else only the
+  named specs in canonical form, checked against each domain's real environment; corpus_choice
+  then draws from that menu alone, at the same share."""
+  assert perturb.parse_menu("", ["mcp"]) == {"mcp": list(perturb.CORPUS_MENU["mcp"])}
+  got = perturb.parse_menu("mcp=page_size:size=3 && web=errors:kind=timeout,rate=0.1|"
+                           "partial:rate=0.4", ["mcp", "search", "web"])
+  assert got == {"mcp": ["page_size:size=3"], "search": [],
+                 "web": ["errors:rate=0.1,kind=timeout", "partial:rate=0.4"]}
+  with pytest.raises(ValueError, match="--menu: expected DOMAIN=SPEC"):
+    perturb.parse_menu("terminal=page_size:size=3", ["mcp"], "--menu")
+  with pytest.raises(NotImplementedError, match="partial"):  # search has no partial failures
+    perturb.parse_menu("search=partial:rate=0.3", ["search"])
+  picks = [perturb.corpus_choice("web", i, 0.5, menu=got["web"]) for i in range(400)]
+  assert set(picks) == {"", *got["web"]}
+  assert [bool(p) for p in picks] == [bool(perturb.corpus_choice("web", i, 0.5))
+                                      for i in range(400)]
+  assert all(perturb.corpus_choice("search", i, 1.0, menu=[]) == "" for i in range(20))
+
+
 def test_make_corpus_share_puts_menu_perturbations_in_the_corpus():
   import importlib.util
   import os

@@ -68,7 +68,8 @@ def write_bench(path: str, test: list[schema.Trajectory]) -> int:
   return bench_records.write_awb_jsonl(path, records)
 
 
-def collect_split(name: str, per_domain: int, seed: int, workers: int, perturb_share: float = 0.0
+def collect_split(name: str, per_domain: int, seed: int, workers: int, perturb_share: float = 0.0,
+                  menu: list[str] | None = None
                   ) -> tuple[list[tuple[schema.Trajectory, str]], dict[str, str], dict[str, int]]:
   """Collects `name` episodes in order until `per_domain` pass hygiene and the duplicate filter.
 
@@ -86,7 +87,7 @@ def collect_split(name: str, per_domain: int, seed: int, workers: int, perturb_s
     need = per_domain - len(kept)
     extra = {}
     if perturb_share > 0:  # without a share, collection runs exactly as before
-      extra["perturb"] = lambda i: perturb.corpus_choice(name, i, perturb_share, seed)
+      extra["perturb"] = lambda i: perturb.corpus_choice(name, i, perturb_share, seed, menu)
     batch, stats = collect.collect(name, need + max(4, need // 20), seed, workers, start=start,
                                    **extra)
     worlds = splits.require_worlds(batch, f"make_corpus {name} (episodes {start}.."
@@ -111,6 +112,9 @@ def main() -> None:
   ap.add_argument("--perturb_share", type=float, default=0.0,
                   help="share of the episodes of mcp, search and web that follow a perturbation "
                        "from the domain's fixed menu (0: none)")
+  ap.add_argument("--menu", default="",
+                  help="the perturbations drawn instead of each domain's fixed menu: "
+                       "DOMAIN=SPEC|SPEC entries separated by && (a domain left out gets none)")
   ap.add_argument("--bench_only", action="store_true",
                   help="rewrite the mini benchmark from the corpus test split; collect nothing")
   ap.add_argument("--unsafe_no_sandbox", action="store_true",
@@ -119,6 +123,13 @@ def main() -> None:
   args = ap.parse_args()
   if not 0.0 <= args.perturb_share <= 1.0:
     ap.error(f"--perturb_share must be in [0, 1], got {args.perturb_share}")
+  menus = None
+  if args.menu:
+    try:
+      menus = perturb.parse_menu(args.menu, [d for d in args.domains.split(",")
+                                             if d in perturb.CORPUS_MENU], "--menu")
+    except (ValueError, NotImplementedError) as e:
+      ap.error(str(e))
   if args.bench_only:
     for name in args.domains.split(","):
       test = list(schema.read_jsonl(os.path.join(args.corpus_dir, f"{name}_test.jsonl.gz")))
@@ -134,7 +145,8 @@ def main() -> None:
     t0 = time.time()
     try:
       kept, dropped, dups = collect_split(name, args.per_domain, args.seed, args.workers,
-                                          args.perturb_share)
+                                          args.perturb_share,
+                                          None if menus is None else menus.get(name, []))
     except splits.MissingWorldError as e:  # one clear line; nothing of this domain is written
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
@@ -169,6 +181,8 @@ def main() -> None:
             "python": sys.version.split()[0]}
     if args.perturb_share:
       head["perturb_share"] = args.perturb_share
+    if menus is not None:
+      head["perturb_menu"] = menus
     json.dump({**head, "domains": domains}, f, indent=1, sort_keys=True)
     f.write("\n")
 

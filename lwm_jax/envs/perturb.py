@@ -350,13 +350,35 @@ CORPUS_MENU = {
 }
 
 
-def corpus_choice(domain: str, index: int, share: float, seed: int = 0) -> str:
+def parse_menu(text: str, domains: Sequence[str], flag: str = "--specs") -> dict[str, list[str]]:
+  """Per domain, a list of canonical specs: each domain's CORPUS_MENU for "", else the given
+  `domain=SPEC|SPEC` entries separated by `&&` (a spec itself uses `;` and `,`); a domain left out
+  gets none. Each spec is checked against the domain's real environment. Errors name `flag`."""
+  out = {d: list(CORPUS_MENU[d]) for d in domains}
+  if not text:
+    return out
+  out = {d: [] for d in domains}
+  for part in text.split("&&"):
+    d, eq, rest = part.partition("=")
+    d = d.strip()
+    if not eq or d not in out:
+      raise ValueError(f"{flag}: expected DOMAIN=SPEC|SPEC with DOMAIN in {', '.join(domains)}, "
+                       f"got '{part}'")
+    for spec in rest.split("|"):
+      perts = parse(spec)
+      real_options(perts, d)
+      out[d].append(spec_of(perts))
+  return out
+
+
+def corpus_choice(domain: str, index: int, share: float, seed: int = 0,
+                  menu: Sequence[str] | None = None) -> str:
   """The perturbation spec of episode `index` of a corpus run ("" for none): about `share` of
-  the episodes of a domain in CORPUS_MENU, each with a menu entry, both fixed by (domain, seed,
-  index) so a re-run makes the same choices."""
+  the episodes of a domain in CORPUS_MENU (or of `menu` when given), each with a menu entry, both
+  fixed by (domain, seed, index) so a re-run makes the same choices."""
   if not 0.0 <= share <= 1.0:
     raise ValueError(f"perturb_share must be in [0, 1], got {share}")
-  menu = CORPUS_MENU.get(domain, ())
+  menu = CORPUS_MENU.get(domain, ()) if menu is None else tuple(menu)
   if not menu or share <= 0.0 or draw(f"corpus/{domain}/{seed}", index) >= share:
     return ""
   return menu[int(draw(f"corpus/{domain}/{seed}/kind", index) * len(menu))]
