@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,16 +28,6 @@ SHAPES = [((32000, 512), 1), ((32000, 512), 8), ((32000, 512), 32),
           ((512, 4096), 1), ((512, 4096), 8), ((512, 4096), 32),
           ((256, 512), 128), ((512, 256), 128), ((512, 512), 2048), ((32000, 512), 512)]
 INNER = 10  # products per timed call
-
-
-def _median(fn, repeats: int) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times) / INNER
 
 
 def xla_timer(out_in, rows, dtype_name):
@@ -73,7 +61,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=20)
   ap.add_argument("--out", default="matmul_shapes")
   a = ap.parse_args()
-  from benchmarks.common import table, write_result
+  from benchmarks.common import median_time, table, write_result
   systems = [("xla", xla_timer)]
   try:
     import torch
@@ -86,7 +74,7 @@ def main():
     row = {"weight [out, in]": f"{out_in[0]}x{out_in[1]}", "rows": n}
     for name, make in systems:
       for dt in ("float32", "bfloat16"):
-        s = _median(make(out_in, n, dt), a.repeats)
+        s = median_time(make(out_in, n, dt), a.repeats) / INNER
         flops = 2 * out_in[0] * out_in[1] * n
         nbytes = out_in[0] * out_in[1] * (4 if dt == "float32" else 2)
         row[f"{name} {dt[:4]} GFLOP/s"] = round(flops / s / 1e9, 1)
