@@ -5,8 +5,8 @@
 Decoding multiplies a few rows by each weight matrix (the output head [32000, 512], all experts'
 gate/up rows [8192, 512], their down columns [512, 4096]); training multiplies tiles of 128 rows
 and whole [2048, 512] activations. For each shape and row count this times, on this machine:
-XLA (jitted `x @ w.T` for a weight stored [out, in], as `layers.rows_matmul` reads it) in fp32
-and bf16, and, when torch is installed, torch's `x @ w.T` in fp32 and bf16 (what HF's generate
+XLA (jitted `x @ w.T` for a weight stored [out, in], contracted along its contiguous dim as in
+`layers.rows_matmul`, without that helper's two-row padding of one bf16 row) in fp32 and bf16, and, when torch is installed, torch's `x @ w.T` in fp32 and bf16 (what HF's generate
 runs). The table gives GFLOP/s and the weight's read rate in GB/s, so a reader can tell whether a
 product is bound by its bytes or by arithmetic, and which precision has hardware support here
 (e.g. AVX512-BF16 doubles bf16 products for torch). Medians of --repeats; each timed call runs

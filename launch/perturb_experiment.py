@@ -223,7 +223,8 @@ def _earlier_summary(name: str, wd: str, hf: str) -> dict:
   return {"export_hf": hf, "reused": True}
 
 
-def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str, thinking: bool) -> dict:
+def _fidelity(name: str, hf: str, sp: str, domains: list[str], specs: dict[str, list[str]],
+              wd: str, thinking: bool) -> dict:
   """evals/fidelity.py on one model: both parts, or with --reuse only what its kept report
   lacks (a report made before the likelihood part existed gains it)."""
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
@@ -236,7 +237,7 @@ def _fidelity(name: str, hf: str, sp: str, domains: list[str], wd: str, thinking
     if kept.get("likelihood"):
       return kept
   sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
-  report = fidelity.run(sampler, domains=domains, specs=fidelity.parse_specs(FLAGS.menu, domains),
+  report = fidelity.run(sampler, domains=domains, specs=specs,
                         corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
                         max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,
                         batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature,
@@ -315,6 +316,11 @@ def _copy_size(settings: dict) -> str:
   return f" (copies of {n} trajectories per domain)" if n else ""
 
 
+def _drawn_text(settings: dict) -> str:
+  menu = settings.get("menu")
+  return f"a perturbation of `{menu}`" if menu else "a menu perturbation"
+
+
 def _twins_text(settings: dict) -> str:
   twins = settings.get("paired_twins")
   if not twins:
@@ -349,9 +355,7 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"({'thinking' if settings.get('thinking', True) else 'no thinking'}), on the "
            f"training split of {', '.join(settings['domains'])}"
            f"{_copy_size(settings)}; `perturbed` on a copy with "
-           f"{settings['perturb_share']:g} of the episodes played under "
-           + (f"a perturbation of `{settings['menu']}`" if settings.get("menu")
-              else "a menu perturbation") +
+           f"{settings['perturb_share']:g} of the episodes played under {_drawn_text(settings)}"
            f"{_twins_text(settings)}, `plain` on a copy without perturbations. Fidelity: "
            f"{settings['episodes']} held-out episodes per domain and perturbation, at most "
            f"{settings['max_turns']} turns, {settings['max_tokens']} new tokens per observation, "
@@ -443,7 +447,7 @@ def main(argv):
     raise SystemExit(f"--domains: '{bad[0]}' has no real perturbations "
                      f"(use {', '.join(perturb.CORPUS_MENU)})")
   try:  # a bad --menu fails here, before any work
-    perturb.parse_menu(FLAGS.menu, domains, "--menu")
+    specs = perturb.parse_menu(FLAGS.menu, domains, "--menu")
   except (ValueError, NotImplementedError) as e:
     raise SystemExit(str(e)) from None
   start = stages.given_start(FLAGS.start)
@@ -451,15 +455,12 @@ def main(argv):
   # the bundled corpus carries perturbations itself (a quarter of these domains' episodes), so
   # the control is regenerated without any
   plain = _corpus_copy(wd, domains, "plain", 0.0)
-  twins = None
-  if FLAGS.paired:
-    copy_trained, twins = paired_copy(wd, domains, copy, plain)
-  else:
-    copy_trained = copy
+  copy_trained, twins = paired_copy(wd, domains, copy, plain) if FLAGS.paired else (copy, None)
   runs = {"plain": _train("plain", plain, domains, wd, start),
           "perturbed": _train("perturbed", copy_trained, domains, wd, start)}
   hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
-  reports = {m: _fidelity(m, hf[m], start[1], domains, wd, _thinking(start[0])) for m in MODELS}
+  reports = {m: _fidelity(m, hf[m], start[1], domains, specs, wd, _thinking(start[0]))
+             for m in MODELS}
   checks, means = compare(reports)
   gains = compare_likelihood(reports)
   settings = {"command": " ".join(["python launch/perturb_experiment.py"] + sys.argv[1:]),

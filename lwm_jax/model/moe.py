@@ -143,19 +143,18 @@ def chosen_rows_moe(x_NxD, top_w_NxK, top_i_NxK, gate_up_2EIxD, down_DxEI,
   n, k = top_i_NxK.shape
   inter = down_DxEI.shape[1] // num_experts
   gate_up_Ex2IxD = gate_up_2EIxD.reshape(num_experts, 2 * inter, -1)
+
+  def expert(x_1xD, j, w):
+    gu = rows_matmul(x_1xD, jax.lax.dynamic_index_in_dim(gate_up_Ex2IxD, j, 0, keepdims=False),
+                     jnp.float32)
+    act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:] * w
+    return rows_matmul(act, jax.lax.dynamic_slice_in_dim(down_DxEI, j * inter, inter, axis=1),
+                       jnp.float32)
+
   rows = []
   for r in range(n):
-    x_1xD = x_NxD[r:r + 1]
-    out = None
-    for c in range(k):
-      j = top_i_NxK[r, c]
-      gu = rows_matmul(x_1xD, jax.lax.dynamic_index_in_dim(gate_up_Ex2IxD, j, 0, keepdims=False),
-                       jnp.float32)
-      act = jax.nn.silu(gu[:, :inter]) * gu[:, inter:] * top_w_NxK[r, c]
-      y = rows_matmul(act, jax.lax.dynamic_slice_in_dim(down_DxEI, j * inter, inter, axis=1),
-                      jnp.float32)
-      out = y if out is None else out + y
-    rows.append(out)
+    outs = [expert(x_NxD[r:r + 1], top_i_NxK[r, c], top_w_NxK[r, c]) for c in range(k)]
+    rows.append(sum(outs[1:], outs[0]))
   return jnp.concatenate(rows, axis=0).astype(x_NxD.dtype)
 
 
