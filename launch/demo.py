@@ -4,12 +4,14 @@
   2. CPT of a small MoE world model with information-theoretic loss masking (then exported to HF)
   3. SFT in thinking mode, starting from the CPT model's Hugging Face export
   4. held-out next-observation token accuracy of both models beside a copy-previous baseline
-  5. one simulated terminal episode: the SFT model answers a real episode's actions, each simulated
-     observation printed beside the real one with its edit similarity (and their mean)
+  5. one simulated terminal episode: the SFT model answers a real held-out episode's actions, each
+     simulated observation printed beside the real one with its edit similarity (and their mean).
+     The episode is the test split's terminal episode whose observations are most knowable from
+     what precedes them (`stages.demo_episode`, chosen from the data, not from any model's score)
   6. the same episode played by the shipped world model (data/world_model/, made by
-     `make world-model`: launch/reproduce.py's main model with 2000 CPT steps, about 66 minutes
-     of training), which a few minutes of demo training cannot match; skipped with a note when
-     the folder is absent
+     `make world-model`), which a few minutes of demo training cannot match, then every held-out
+     terminal episode's first three turns played by it in one batch, with their mean and median;
+     skipped with a note when the folder is absent
 
   python launch/demo.py [--workdir=runs/demo] [--cpt_steps=N] [--sft_steps=N]
 """
@@ -127,9 +129,13 @@ def main(_):
 
   _banner("5. A simulated terminal episode (the SFT model answers a real episode's actions; its "
           "own earlier answers are its history)")
-  episode = next(t for t in test_trajs if t.domain == "terminal")
+  episode = stages.demo_episode(test_trajs)
+  print(f"episode {episode.id}: the held-out terminal episode whose first three observations are "
+        f"most knowable from what precedes them ({stages.knowable_share(episode):.0%} of their "
+        "words appear earlier; stages.knowable_share)")
   sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
-  shipped = _shipped_episode(episode, stages.load_corpus(FLAGS.corpus).digest())
+  shipped = _shipped_episode(episode, [t for t in test_trajs if t.domain == "terminal"],
+                             stages.load_corpus(FLAGS.corpus).digest())
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
@@ -147,8 +153,9 @@ def main(_):
     sys.exit(1)
 
 
-def _shipped_episode(episode, corpus_sha: str) -> dict:
-  """Part 6: the episode of part 5 played by the shipped world model, with where it came from."""
+def _shipped_episode(episode, terminal_test, corpus_sha: str) -> dict:
+  """Part 6: the episode of part 5 played by the shipped world model, with where it came from,
+  and every held-out terminal episode (`terminal_test`) played by it in one batch."""
   path = FLAGS.world_model
   if not path or not os.path.isfile(os.path.join(path, "provenance.json")):
     print(f"\n(no shipped world model at {path!r}: `make world-model` makes one)")
@@ -162,9 +169,16 @@ def _shipped_episode(episode, corpus_sha: str) -> dict:
         f"({'this corpus' if same else 'NOT this corpus'}); model {prov.get('model')}")
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   sampler = Sampler.from_checkpoint(path)
-  sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=320)
-  return {"path": path, "present": True, "model": prov.get("model"),
-          "same_corpus": same, **sim}
+  played = stages.play_episodes(sampler, terminal_test, turns=3, max_new_tokens=320)
+  mine = next(p for p in played if p["trajectory"] == episode.id)
+  stages.show_episode(mine)
+  print("\nEvery held-out terminal episode's first three turns, played by the same model "
+        "(edit similarity per turn, mean, actions):")
+  summary = stages.summarise_episodes(played)
+  return {"path": path, "present": True, "model": prov.get("model"), "same_corpus": same,
+          **{k: mine[k] for k in ("trajectory", "turns", "edit_similarity",
+                                   "mean_edit_similarity")},
+          "all_terminal_test_episodes": summary}
 
 
 if __name__ == "__main__":

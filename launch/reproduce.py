@@ -112,6 +112,9 @@ flags.DEFINE_string("reuse_from", "", "an earlier run folder of this script: its
                     "every run whose config (and starting point) equals this plan's are copied instead "
                     "of trained (e.g. an ablation or SFT variant from the same CPT); the report "
                     "marks them")
+flags.DEFINE_string("cpt_from", "", "a trained model's Hugging Face folder with its tokenizer.model "
+                    "(e.g. an earlier shipped world model): every CPT run continues from it, with "
+                    "its tokenizer, instead of starting from random initialisation")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
 flags.DEFINE_string("ship", "", "copy the final main model (its Hugging Face export) to this "
                     "folder with provenance.json (command, settings, corpus sha256, results); "
@@ -148,6 +151,7 @@ class Settings:
   validate: bool = True          # validation loss at the end of each training run
   fast_compile: bool = False     # FAST_COMPILE XLA flags
   seed: int = 0
+  cpt_from: str = ""             # Hugging Face folder the CPT runs start from ("": random init)
 
   @property
   def context(self) -> int:
@@ -203,13 +207,14 @@ def resolve(values: dict[str, Any]) -> Settings:
                   eval_batch=int(v["eval_batch"]), validate=bool(v["validate"]),
                   fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0),
                   cpt_lr=float(v.get("cpt_lr") or 0.0), sft_lr=float(v.get("sft_lr") or 0.0),
-                  sft_loss=sft_loss)
+                  sft_loss=sft_loss,
+                  cpt_from=os.path.abspath(values["cpt_from"]) if values.get("cpt_from") else "")
 
 
 def settings_from_flags() -> Settings:
   return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "sft_loss",
                                               "knowledge", "rl",
-                                              "seed", *SIZE_FLAGS)})
+                                              "seed", "cpt_from", *SIZE_FLAGS)})
 
 
 @dataclasses.dataclass
@@ -291,7 +296,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       seq_len=s.seq_len if spec.stage == "cpt" else s.sft_seq_len, context=s.context,
       workdir=os.path.join(wd, spec.name), tokenizer=tokenizer,
       train=corpus.train_jsonl, valid=corpus.valid_jsonl,
-      init_from_hf=os.path.join(wd, spec.init_from, "hf") if spec.init_from else "",
+      init_from_hf=(os.path.join(wd, spec.init_from, "hf") if spec.init_from
+                    else s.cpt_from if spec.stage == "cpt" else ""),
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
       knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
   stage_lr = {"cpt": s.cpt_lr, "sft": s.sft_lr}.get(spec.stage)  # 0 / None: the config's own
@@ -445,7 +451,8 @@ def _train(spec: RunSpec, c, wd: str) -> dict[str, Any]:
     summary = trainer.train(c, out, source=source, eval_source=evals)
     stats = dict(source.it.stats)
   losses = summary.get("losses") or [float("nan")]
-  return {"name": spec.name, "stage": spec.stage, "from": spec.init_from or "(random init)",
+  return {"name": spec.name, "stage": spec.stage,
+          "from": spec.init_from or c.init_from_hf or "(random init)",
           "masking": spec.masking, "thinking": spec.thinking, "main": spec.main,
           "sft_loss": spec.sft_loss if spec.stage == "sft" else None,
           "steps": summary.get("final_step"), "batch": c.train.batch_size,
@@ -515,7 +522,14 @@ def main(argv):
     extra_texts = [d.full_text() for d in docs]
     print(f"{len(docs)} documents, {knowledge_info['characters']} characters")
 
-  if FLAGS.reuse_from:
+  if s.cpt_from:
+    _banner(f"2. SentencePiece tokenizer of {s.cpt_from} (the CPT runs continue from it)")
+    _, _, given_vocab, _ = stages.given_start(s.cpt_from, "--cpt_from")
+    sp, tok, vocab = _copy_tokenizer(s.cpt_from, wd)
+    if vocab != given_vocab:
+      raise SystemExit(f"--cpt_from: {s.cpt_from}/config.json has vocab_size {given_vocab} but "
+                       f"its tokenizer.model gives {vocab}")
+  elif FLAGS.reuse_from:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {FLAGS.reuse_from}")
     sp, tok, vocab = _copy_tokenizer(FLAGS.reuse_from, wd)
   else:
@@ -562,14 +576,23 @@ def main(argv):
   paths = free_running.write_report(res, wd, title="Free-running evaluation (test split)")
 
   simulated = None
-  episode = next((t for t in corpus.test if t.domain == "terminal"), None)
-  if main_sampler is not None and episode is not None:
-    _banner(f"A simulated terminal episode ({runs[1].name} plays the environment)")
+  terminal = [t for t in corpus.test if t.domain == "terminal"]
+  if main_sampler is not None and terminal:
+    episode = stages.demo_episode(terminal)
+    _banner(f"Simulated terminal episodes ({runs[1].name} plays the environment)")
     lines: list[str] = []
     out = lambda text: (print(text), lines.append(text))
-    simulated = stages.simulated_episode(main_sampler, episode, turns=3,
-                                         max_new_tokens=s.eval_max_new_tokens, out=out)
-    simulated.update(model=runs[1].name, transcript="\n".join(lines))
+    played = stages.play_episodes(main_sampler, terminal, turns=3,
+                                  max_new_tokens=s.eval_max_new_tokens)
+    mine = next(p for p in played if p["trajectory"] == episode.id)
+    out(f"the demo's episode {episode.id} ({stages.knowable_share(episode):.0%} of its "
+        "observations' words knowable from what precedes them):")
+    stages.show_episode(mine, out)
+    out("every held-out terminal episode's first three turns:")
+    simulated = {k: mine[k] for k in ("trajectory", "turns", "edit_similarity",
+                                      "mean_edit_similarity")}
+    simulated.update(model=runs[1].name, all_terminal_test_episodes=stages.summarise_episodes(
+        played, out), transcript="\n".join(lines))
 
   import reproduce_report  # pylint: disable=import-outside-toplevel  (launch/reproduce_report.py)
   report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),
@@ -597,6 +620,13 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
                            for sys_ in (name, "copy_previous")},
           "token_f1_vs_copy_previous": vs,
           "simulated_episode": {k: v for k, v in (simulated or {}).items() if k != "transcript"}}
+  given = header["settings"].get("cpt_from")
+  if given:  # the model its CPT continued from, with how that one was made (a chain of runs)
+    earlier = os.path.join(given, "provenance.json")
+    prov["cpt_from"] = {"folder": given, "provenance": None}
+    if os.path.isfile(earlier):
+      with open(earlier) as f:
+        prov["cpt_from"]["provenance"] = json.load(f)
   with open(os.path.join(dest, "provenance.json"), "w") as f:
     json.dump(prov, f, indent=2, default=str)
   size = sum(os.path.getsize(os.path.join(dest, n)) for n in os.listdir(dest))

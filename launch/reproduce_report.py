@@ -115,12 +115,17 @@ def _ablation_table(ablations: list[dict[str, Any]]) -> list[str]:
 def _simulated_lines(sim: dict[str, Any] | None) -> list[str]:
   if not sim:
     return []
-  return ["## A simulated terminal episode", "",
-          f"`{sim['model']}` plays the environment of test trajectory `{sim['trajectory']}` for "
+  every = sim.get("all_terminal_test_episodes")
+  every_line = ([f"Over every held-out terminal episode's first three turns ({every['episodes']} "
+                 f"episodes): mean {every['mean']:.3f}, median {every['median']:.3f}, "
+                 f"{every['at_least_0.6']} at 0.6 or more."] if every else [])
+  return ["## Simulated terminal episodes", "",
+          f"`{sim['model']}` plays the environment of test trajectory `{sim['trajectory']}` (the "
+          "demo's episode: the most knowable one, `stages.demo_episode`) for "
           f"{sim['turns']} turns (greedy, its own earlier answers as history): mean edit "
           f"similarity {sim['mean_edit_similarity']:.3f} to the real observations (per turn: "
-          + ", ".join(f"{x:.3f}" for x in sim["edit_similarity"]) + ").", "", "```",
-          sim.get("transcript", ""), "```", ""]
+          + ", ".join(f"{x:.3f}" for x in sim["edit_similarity"]) + ").", "", *every_line, "",
+          "```", sim.get("transcript", ""), "```", ""]
 
 
 def _masking_line(m: dict[str, Any] | None) -> str:

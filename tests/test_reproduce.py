@@ -306,7 +306,12 @@ def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
   assert prov["free_running"]["copy_previous"]["token_f1"] == 0.4
   assert prov["token_f1_vs_copy_previous"]["ahead"] == ["os", "mcp"]
   assert prov["simulated_episode"] == {"mean_edit_similarity": 0.7}
-  assert prov["config"] == {"train": {"num_steps": 3}}
+  assert prov["config"] == {"train": {"num_steps": 3}} and "cpt_from" not in prov
+  # a run whose CPT continued from that shipped model records the chain
+  header["settings"] = {"preset": "tiny", "cpt_from": str(dest)}
+  rp.ship(str(export), str(tmp_path / "next"), header, cfg, res, "sft_it_think", None)
+  chained = json.loads((tmp_path / "next" / "provenance.json").read_text())
+  assert chained["cpt_from"] == {"folder": str(dest), "provenance": prov}
 
 
 class _FakeSampler:
@@ -449,3 +454,76 @@ def test_perturb_experiment_paired_copy_adds_each_perturbed_episodes_plain_twin(
   write(plain, "train", [rec(0, "", "ok")])
   with pytest.raises(SystemExit, match="mcp_train.jsonl.gz: no plain twin for 1 perturbed"):
     px.paired_copy(str(tmp_path / "wd2"), ["mcp"], pert, plain)
+
+
+def test_cpt_from_starts_every_cpt_run_from_the_given_model(rp, tmp_path):
+  """--cpt_from: each CPT run (the masking ablation's too) loads the given folder; SFT runs still
+  start from their own CPT run's export; without it CPT starts from random initialisation."""
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  given = tmp_path / "given"
+  s = rp.resolve({"budget": "tiny", "ablations": "masking", "knowledge": "",
+                  "cpt_from": str(given)})
+  assert s.cpt_from == str(given)
+  wd = str(tmp_path / "wd")
+  cfg = {r.name: rp.run_config(r, s, wd, "tok.model", 1024, corpus, "", True) for r in rp.plan(s)}
+  assert cfg["cpt_it"].init_from_hf == cfg["cpt_full"].init_from_hf == str(given)
+  assert cfg["sft_it_think"].init_from_hf == os.path.join(wd, "cpt_it", "hf")
+  plain = rp.resolve({"budget": "tiny", "knowledge": ""})
+  assert plain.cpt_from == ""
+  assert rp.run_config(rp.plan(plain)[0], plain, wd, "tok.model", 1024, corpus, "",
+                       True).init_from_hf == ""
+
+
+class _ByAction:
+  """A stand-in sampler answering each chat from its last message (the action): batched."""
+  def __init__(self, answers):
+    self.answers, self.batches = answers, []
+
+  def generate(self, chats, params):
+    self.batches.append(len(chats))
+    texts = [next((v for k, v in self.answers.items() if f"\n{k}\n" in c[-1]["content"]), "?")
+             for c in chats]
+    return [Generation(text=t, token_ids=[], logprobs=[], finish_reason="stop", content=t)
+            for t in texts]
+
+
+def test_played_episodes_advance_together_and_are_summarised():
+  stages = _load("stages")
+  a = Trajectory("a", "terminal", "task", "bash", "~$", [Turn("pwd", "/home/user"),
+                                                         Turn("whoami", "root")])
+  b = Trajectory("b", "terminal", "task", "bash", "~$", [Turn("date", "Mon"),
+                                                         Turn("pwd", "/home/user"),
+                                                         Turn("ls", "never played")])
+  fake = _ByAction({"pwd": "/home/user", "whoami": "rooX", "date": "Mon"})
+  played = stages.play_episodes(fake, [a, b], turns=3)
+  assert fake.batches == [2, 2, 1]       # one generation per turn; `a` has two turns only
+  assert [p["turns"] for p in played] == [2, 3]
+  assert played[0]["edit_similarity"] == pytest.approx([1.0, 0.75])
+  assert played[1]["predicted"] == ["Mon", "/home/user", "?"]
+  assert played[1]["mean_edit_similarity"] == pytest.approx(2 / 3)
+  lines = []
+  summary = stages.summarise_episodes(played, out=lines.append)
+  assert summary["episodes"] == 2 and summary["mean"] == pytest.approx((0.875 + 2 / 3) / 2)
+  assert summary["at_least_0.6"] == 2 and summary["per_episode"] == {"a": 0.875, "b": 0.6667}
+  assert "median 0.771" in lines[-1] and "2 of 2 at 0.6 or more" in lines[-1]
+  assert lines[0].split()[0] == "a" and "pwd ; whoami" in lines[0]
+
+
+def test_the_demo_episode_is_the_most_knowable_one():
+  """knowable_share counts the words of each real observation already shown before it; the demo
+  plays the episode where that share is highest, whatever any model scores on it."""
+  stages = _load("stages")
+  state = "Files under ~:\nnotes/todo.txt\nlogs/app.log"
+  lucky = Trajectory("log", "terminal", "task", "bash", state,
+                     [Turn("cat logs/app.log", "12:03 ERROR disk full\n12:04 INFO retry"),
+                      Turn("ls notes", "todo.txt")])
+  known = Trajectory("ls", "terminal", "task", "bash", state,
+                     [Turn("ls notes", "todo.txt"), Turn("ls logs", "app.log")])
+  other = Trajectory("mcp", "mcp", "task", "tools", state, [Turn("x", "y")])
+  assert stages.knowable_share(known) == 1.0
+  # the log's 7 words: only "12" reappears inside it, never before it; "todo.txt" was shown
+  assert stages.knowable_share(lucky) == pytest.approx((0 / 7 + 1.0) / 2)
+  assert stages.demo_episode([lucky, other, known]).id == "ls"
+  with pytest.raises(SystemExit, match="no terminal episode"):
+    stages.demo_episode([other])
