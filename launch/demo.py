@@ -134,8 +134,7 @@ def main(_):
         f"most knowable from what precedes them ({stages.knowable_share(episode):.0%} of their "
         "words appear earlier; stages.knowable_share)")
   sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
-  shipped = _shipped_episode(episode, [t for t in test_trajs if t.domain == "terminal"],
-                             stages.load_corpus(FLAGS.corpus).digest())
+  shipped = _shipped_episode(test_trajs, stages.load_corpus(FLAGS.corpus).digest())
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
@@ -153,9 +152,9 @@ def main(_):
     sys.exit(1)
 
 
-def _shipped_episode(episode, terminal_test, corpus_sha: str) -> dict:
+def _shipped_episode(test_trajs, corpus_sha: str) -> dict:
   """Part 6: the episode of part 5 played by the shipped world model, with where it came from,
-  and every held-out terminal episode (`terminal_test`) played by it in one batch."""
+  and every held-out terminal episode played by it in one batch."""
   path = FLAGS.world_model
   if not path or not os.path.isfile(os.path.join(path, "provenance.json")):
     print(f"\n(no shipped world model at {path!r}: `make world-model` makes one)")
@@ -169,16 +168,8 @@ def _shipped_episode(episode, terminal_test, corpus_sha: str) -> dict:
         f"({'this corpus' if same else 'NOT this corpus'}); model {prov.get('model')}")
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   sampler = Sampler.from_checkpoint(path)
-  played = stages.play_episodes(sampler, terminal_test, turns=3, max_new_tokens=320)
-  mine = next(p for p in played if p["trajectory"] == episode.id)
-  stages.show_episode(mine)
-  print("\nEvery held-out terminal episode's first three turns, played by the same model "
-        "(edit similarity per turn, mean, actions):")
-  summary = stages.summarise_episodes(played)
-  return {"path": path, "present": True, "model": prov.get("model"), "same_corpus": same,
-          **{k: mine[k] for k in ("trajectory", "turns", "edit_similarity",
-                                   "mean_edit_similarity")},
-          "all_terminal_test_episodes": summary}
+  sim = stages.simulated_terminal_episodes(sampler, test_trajs, max_new_tokens=320)
+  return {"path": path, "present": True, "model": prov.get("model"), "same_corpus": same, **sim}
 
 
 if __name__ == "__main__":

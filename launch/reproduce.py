@@ -576,23 +576,13 @@ def main(argv):
   paths = free_running.write_report(res, wd, title="Free-running evaluation (test split)")
 
   simulated = None
-  terminal = [t for t in corpus.test if t.domain == "terminal"]
-  if main_sampler is not None and terminal:
-    episode = stages.demo_episode(terminal)
+  if main_sampler is not None and any(t.domain == "terminal" for t in corpus.test):
     _banner(f"Simulated terminal episodes ({runs[1].name} plays the environment)")
     lines: list[str] = []
     out = lambda text: (print(text), lines.append(text))
-    played = stages.play_episodes(main_sampler, terminal, turns=3,
-                                  max_new_tokens=s.eval_max_new_tokens)
-    mine = next(p for p in played if p["trajectory"] == episode.id)
-    out(f"the demo's episode {episode.id} ({stages.knowable_share(episode):.0%} of its "
-        "observations' words knowable from what precedes them):")
-    stages.show_episode(mine, out)
-    out("every held-out terminal episode's first three turns:")
-    simulated = {k: mine[k] for k in ("trajectory", "turns", "edit_similarity",
-                                      "mean_edit_similarity")}
-    simulated.update(model=runs[1].name, all_terminal_test_episodes=stages.summarise_episodes(
-        played, out), transcript="\n".join(lines))
+    simulated = stages.simulated_terminal_episodes(main_sampler, corpus.test,
+                                                   s.eval_max_new_tokens, out)
+    simulated.update(model=runs[1].name, transcript="\n".join(lines))
 
   import reproduce_report  # pylint: disable=import-outside-toplevel  (launch/reproduce_report.py)
   report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),

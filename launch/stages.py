@@ -204,6 +204,27 @@ def show_episode(played: dict, out=print) -> None:
       f"{played['mean_edit_similarity']:.3f} over {played['turns']} turns")
 
 
+def simulated_terminal_episodes(sampler, test: Sequence[schema.Trajectory],
+                                max_new_tokens: int = 320, out=print) -> dict:
+  """The world model plays the first three turns of every held-out terminal episode of `test` in
+  one batch: prints the demo's episode (`demo_episode`) beside the real one, then one line per
+  episode with the mean and median. Returns the demo episode's figures and, under
+  `all_terminal_test_episodes`, the summary of all."""
+  terminal = [t for t in test if t.domain == "terminal"]
+  episode = demo_episode(terminal)
+  played = play_episodes(sampler, terminal, turns=3, max_new_tokens=max_new_tokens)
+  mine = next(p for p in played if p["trajectory"] == episode.id)
+  out(f"the demo's episode {episode.id} ({knowable_share(episode):.0%} of its observations' "
+      "words knowable from what precedes them):")
+  show_episode(mine, out)
+  out("\nevery held-out terminal episode's first three turns (edit similarity per turn, mean, "
+      "actions):")
+  summary = summarise_episodes(played, out)
+  return {**{k: mine[k] for k in ("trajectory", "turns", "edit_similarity",
+                                   "mean_edit_similarity")},
+          "all_terminal_test_episodes": summary}
+
+
 def summarise_episodes(played: Sequence[dict], out=print, goal: float = 0.6) -> dict:
   """Prints one line per played episode (`play_episodes`: per-turn edit similarity, mean, actions)
   and their mean and median; returns those figures and each episode's mean."""

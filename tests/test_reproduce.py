@@ -527,3 +527,21 @@ def test_the_demo_episode_is_the_most_knowable_one():
   assert stages.demo_episode([lucky, other, known]).id == "ls"
   with pytest.raises(SystemExit, match="no terminal episode"):
     stages.demo_episode([other])
+
+
+def test_simulated_terminal_episodes_show_the_demo_episode_and_summarise_all():
+  stages = _load("stages")
+  state = "Files under ~:\nnotes/todo.txt"
+  known = Trajectory("known", "terminal", "task", "bash", state, [Turn("ls notes", "todo.txt")])
+  drawn = Trajectory("drawn", "terminal", "task", "bash", state,
+                     [Turn("cat log", "12:03 disk full")])
+  elsewhere = Trajectory("web", "web", "task", "click", state, [Turn("click 1", "page")])
+  fake = _ByAction({"ls notes": "todo.txt", "cat log": "12:03 disk ok"})
+  lines = []
+  sim = stages.simulated_terminal_episodes(fake, [drawn, elsewhere, known], 32, lines.append)
+  assert fake.batches == [2]                                   # both terminal episodes at once
+  assert sim["trajectory"] == "known" and sim["mean_edit_similarity"] == 1.0
+  every = sim["all_terminal_test_episodes"]
+  assert every["episodes"] == 2 and set(every["per_episode"]) == {"known", "drawn"}
+  assert every["per_episode"]["drawn"] == pytest.approx(1 - 4 / 15, abs=1e-4)   # ok -> full
+  assert "the demo's episode known (100%" in lines[0]
