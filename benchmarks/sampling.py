@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import socket
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -123,8 +121,8 @@ def interleaved(runners: dict, repeats: int) -> dict:
 
 def server(model, clients, rounds, tokens, dtype, chunk):
   import openai
-  import uvicorn
   from lwm_jax.data.tokenizer import load_tokenizer, train_sentencepiece
+  from lwm_jax.sampling.background import BackgroundServer
   from lwm_jax.sampling.sampler import Sampler
   from lwm_jax.sampling.server import create_app
   words = ("ls cat grep error file directory permission denied output line total bytes "
@@ -137,14 +135,8 @@ def server(model, clients, rounds, tokens, dtype, chunk):
   sampler = Sampler(model, tok, max_batch=clients, min_batch_bucket=clients, chunk_steps=chunk,
                     decode_dtype=None if dtype == "float32" else dtype)
   app = create_app(sampler, "bench", max_batch=clients, window_ms=10)
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-  threading.Thread(target=srv.run, daemon=True).start()
-  while not srv.started:
-    time.sleep(0.05)
-  client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
+  srv = BackgroundServer(app)
+  client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", timeout=600)
 
   def ask(i):
     r = client.chat.completions.create(
@@ -157,7 +149,7 @@ def server(model, clients, rounds, tokens, dtype, chunk):
     t = time.perf_counter()
     n_tok = sum(pool.map(ask, range(clients * rounds)))
     dt = time.perf_counter() - t
-  srv.should_exit = True
+  srv.close()
   return {"clients": clients, "requests": clients * rounds, "max_tokens": tokens,
           "requests_per_s": clients * rounds / dt, "tokens_per_s": n_tok / dt}
 

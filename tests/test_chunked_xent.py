@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lwm_jax.train import losses
+from tests.test_train_xent_chunk import jaxpr_shapes
 
 
 def _inputs(b=3, s=9, d=16, v=103, seed=0):
@@ -53,19 +54,9 @@ def test_chunked_never_materialises_full_logits():
   jaxpr = jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(h, head)
   rows = 2 * 32
 
-  def shapes(jx):
-    for eqn in jx.eqns:
-      for var in eqn.outvars:
-        yield tuple(getattr(var.aval, "shape", ()))
-      for val in eqn.params.values():
-        for sub in val if isinstance(val, (tuple, list)) else (val,):
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            yield from shapes(inner)
-
-  big = [s for s in shapes(jaxpr.jaxpr) if len(s) >= 2 and rows in s and 1000 in s]
+  big = [s for s in jaxpr_shapes(jaxpr.jaxpr) if len(s) >= 2 and rows in s and 1000 in s]
   assert not big, big
-  assert any(s == (16, 1000) for s in shapes(jaxpr.jaxpr))
+  assert any(s == (16, 1000) for s in jaxpr_shapes(jaxpr.jaxpr))
 
 
 def test_chunk_must_be_positive():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 
 from configs import rl as rl_config
 from lwm_jax.data.jsonl import iter_jsonl
+from lwm_jax.sampling.background import free_port
 from lwm_jax.train import trainer
 from tests.conftest import xla_env
 from tests.test_rl_pool import many_trajs, train_tokenizer
@@ -116,12 +116,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_agree_with_one(data, tmp_path):
   """Two processes each sample one prompt's group; one process samples both: the same rewards
@@ -130,7 +124,7 @@ def test_two_processes_agree_with_one(data, tmp_path):
   c.rl.eval_jsonl = ""
   one = run(c, tmp_path / "one")
   one_rows = rows(tmp_path / "one")
-  addr = f"127.0.0.1:{_free_port()}"
+  addr = f"127.0.0.1:{free_port()}"
   env = xla_env(1, PYTHONPATH=ROOT)
   procs = [subprocess.Popen([sys.executable, "-c", WORKER, addr, str(i), str(tmp_path / "two"),
                              ROOT, str(data)], env=env, stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ from lwm_jax import hf
 from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
-from tests.test_server import _free_port
+from lwm_jax.sampling.background import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVE = os.path.join(REPO, "launch", "serve.py")
@@ -38,7 +38,7 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.slow
 def test_serve_with_bfloat16_decode_weights(checkpoint):
   ckpt = checkpoint
-  port = _free_port()
+  port = free_port()
   proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
                            "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16",
                            "--max_tokens=16"],

@@ -4,31 +4,22 @@ API (itself checked against a no-cache reference in test_sampling.py) and with h
 from __future__ import annotations
 
 import concurrent.futures
-import socket
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from flax import nnx
 
 from lwm_jax.data.tokenizer import load_tokenizer
 from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
+from lwm_jax.sampling.background import BackgroundServer
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 from lwm_jax.sampling.server import create_app
 from tests.test_sampling import qwen_tokenizer_path
 
 MODEL = "tiny-lwm"
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +30,9 @@ def served():
   # request decodes 4 rows instead of 32 (each row's step spans Qwen's 152k-piece vocabulary).
   sampler = Sampler(model, tok, max_batch=32, min_batch_bucket=4)
   app = create_app(sampler, MODEL, max_batch=32, window_ms=30, default_max_tokens=16)
-  port = _free_port()
-  server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-  th = threading.Thread(target=server.run, daemon=True)
-  th.start()
-  for _ in range(200):
-    if server.started:
-      break
-    time.sleep(0.05)
-  client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                         timeout=300)
-  yield sampler, client, f"http://127.0.0.1:{port}"
-  server.should_exit = True
-  th.join(timeout=10)
+  with BackgroundServer(app) as server:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+    yield sampler, client, server.url
 
 
 def _chat(i: int) -> list[dict]:

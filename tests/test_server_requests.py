@@ -13,13 +13,13 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 
+from lwm_jax.sampling.background import BackgroundServer
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 from lwm_jax.sampling.server import create_app
 from tests.test_sampling import qwen_tokenizer_path
-from tests.test_server import MODEL, _chat, _free_port, served  # noqa: F401
+from tests.test_server import MODEL, _chat, served  # noqa: F401
 
 TEMPLATE = "tests/fixtures/chat/thinking_template.jinja"
 
@@ -230,17 +230,9 @@ def templated(served, tmp_path_factory):
   finally:
     checkpoint.load = real_load
   app = create_app(loaded, MODEL, max_batch=32, window_ms=30, default_max_tokens=16)
-  port = _free_port()
-  server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-  th = threading.Thread(target=server.run, daemon=True)
-  th.start()
-  while not server.started:
-    time.sleep(0.05)
-  client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                         timeout=300)
-  yield loaded, client
-  server.should_exit = True
-  th.join(timeout=10)
+  with BackgroundServer(app) as server:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
+    yield loaded, client
 
 
 def test_checkpoint_template_and_generation_config(templated):

@@ -6,27 +6,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import socket
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from lwm_jax.data import schema
 from lwm_jax.envs import base as envs_base
 from lwm_jax.envs import verify, verify_transcript
+from lwm_jax.sampling.background import BackgroundServer
 from lwm_jax.sim.client import RemoteEnv, SimClient, SimServerError
 from lwm_jax.sim.env import SimulatedEnv
 from lwm_jax.sim.server import create_app
 from tests.sim_helpers import GREEDY, terminal_world, tiny_sampler
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +27,8 @@ def served(tmp_path_factory):
   app = create_app(sampler, max_batch=4, window_ms=100, max_tokens=GREEDY.max_new_tokens,
                    max_turns=3, max_episodes=40,
                    trajectory_root=str(tmp_path_factory.getbasetemp()))
-  port = _free_port()
-  server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-  th = threading.Thread(target=server.run, daemon=True)
-  th.start()
-  for _ in range(400):
-    if server.started:
-      break
-    time.sleep(0.05)
-  yield sampler, app, f"http://127.0.0.1:{port}"
-  server.should_exit = True
-  th.join(timeout=10)
+  with BackgroundServer(app) as server:
+    yield sampler, app, server.url
 
 
 def _world(i: int) -> dict:

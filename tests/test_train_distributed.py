@@ -1,7 +1,6 @@
 """Sharded train step on 8 CPU devices equals one device; two processes on loopback agree."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -9,6 +8,7 @@ import textwrap
 import pytest
 
 from conftest import xla_env
+from lwm_jax.sampling.background import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -84,15 +84,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_on_loopback(tmp_path):
-  addr = f"127.0.0.1:{_free_port()}"
+  addr = f"127.0.0.1:{free_port()}"
   env = xla_env(1, PYTHONPATH=ROOT)
   procs = [subprocess.Popen([PY, "-c", WORKER, addr, str(i), str(tmp_path / "wd"), ROOT], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

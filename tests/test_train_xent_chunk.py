@@ -61,7 +61,8 @@ def test_chunked_step_equals_plain_step(tied, micro):
   assert moved > 1e-5
 
 
-def _shapes(jx):
+def jaxpr_shapes(jx):
+  """The shape of every value a jaxpr computes, its nested jaxprs (scan, remat, pjit) included."""
   for eqn in jx.eqns:
     for var in eqn.outvars:
       yield tuple(getattr(var.aval, "shape", ()))
@@ -69,7 +70,7 @@ def _shapes(jx):
       for sub in val if isinstance(val, (tuple, list)) else (val,):
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
-          yield from _shapes(inner)
+          yield from jaxpr_shapes(inner)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -80,7 +81,7 @@ def test_chunked_step_has_no_full_logits(tied):
   def big(chunk):
     sc = steps.StepConfig(micro_batches=1, xent_chunk=chunk)
     jx = jax.make_jaxpr(functools.partial(steps.xent_step, g, tx, sch, sc))(s0, batch)
-    return [sh for sh in _shapes(jx.jaxpr) if v in sh and np.prod(sh) >= b * (s - 1) * v]
+    return [sh for sh in jaxpr_shapes(jx.jaxpr) if v in sh and np.prod(sh) >= b * (s - 1) * v]
 
   assert big(0), "the plain step should hold [B, S, V] logits (the check would be vacuous)"
   assert not big(48)

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -31,15 +30,10 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import stand_in_judge  # noqa: E402
+from lwm_jax.sampling.background import free_port  # noqa: E402
 
 DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
 CLI = os.path.join(REPO, "evals", "agentworldbench.py")
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def build(work: str, counts: dict[str, int]) -> str:
@@ -118,7 +112,7 @@ def main() -> None:
   py = sys.executable
   ckpt = build(work, counts)
   bench = os.path.join(work, "bench")
-  port = _free_port()
+  port = free_port()
   env = dict(os.environ, PYTHONPATH=REPO)
   server = subprocess.Popen([py, os.path.join(REPO, "launch", "serve.py"), f"--checkpoint={ckpt}",
                              f"--port={port}", "--max_batch=4"], cwd=REPO, env=env,
