@@ -2,8 +2,11 @@
 copy-previous and empty baselines (the evaluation `launch/reproduce.py` runs, for any checkpoint).
 
   python evals/free_running.py --model=sft=data/world_model [--model=cpt=runs/r/cpt_it:cpt]
-      [--corpus=data/corpus] [--max_turns=20] [--seed=0] [--max_new_tokens=320] [--batch=32]
-      --out=runs/free_running
+      [--corpus=data/corpus] [--split=test] [--max_turns=20] [--seed=0] [--max_new_tokens=320]
+      [--batch=32] --out=runs/free_running
+
+`--split=validation` scores the validation split instead: choose settings there, so that the
+test split's figures stay a held-out measurement.
 
 Each `--model` is NAME=DIR or NAME=DIR:STAGE, where DIR is a run folder (its checkpoints) or a
 Hugging Face folder with its tokenizer.model, and STAGE (`sft` by default, or `cpt`, `rl`) picks
@@ -42,6 +45,8 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", action="append", required=True, help="NAME=DIR[:STAGE], repeatable")
   ap.add_argument("--corpus", default=os.path.join(ROOT, "data", "corpus"))
+  ap.add_argument("--split", default="test", choices=("test", "validation"),
+                  help="held-out split to score (validation: for choosing settings)")
   ap.add_argument("--max_turns", type=int, default=20, help="turns per domain (0: all)")
   ap.add_argument("--seed", type=int, default=0, help="seed of the turn sample")
   ap.add_argument("--max_new_tokens", type=int, default=320)
@@ -57,9 +62,9 @@ def main(argv=None) -> None:
   from lwm_jax.data import splits  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval import free_running as fr  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
-  test, train = splits.read_split(a.corpus, "test"), splits.read_split(a.corpus, "train")
+  test, train = splits.read_split(a.corpus, a.split), splits.read_split(a.corpus, "train")
   if not test:
-    raise SystemExit(f"--corpus: no {a.corpus}/*_test.jsonl.gz")
+    raise SystemExit(f"--corpus: no {a.corpus}/*_{a.split}.jsonl.gz")
   selection = fr.select_cases(test, a.max_turns or None, a.seed, fr.EVAL_VARIANT)
   print(selection.describe(), flush=True)
   preds, gen = {}, {}
@@ -75,7 +80,7 @@ def main(argv=None) -> None:
     preds[name] = {k: v["prediction"] for k, v in p.items()}
   res = fr.results(selection, preds, gen, train=train or None)
   res["models"] = {name: {"folder": folder, "stage": stage} for name, folder, stage in models}
-  paths = fr.write_report(res, a.out, title=f"Free-running evaluation ({a.corpus}, test split)")
+  paths = fr.write_report(res, a.out, title=f"Free-running evaluation ({a.corpus}, {a.split} split)")
   with open(paths["markdown"], encoding="utf-8") as f:
     print(f.read())
   for name in names:

@@ -57,3 +57,14 @@ def test_a_tiny_checkpoint_beside_the_baselines(tmp_path):
   assert got == pytest.approx(100.0 * want)
   assert res["models"]["tiny"] == {"folder": str(ckpt), "stage": "sft"}
   shutil.rmtree(out)
+
+
+def test_split_flag_reads_the_named_split(tmp_path):
+  """`--split=validation` reads the validation files, not the test ones: a corpus folder holding
+  only a test file is refused with the missing split named."""
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  shutil.copy(os.path.join(REPO, "data", "corpus", "terminal_test.jsonl.gz"), corpus)
+  with pytest.raises(SystemExit, match=r"_validation\.jsonl\.gz"):
+    _cli().main([f"--model=a={tmp_path}", f"--corpus={corpus}", "--split=validation",
+                 f"--out={tmp_path}/o"])
