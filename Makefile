@@ -47,10 +47,10 @@ reproduce: $(VENV)/.installed
 # full reproduction, about 3 h 25 min on 2 idle cores. The first trains 2000 CPT steps from
 # scratch and 300 SFT steps (about 66 minutes: experiments/reproduce_cpt2000); the second
 # continues its CPT from that model for 2000 more steps, then 300 SFT steps
-# (experiments/reproduce_cpt4000); the third does the same from the second at a CPT peak learning
-# rate of 1e-3 and an SFT one of 3e-4 (experiments/reproduce_cpt6000). The shipped model has no time limit, and more CPT
-# was the largest gain measured. Each copy has its provenance.json (command, settings, corpus
-# sha256, scores; each nests the one before).
+# (experiments/reproduce_cpt4000); the third does the same from the second at a CPT peak
+# learning rate of 1e-3 and an SFT one of 3e-4 (experiments/reproduce_cpt6000). The shipped model
+# has no time limit, and more CPT was the largest gain measured. Each copy has its
+# provenance.json (command, settings, corpus sha256, scores; each nests the one before).
 world-model: $(VENV)/.installed
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --workdir=runs/reproduce_ship --ship=runs/world_model_2000
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=runs/world_model_2000 --workdir=runs/reproduce_ship_more --ship=runs/world_model_4000

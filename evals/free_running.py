@@ -62,15 +62,15 @@ def main(argv=None) -> None:
   from lwm_jax.data import splits  # pylint: disable=import-outside-toplevel
   from lwm_jax.eval import free_running as fr  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
-  test, train = splits.read_split(a.corpus, a.split), splits.read_split(a.corpus, "train")
-  if not test:
+  held, train = splits.read_split(a.corpus, a.split), splits.read_split(a.corpus, "train")
+  if not held:
     raise SystemExit(f"--corpus: no {a.corpus}/*_{a.split}.jsonl.gz")
-  selection = fr.select_cases(test, a.max_turns or None, a.seed, fr.EVAL_VARIANT)
+  selection = fr.select_cases(held, a.max_turns or None, a.seed, fr.EVAL_VARIANT)
   print(selection.describe(), flush=True)
   preds, gen = {}, {}
   for name, folder, stage in models:
     variant, prefix = fr.prompting(stage)
-    cases = fr.select_cases(test, a.max_turns or None, a.seed, variant).cases
+    cases = fr.select_cases(held, a.max_turns or None, a.seed, variant).cases
     sampler = Sampler.from_checkpoint(folder)
     done = lambda i, n, name=name: print(f"\r  {name}: {i}/{n} turns", end="", flush=True)
     p, gen[name] = fr.generate(sampler, cases, a.max_new_tokens, a.batch, progress=done,
@@ -80,7 +80,8 @@ def main(argv=None) -> None:
     preds[name] = {k: v["prediction"] for k, v in p.items()}
   res = fr.results(selection, preds, gen, train=train or None)
   res["models"] = {name: {"folder": folder, "stage": stage} for name, folder, stage in models}
-  paths = fr.write_report(res, a.out, title=f"Free-running evaluation ({a.corpus}, {a.split} split)")
+  paths = fr.write_report(res, a.out,
+                          title=f"Free-running evaluation ({a.corpus}, {a.split} split)")
   with open(paths["markdown"], encoding="utf-8") as f:
     print(f.read())
   for name in names:
