@@ -5,12 +5,19 @@ causal softmax attention (4 heads of 32), a GELU MLP, hidden 128. If this model 
 `demo` MoE does not, the fault is ours; if it sits on the same plateau, the plateau belongs to the
 task at this scale.
 
-  python experiments/copy_drills_random/plain_reference.py STEPS EVERY LR ALPHABET [MLP 0/1] [LAYERS]
+  python experiments/copy_drills_random/plain_reference.py STEPS EVERY LR ALPHABET [MLP 0/1] [LAYERS] [MODE]
   python experiments/copy_drills_random/plain_reference.py 600 50 3e-3 32 1 2   # plain_32_600.jsonl
+
+MODE (default 0) adds a previous-token path that the induction literature says shortens the
+plateau: 1 = smeared keys (each head mixes every key with its predecessor's, weight sigmoid(a)
+with a learnt per head, a = 0 at the start); 2 = a second embedding table of the previous token
+added to the input (a token shift), so one attention layer can match "the token before j" with
+"the token at t".
 """
 import sys, time, json, numpy as np, jax, jax.numpy as jnp, optax
 STEPS=int(sys.argv[1]); EVERY=int(sys.argv[2]); LR=float(sys.argv[3]); ALPHABET=int(sys.argv[4]); MLP=int(sys.argv[5]) if len(sys.argv)>5 else 1
 B,S,V,D,H,L=16,512,2048,128,4,int(sys.argv[6]) if len(sys.argv)>6 else 2
+MODE=int(sys.argv[7]) if len(sys.argv)>7 else 0
 K=D//H
 def rows(rng,n):
   toks=np.zeros((n,S),np.int32); second=np.zeros((n,S),bool)
@@ -22,9 +29,11 @@ def rows(rng,n):
   return toks,second
 def init(key):
   ks=iter(jax.random.split(key,100)); n=lambda *s,sc=0.02: jax.random.normal(next(ks),s)*sc
-  p={"emb":n(V,D),"out":n(D,V),"layers":[]}
+  p={"emb":n(V,D)}
+  if MODE: p["emb_prev"]=n(V,D)*(MODE==2)  # drawn only with a MODE: MODE 0 keeps its old draws
+  p.update(out=n(D,V),layers=[])
   for _ in range(L):
-    p["layers"].append({"qkv":n(D,3*D),"o":n(D,D),"w1":n(D,4*D),"w2":n(4*D,D)})
+    p["layers"].append({"qkv":n(D,3*D),"o":n(D,D),"w1":n(D,4*D),"w2":n(4*D,D),"smear":jnp.zeros((H,))})
   return p
 def rope(x,pos):
   half=K//2; f=1e4**(-jnp.arange(half)/half); a=pos[:,None]*f[None]; c,s=jnp.cos(a),jnp.sin(a)
@@ -32,10 +41,14 @@ def rope(x,pos):
   return jnp.concatenate([x1*c[:,None]-x2*s[:,None], x2*c[:,None]+x1*s[:,None]],-1)
 def norm(x): return x*jax.lax.rsqrt((x*x).mean(-1,keepdims=True)+1e-6)
 def fwd(p,t):
-  x=p["emb"][t]; pos=jnp.arange(S); m=jnp.tril(jnp.ones((S,S),bool))
+  x=p["emb"][t]
+  if MODE==2: x=x+jnp.pad(p["emb_prev"][t],((0,0),(1,0),(0,0)))[:,:-1]
+  pos=jnp.arange(S); m=jnp.tril(jnp.ones((S,S),bool))
   for l in p["layers"]:
     h=norm(x); q,k,v=jnp.split(h@l["qkv"],3,-1)
     q,k,v=[z.reshape(z.shape[0],S,H,K) for z in (q,k,v)]
+    if MODE==1:
+      g=jax.nn.sigmoid(l["smear"])[None,None,:,None]; k=g*k+(1-g)*jnp.pad(k,((0,0),(1,0),(0,0),(0,0)))[:,:-1]
     q,k=rope(q,pos),rope(k,pos)
     a=jnp.einsum("bshk,bthk->bhst",q,k)/np.sqrt(K); a=jax.nn.softmax(jnp.where(m,a,-1e30),-1)
     x=x+jnp.einsum("bhst,bthk->bshk",a,v).reshape(x.shape)@l["o"]
