@@ -600,6 +600,11 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   """Copies a run's Hugging Face export to `dest` (replaced) beside provenance.json: how it was
   made (command, settings, corpus sha256, its training config) and what it scored."""
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  given = header["settings"].get("cpt_from")
+  earlier = None  # read before `dest` is replaced: a chain may ship where it started from
+  if given and os.path.isfile(os.path.join(given, "provenance.json")):
+    with open(os.path.join(given, "provenance.json")) as f:
+      earlier = json.load(f)
   shutil.rmtree(dest, ignore_errors=True)
   shutil.copytree(export, dest)
   vs = free_running.versus(res, name)
@@ -610,13 +615,8 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
                            for sys_ in (name, "copy_previous")},
           "token_f1_vs_copy_previous": vs,
           "simulated_episode": {k: v for k, v in (simulated or {}).items() if k != "transcript"}}
-  given = header["settings"].get("cpt_from")
   if given:  # the model its CPT continued from, with how that one was made (a chain of runs)
-    earlier = os.path.join(given, "provenance.json")
-    prov["cpt_from"] = {"folder": given, "provenance": None}
-    if os.path.isfile(earlier):
-      with open(earlier) as f:
-        prov["cpt_from"]["provenance"] = json.load(f)
+    prov["cpt_from"] = {"folder": given, "provenance": earlier}
   with open(os.path.join(dest, "provenance.json"), "w") as f:
     json.dump(prov, f, indent=2, default=str)
   size = sum(os.path.getsize(os.path.join(dest, n)) for n in os.listdir(dest))

@@ -312,6 +312,10 @@ def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
   rp.ship(str(export), str(tmp_path / "next"), header, cfg, res, "sft_it_think", None)
   chained = json.loads((tmp_path / "next" / "provenance.json").read_text())
   assert chained["cpt_from"] == {"folder": str(dest), "provenance": prov}
+  # shipping over the folder the CPT started from keeps the chain (read before it is replaced)
+  rp.ship(str(export), str(dest), header, cfg, res, "sft_it_think", None)
+  in_place = json.loads((dest / "provenance.json").read_text())
+  assert in_place["cpt_from"] == {"folder": str(dest), "provenance": prov}
 
 
 class _FakeSampler:
