@@ -601,9 +601,10 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   made (command, settings, corpus sha256, its training config) and what it scored."""
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
   given = header["settings"].get("cpt_from")
+  earlier_file = os.path.join(given, "provenance.json") if given else ""
   earlier = None  # read before `dest` is replaced: a chain may ship where it started from
-  if given and os.path.isfile(os.path.join(given, "provenance.json")):
-    with open(os.path.join(given, "provenance.json")) as f:
+  if earlier_file and os.path.isfile(earlier_file):
+    with open(earlier_file) as f:
       earlier = json.load(f)
   shutil.rmtree(dest, ignore_errors=True)
   shutil.copytree(export, dest)
