@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test test-slow bench corpus fixtures clean sandbox-tool reproduce world-model
+.PHONY: demo test test-slow bench corpus more-worlds fixtures clean sandbox-tool reproduce world-model
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -69,6 +69,11 @@ fixtures: $(VENV)/.installed
 # Bundled corpus (7 domains x 300 real trajectories) and the mini benchmark; byte-identical on re-run.
 corpus: $(VENV)/.installed sandbox-tool
 	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2 --perturb_share=0.25
+
+# More worlds for training the shipped world model: the corpus recipe with seed 1, 1500
+# trajectories a domain (about 10 minutes), in runs/more_worlds/. Not bundled: regenerated on demand.
+more-worlds: $(VENV)/.installed sandbox-tool
+	$(PY) tools/make_corpus.py --per_domain=1500 --seed=1 --workers=2 --perturb_share=0.25 --corpus_dir=runs/more_worlds --bench_dir=runs/more_worlds_bench
 
 clean:
 	rm -rf $(VENV) *.egg-info

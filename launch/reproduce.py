@@ -115,6 +115,10 @@ flags.DEFINE_string("reuse_from", "", "an earlier run folder of this script: its
 flags.DEFINE_string("cpt_from", "", "a trained model's Hugging Face folder with its tokenizer.model "
                     "(e.g. an earlier shipped world model): every CPT run continues from it, with "
                     "its tokenizer, instead of starting from random initialisation")
+flags.DEFINE_string("more_worlds", "", "a corpus folder of more worlds (e.g. `make more-worlds`: "
+                    "tools/make_corpus.py with another seed) whose episodes, every split, are "
+                    "added to CPT and SFT training; an episode whose world is in --corpus's "
+                    "validation or test split is dropped and counted")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
 flags.DEFINE_string("ship", "", "copy the final main model (its Hugging Face export) to this "
                     "folder with provenance.json (command, settings, corpus sha256, results); "
@@ -152,6 +156,7 @@ class Settings:
   fast_compile: bool = False     # FAST_COMPILE XLA flags
   seed: int = 0
   cpt_from: str = ""             # Hugging Face folder the CPT runs start from ("": random init)
+  more_worlds: str = ""          # corpus folder of more worlds added to training ("": none)
 
   @property
   def context(self) -> int:
@@ -208,13 +213,15 @@ def resolve(values: dict[str, Any]) -> Settings:
                   fast_compile=bool(v["fast_compile"]), seed=int(values.get("seed") or 0),
                   cpt_lr=float(v.get("cpt_lr") or 0.0), sft_lr=float(v.get("sft_lr") or 0.0),
                   sft_loss=sft_loss,
-                  cpt_from=os.path.abspath(values["cpt_from"]) if values.get("cpt_from") else "")
+                  cpt_from=os.path.abspath(values["cpt_from"]) if values.get("cpt_from") else "",
+                  more_worlds=(os.path.abspath(values["more_worlds"]) if values.get("more_worlds")
+                               else ""))
 
 
 def settings_from_flags() -> Settings:
   return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "sft_loss",
                                               "knowledge", "rl",
-                                              "seed", "cpt_from", *SIZE_FLAGS)})
+                                              "seed", "cpt_from", "more_worlds", *SIZE_FLAGS)})
 
 
 @dataclasses.dataclass
@@ -285,8 +292,10 @@ def ablation_pairs(s: Settings, runs: list[RunSpec]) -> list[tuple[str, str, str
 
 
 def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
-               corpus: stages.Corpus, knowledge_jsonl: str, wants_export: bool):
-  """The training config of one run (launch/stages.py builds CPT and SFT)."""
+               corpus: stages.Corpus, knowledge_jsonl: str, wants_export: bool,
+               more_jsonl: str = ""):
+  """The training config of one run (launch/stages.py builds CPT and SFT); `more_jsonl` (the
+  kept episodes of --more_worlds) is trained on beside the corpus's training split."""
   if spec.stage == "rl":
     return _rl_config(spec, s, wd, tokenizer, vocab, corpus)
   c = stages.stage_config(
@@ -295,7 +304,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       batch=s.batch if spec.stage == "cpt" else s.sft_batch,
       seq_len=s.seq_len if spec.stage == "cpt" else s.sft_seq_len, context=s.context,
       workdir=os.path.join(wd, spec.name), tokenizer=tokenizer,
-      train=corpus.train_jsonl, valid=corpus.valid_jsonl,
+      train=",".join(corpus.train_files + ([more_jsonl] if more_jsonl else [])),
+      valid=corpus.valid_jsonl,
       init_from_hf=(os.path.join(wd, spec.init_from, "hf") if spec.init_from
                     else s.cpt_from if spec.stage == "cpt" else ""),
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
@@ -385,6 +395,10 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   if old_plan["corpus"]["sha256"] != header["corpus"]["sha256"]:
     raise SystemExit(f"--reuse_from: {old} trained on corpus {old_plan['corpus']['sha256']}, "
                      f"this run uses {header['corpus']['sha256']}")
+  sha = lambda plan: (plan.get("more_worlds") or {}).get("sha256")  # noqa: E731
+  if sha(old_plan) != sha(header):
+    raise SystemExit(f"--reuse_from: {old} trained on other --more_worlds episodes "
+                     f"({sha(old_plan)} against {sha(header)})")
   as_json = lambda x: json.loads(json.dumps(x))  # tuples and lists compare alike  # noqa: E731
   for k in ("vocab", "knowledge", "knowledge_share"):
     a, b = old_plan["settings"].get(k), as_json(header["settings"].get(k))
@@ -522,6 +536,14 @@ def main(argv):
     extra_texts = [d.full_text() for d in docs]
     print(f"{len(docs)} documents, {knowledge_info['characters']} characters")
 
+  more_jsonl = ""
+  if s.more_worlds:
+    more_jsonl = os.path.join(wd, "more_worlds.jsonl")
+    header["more_worlds"] = more = stages.more_worlds(s.more_worlds, corpus, more_jsonl)
+    print(f"more worlds ({s.more_worlds}): {more['trajectories']} episodes of {more['worlds']} "
+          f"worlds ({more['worlds_new']} not in the corpus's training split) added to training; "
+          f"{more['dropped_held_out_world']} dropped, their world being held out")
+
   if s.cpt_from:
     _banner(f"2. SentencePiece tokenizer of {s.cpt_from} (the CPT runs continue from it)")
     _, _, given_vocab, _ = stages.given_start(s.cpt_from, "--cpt_from")
@@ -539,8 +561,8 @@ def main(argv):
   print(f"{sp}: {tok.vocab_size} pieces")
   final = [r for r in runs if r.main][-1]   # the main pipeline's last model: always exported
   exports = {r.init_from for r in runs if r.init_from} | {final.name}
-  configs = {r.name: run_config(r, s, wd, sp, vocab, corpus, knowledge_jsonl, r.name in exports)
-             for r in runs}
+  configs = {r.name: run_config(r, s, wd, sp, vocab, corpus, knowledge_jsonl, r.name in exports,
+                                more_jsonl) for r in runs}
   header.update(knowledge=knowledge_info, tokenizer=sp,
                 configs={k: c.to_dict() for k, c in configs.items()})
   with open(os.path.join(wd, "plan.json"), "w") as f:
@@ -610,7 +632,8 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   shutil.copytree(export, dest)
   vs = free_running.versus(res, name)
   prov = {"model": name, "made_by": header["command"], "settings": header["settings"],
-          "corpus": header["corpus"], "config": config.to_dict(),
+          "corpus": header["corpus"], "more_worlds": header.get("more_worlds"),
+          "config": config.to_dict(),
           "free_running": {sys_: {m: v["overall"] for m, v in res["systems"][sys_]["free"].items()
                                   if isinstance(v, dict) and "overall" in v}
                            for sys_ in (name, "copy_previous")},

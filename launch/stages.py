@@ -57,6 +57,39 @@ def load_corpus(folder: str) -> Corpus:
                 [t for p in files["train"] for t in schema.read_jsonl(p)],
                 [t for p in files["test"] for t in schema.read_jsonl(p)])
 
+def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
+  """Training trajectories from more worlds: every split file (`*_{split}.jsonl.gz`) of another
+  corpus folder (e.g. one `tools/make_corpus.py` wrote with another seed), less each episode whose
+  world is in `corpus`'s validation or test split (dropped and counted, so nothing held out leaks
+  into training). Writes the kept ones to `out_path` and returns what was read, kept and
+  dropped, with the written file's sha256."""
+  files = sorted(p for s in splits.SPLITS for p in splits.split_files(folder, s))
+  if not files:
+    raise SystemExit(f"--more_worlds: no *_train/validation/test.jsonl.gz under {folder}")
+  held = {splits.world_of(t) for p in corpus.valid_files + corpus.test_files
+          for t in schema.read_jsonl(p)} | {splits.world_of(t) for t in corpus.test}
+  held.discard(None)
+  kept, dropped, per_domain = [], 0, {}
+  for p in files:
+    trajs = list(schema.read_jsonl(p))
+    splits.require_worlds(trajs, p)
+    for t in trajs:
+      if splits.world_of(t) in held:
+        dropped += 1
+        continue
+      kept.append(t)
+      per_domain[t.domain] = per_domain.get(t.domain, 0) + 1
+  schema.write_jsonl(out_path, kept)
+  with open(out_path, "rb") as f:
+    sha = hashlib.sha256(f.read()).hexdigest()
+  trained = {splits.world_of(t) for t in corpus.train}
+  worlds = {splits.world_of(t) for t in kept}
+  return {"folder": folder, "files": [os.path.basename(p) for p in files], "file": out_path,
+          "sha256": sha, "trajectories": len(kept), "per_domain": dict(sorted(per_domain.items())),
+          "worlds": len(worlds), "worlds_new": len(worlds - trained),
+          "dropped_held_out_world": dropped}
+
+
 
 def train_tokenizer(trajs, vocab: int, prefix: str, extra_texts=()) -> tuple[str, object, int]:
   """(model path, tokenizer, model vocabulary rounded up to a multiple of 128): SentencePiece on

@@ -549,3 +549,47 @@ def test_simulated_terminal_episodes_show_the_demo_episode_and_summarise_all():
   assert every["episodes"] == 2 and set(every["per_episode"]) == {"known", "drawn"}
   assert every["per_episode"]["drawn"] == pytest.approx(1 - 4 / 15, abs=1e-4)   # ok -> full
   assert "the demo's episode known (100%" in lines[0]
+
+
+def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, tmp_path):
+  """--more_worlds: every split of another corpus folder joins CPT and SFT training (validation
+  stays the corpus's own); an episode whose world the corpus holds out is dropped and counted;
+  reusing an earlier run that trained on other extra episodes is refused."""
+  import json
+  from lwm_jax.data import schema
+  stages = _load("stages")
+  traj = lambda i, world: Trajectory(id=f"t-{i}", domain="terminal", task="t", action_space="a",  # noqa: E731
+                                     initial_state="", turns=[Turn("ls", "x")],
+                                     meta={"world": world})
+  base, more = tmp_path / "base", tmp_path / "more"
+  base.mkdir(), more.mkdir()
+  schema.write_jsonl(base / "terminal_train.jsonl.gz", [traj(0, "w-train")])
+  schema.write_jsonl(base / "terminal_validation.jsonl.gz", [traj(1, "w-val")])
+  schema.write_jsonl(base / "terminal_test.jsonl.gz", [traj(2, "w-test")])
+  schema.write_jsonl(more / "terminal_train.jsonl.gz",
+                     [traj(10, "w-new"), traj(11, "w-test"), traj(12, "w-train")])
+  schema.write_jsonl(more / "terminal_test.jsonl.gz", [traj(13, "w-val"), traj(14, "w-new2")])
+  corpus = stages.load_corpus(str(base))
+  out = str(tmp_path / "kept.jsonl")
+  info = stages.more_worlds(str(more), corpus, out)
+  assert [t.id for t in schema.read_jsonl(out)] == ["t-14", "t-10", "t-12"]   # test file first
+  assert (info["trajectories"], info["worlds"], info["worlds_new"],
+          info["dropped_held_out_world"]) == (3, 3, 2, 2)
+  with pytest.raises(SystemExit, match="no .*under"):
+    stages.more_worlds(str(tmp_path), corpus, out)
+
+  s = rp.resolve({"budget": "tiny", "knowledge": "", "more_worlds": str(more)})
+  assert s.more_worlds == str(more)
+  wd = str(tmp_path / "wd")
+  cfg = {r.stage: rp.run_config(r, s, wd, "tok.model", 1024, corpus, "", True, out)
+         for r in rp.plan(s)}
+  for c in cfg.values():
+    assert c.data.pipeline.jsonl == ",".join(corpus.train_files + [out])
+    assert c.data.eval_jsonl == corpus.valid_jsonl
+  old = tmp_path / "old"
+  old.mkdir()
+  for n in ("report.json", "tokenizer.model"):
+    (old / n).write_text("{}")
+  (old / "plan.json").write_text(json.dumps({"corpus": {"sha256": "c"}, "more_worlds": None}))
+  with pytest.raises(SystemExit, match="other --more_worlds"):
+    rp.reusable(str(old), {"corpus": {"sha256": "c"}, "more_worlds": info}, rp.plan(s), cfg, wd)
