@@ -43,20 +43,23 @@ REPRODUCE_FLAGS ?=
 reproduce: $(VENV)/.installed
 	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
 
-# The shipped world model (data/world_model/, used by the demo's last part): four runs of the
-# full reproduction, about 4 h 30 min on 2 idle cores. The first trains 2000 CPT steps from
+# The shipped world model (data/world_model/, used by the demo's last part): five runs of the
+# full reproduction, about 5 h 40 min on 2 idle cores. The first trains 2000 CPT steps from
 # scratch and 300 SFT steps (about 66 minutes: experiments/reproduce_cpt2000); the second
 # continues its CPT from that model for 2000 more steps, then 300 SFT steps
 # (experiments/reproduce_cpt4000); the third does the same from the second at a CPT peak
 # learning rate of 1e-3 and an SFT one of 3e-4 (experiments/reproduce_cpt6000); the fourth
-# repeats the third from the third's model and ships over it (experiments/reproduce_cpt8000).
+# repeats the third from the third's model and ships over it (experiments/reproduce_cpt8000); the
+# fifth repeats it once more with 10,500 episodes of new worlds (make more-worlds) beside the
+# corpus and ships over it (experiments/reproduce_more_worlds).
 # The shipped model has no time limit, and more CPT was the largest gain measured. Each copy has
 # its provenance.json (command, settings, corpus sha256, scores; each nests the one before).
-world-model: $(VENV)/.installed
+world-model: $(VENV)/.installed more-worlds
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --workdir=runs/reproduce_ship --ship=runs/world_model_2000
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=runs/world_model_2000 --workdir=runs/reproduce_ship_more --ship=runs/world_model_4000
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=runs/world_model_4000 --cpt_lr=1e-3 --sft_lr=3e-4 --workdir=runs/reproduce_ship_more_lr1e-3 --ship=data/world_model
 	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=data/world_model --cpt_lr=1e-3 --sft_lr=3e-4 --workdir=runs/reproduce_ship_8000 --ship=data/world_model
+	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=data/world_model --cpt_lr=1e-3 --sft_lr=3e-4 --more_worlds=runs/more_worlds --workdir=runs/reproduce_ship_worlds --ship=data/world_model
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/model_step.py
