@@ -57,6 +57,7 @@ def load_corpus(folder: str) -> Corpus:
                 [t for p in files["train"] for t in schema.read_jsonl(p)],
                 [t for p in files["test"] for t in schema.read_jsonl(p)])
 
+
 def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
   """Training trajectories from more worlds: every split file (`*_{split}.jsonl.gz`) of another
   corpus folder (e.g. one `tools/make_corpus.py` wrote with another seed), less each episode whose
@@ -66,8 +67,8 @@ def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
   files = sorted(p for s in splits.SPLITS for p in splits.split_files(folder, s))
   if not files:
     raise SystemExit(f"--more_worlds: no *_train/validation/test.jsonl.gz under {folder}")
-  held = {splits.world_of(t) for p in corpus.valid_files + corpus.test_files
-          for t in schema.read_jsonl(p)} | {splits.world_of(t) for t in corpus.test}
+  held = {splits.world_of(t) for p in corpus.valid_files for t in schema.read_jsonl(p)}
+  held |= {splits.world_of(t) for t in corpus.test}
   held.discard(None)
   kept, dropped, per_domain = [], 0, {}
   for p in files:
