@@ -74,7 +74,7 @@ corpus: $(VENV)/.installed sandbox-tool
 	$(PY) tools/make_corpus.py --per_domain=300 --seed=0 --workers=2 --perturb_share=0.25
 
 # More worlds for training the shipped world model: the corpus recipe with seed 1, 1500
-# trajectories a domain (about 10 minutes), in runs/more_worlds/. Not bundled: regenerated on demand.
+# trajectories a domain (about 12.5 minutes), in runs/more_worlds/. Not bundled: regenerated on demand.
 more-worlds: $(VENV)/.installed sandbox-tool
 	$(PY) tools/make_corpus.py --per_domain=1500 --seed=1 --workers=2 --perturb_share=0.25 --corpus_dir=runs/more_worlds --bench_dir=runs/more_worlds_bench
 

@@ -2,6 +2,7 @@
 training stage's config (a preset of configs/{cpt,sft}.py with a run's data, steps and shapes)."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -70,16 +71,15 @@ def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
   held = {splits.world_of(t) for p in corpus.valid_files for t in schema.read_jsonl(p)}
   held |= {splits.world_of(t) for t in corpus.test}
   held.discard(None)
-  kept, dropped, per_domain = [], 0, {}
+  kept, dropped = [], 0
   for p in files:
     trajs = list(schema.read_jsonl(p))
-    splits.require_worlds(trajs, p)
-    for t in trajs:
-      if splits.world_of(t) in held:
+    for t, world in zip(trajs, splits.require_worlds(trajs, p)):
+      if world in held:
         dropped += 1
-        continue
-      kept.append(t)
-      per_domain[t.domain] = per_domain.get(t.domain, 0) + 1
+      else:
+        kept.append(t)
+  per_domain = collections.Counter(t.domain for t in kept)
   schema.write_jsonl(out_path, kept)
   with open(out_path, "rb") as f:
     sha = hashlib.sha256(f.read()).hexdigest()
@@ -89,7 +89,6 @@ def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
           "sha256": sha, "trajectories": len(kept), "per_domain": dict(sorted(per_domain.items())),
           "worlds": len(worlds), "worlds_new": len(worlds - trained),
           "dropped_held_out_world": dropped}
-
 
 
 def train_tokenizer(trajs, vocab: int, prefix: str, extra_texts=()) -> tuple[str, object, int]:
