@@ -1,0 +1,304 @@
+"""Concentrated-signal test of instruction following: train only on the turns where a perturbed
+episode departs from its plain twin, with the loss weighted onto the departing tokens.
+
+Every earlier run of issue 16 found a world model that ignores the simulation instruction: in
+ordinary SFT the few tokens that depend on the instruction (an error where a result would be, the
+"2" of "Results 1-2", the missing "email" field) are a sliver of the loss. Here the data are the
+pairs of `launch/perturb_experiment.py --paired`: the same episode (same world, seed and actions)
+recorded under a perturbation and without one. For each turn where the observations differ while
+the actions so far agree (a departure), two SFT samples are rendered as the SFT pipeline renders
+them: the perturbed one (instruction in the system prompt) and its plain twin (no instruction).
+Target tokens outside the token-level diff of the two observations get weight 1, the departing
+ones weight K; the model cannot lower the departing tokens' loss on both samples without reading
+the instruction.
+
+Arms, same start, rows, steps and schedule:
+  paired  the perturbed sample and its twin of each departure (weights 1 / K, as above)
+  plain   the twin of each departure and the twin's next (or previous) turn, weight 1 everywhere:
+          the same episodes and compute, never a perturbed observation
+
+Every EVERY steps (and at step 0), on held-out departures (the validation splits' pairs), with the
+instruction in the system prompt and with it removed: the mean NLL of the departing tokens of the
+real perturbed observation (gain = without - with; a model that reads it has gain > 0), the NLL
+of the first departing token (the decision) and the share where that token is the argmax. At the
+end the model is written as a Hugging Face folder for `evals/fidelity.py`.
+
+  python experiments/perturb_vs_plain/departure_drill.py --arm=paired --steps=1200 \
+      --every=100 --held_out=160 --out=runs/departure_paired_1200
+  python experiments/perturb_vs_plain/departure_drill.py --arm=paired --eval_only \
+      --held_out=400 --start=runs/departure_paired_1200/hf
+
+(how the twin copies are made, the results and the reading:
+experiments/perturb_vs_plain/departure_drill/README.md)
+"""
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import shutil
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "launch"))
+import stages  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax import hf  # noqa: E402
+from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
+from lwm_jax.data import lengths, pipeline, prompts  # noqa: E402
+from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
+from lwm_jax.data.schema import Trajectory  # noqa: E402
+from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from lwm_jax.train import optimizer as opt_lib  # noqa: E402
+
+DOMAINS = ("mcp", "search", "web")
+
+
+def departures(copies: str, split: str) -> list[tuple[Trajectory, Trajectory, int]]:
+  """(perturbed episode, its plain twin, turn) for every turn whose observations differ while
+  every action up to it agrees. Episodes without a twin in the plain copy (its de-duplication can
+  drop one) are skipped and counted. (A world's split follows from a hash of its id, so no copy's
+  training split holds a world of the bundled corpus's validation or test split.)"""
+  out, no_twin = [], 0
+  for d in DOMAINS:
+    pert_path = os.path.join(copies, "corpus_perturbed", f"{d}_{split}.jsonl.gz")
+    plain_path = os.path.join(copies, "corpus_plain", f"{d}_{split}.jsonl.gz")
+    for p in (pert_path, plain_path):
+      if not os.path.exists(p):
+        raise SystemExit(f"{p} is missing: make both copies first (see --copies)")
+    plain = {r["id"]: r for _, r in iter_jsonl(plain_path)}
+    for _, rec in iter_jsonl(pert_path):
+      if not str(rec.get("simulation_instruction", "")).strip():
+        continue
+      if rec["id"] not in plain:
+        no_twin += 1
+        continue
+      a, b = Trajectory.from_dict(rec), Trajectory.from_dict(plain[rec["id"]])
+      for k, (ta, tb) in enumerate(zip(a.turns, b.turns)):
+        if ta.action != tb.action:
+          break
+        if ta.observation != tb.observation:
+          out.append((a, b, k))
+  print(f"{copies} {split}: {len(out)} departures; skipped {no_twin} perturbed episodes "
+        f"without a plain twin", flush=True)
+  return out
+
+
+def render(traj: Trajectory, turn: int, tok, cfg) -> tuple[list[int], list[float]]:
+  """The SFT sample of `turn` as the pipeline renders it (history cut to fit the row)."""
+  variant = prompts.variant_for("sft", traj.id, cfg.seed)
+  msgs = pipeline.sft_messages(traj, turn, variant, tok, cfg)
+  ids, w, _, _ = lengths.fit_history(tok, msgs, cfg.seq_len, 1.0)
+  return ids, w
+
+
+def departing(ids_a, w_a, ids_b, w_b) -> tuple[list[int], list[int]]:
+  """Positions (in each sample) of the target tokens outside the diff's equal blocks; where one
+  side only lacks tokens, the other side's token at that point (the one written instead)."""
+  pa = [i for i, x in enumerate(w_a) if x > 0]
+  pb = [i for i, x in enumerate(w_b) if x > 0]
+  ta, tb = [ids_a[i] for i in pa], [ids_b[i] for i in pb]
+  da, db = set(), set()
+  for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
+    if tag == "equal":
+      continue
+    da.update(range(i1, max(i2, min(i1 + 1, len(ta)))))
+    db.update(range(j1, max(j2, min(j1 + 1, len(tb)))))
+  return [pa[i] for i in sorted(da)], [pb[j] for j in sorted(db)]
+
+
+def rows_of(pairs, arm: str, k_weight: float, tok, cfg):
+  """The arm's training rows: (ids, weights) pairs, in episode order."""
+  rows = []
+  for a, b, k in pairs:
+    ids_a, w_a = render(a, k, tok, cfg)
+    ids_b, w_b = render(b, k, tok, cfg)
+    if arm == "paired":
+      da, db = departing(ids_a, w_a, ids_b, w_b)
+      for ids, w, dep in ((ids_a, w_a, da), (ids_b, w_b, db)):
+        w = list(w)
+        for i in dep:
+          w[i] = k_weight
+        rows.append((ids, w))
+    else:
+      other = k + 1 if k + 1 < len(b.turns) else max(k - 1, 0)
+      rows.append((ids_b, w_b))
+      rows.append(render(b, other, tok, cfg))
+  return rows
+
+
+def held_out(pairs, tok, cfg, limit: int):
+  """Per held-out departure: the perturbed sample with and without the instruction and the
+  departing positions counted from the end (the target is the sample's tail in both)."""
+  out = []
+  for a, b, k in pairs[:limit]:
+    ids_a, w_a = render(a, k, tok, cfg)
+    ids_b, w_b = render(b, k, tok, cfg)
+    da, _ = departing(ids_a, w_a, ids_b, w_b)
+    if not da:
+      continue
+    bare = dataclasses.replace(a, simulation_instruction="")
+    ids_o, _ = render(bare, k, tok, cfg)
+    kind = str(a.meta.get("perturb", "")).split(":")[0]
+    out.append((ids_a, ids_o, [len(ids_a) - i for i in da], k, kind))
+  return out
+
+
+def pad(rows, seq_len: int):
+  toks = np.zeros((len(rows), seq_len), np.int32)
+  wts = np.zeros((len(rows), seq_len), np.float32)
+  for r, (ids, w) in enumerate(rows):
+    toks[r, :len(ids)], wts[r, :len(w)] = ids, w
+  return jnp.asarray(toks), jnp.asarray(wts)
+
+
+def token_nll(model, toks):
+  out = model(toks)
+  lp = jax.nn.log_softmax(out.logits.astype(jnp.float32), -1)
+  nll = -jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[..., 0]
+  hit = jnp.argmax(lp[:, :-1], -1) == toks[:, 1:]
+  return nll, hit, out.aux_loss
+
+
+@nnx.jit
+def train_step(model, opt, toks, wts):
+  def loss_fn(m):
+    nll, _, aux = token_nll(m, toks)
+    w = wts[:, 1:]
+    return (nll * w).sum() / jnp.maximum(w.sum(), 1e-8) + 0.001 * aux
+  loss, grads = nnx.value_and_grad(loss_fn)(model)
+  opt.update(model, grads)
+  return loss
+
+
+@nnx.jit
+def score(model, toks):
+  nll, hit, _ = token_nll(model, toks)
+  return nll, hit
+
+
+def evaluate(model, items, seq_len: int, batch: int) -> dict:
+  """Over all held-out departures, apart over those of an episode's first turn (its observation
+  starts some 130-220 tokens after the instruction) and of later turns, and per kind of
+  perturbation (the first of an episode's menu entry, e.g. errors or page_size): the mean NLL
+  of the departing tokens with / without the instruction; of the first departing token (where the
+  observation turns away from its twin) its NLL and argmax hits."""
+  per = {"with": [], "without": []}  # per item: (NLL sum, tokens, first-token NLL, first hit)
+  for s in range(0, len(items), batch):
+    chunk = items[s:s + batch]
+    for key, col in (("with", 0), ("without", 1)):
+      rows = [(it[col], [0.0] * len(it[col])) for it in chunk]
+      rows += [rows[-1]] * (batch - len(rows))
+      toks, _ = pad(rows, seq_len)
+      nll, hit = jax.device_get(score(model, toks))
+      for r, it in enumerate(chunk):
+        n = len(it[col])
+        pos = [n - back - 1 for back in it[2]]  # the logit at i-1 predicts token i
+        per[key].append((float(nll[r, pos].sum()), len(pos), float(nll[r, min(pos)]),
+                         int(hit[r, min(pos)])))
+
+  def summary(idx: list[int]) -> dict:
+    res = {}
+    for key, vals in per.items():
+      v = [vals[i] for i in idx]
+      n = max(len(v), 1)
+      res[key] = {"nll": sum(x[0] for x in v) / max(sum(x[1] for x in v), 1),
+                  "first_token_nll": sum(x[2] for x in v) / n,
+                  "first_token_hits": sum(x[3] for x in v) / n}
+    res["gain"] = res["without"]["nll"] - res["with"]["nll"]
+    res["first_token_gain"] = res["without"]["first_token_nll"] - res["with"]["first_token_nll"]
+    return res
+
+  out = summary(list(range(len(items))))
+  for name, keep in (("first_turn", lambda it: it[3] == 0), ("later_turns", lambda it: it[3] > 0)):
+    idx = [i for i, it in enumerate(items) if keep(it)]
+    if idx:
+      out[name] = {"n": len(idx), **summary(idx)}
+  out["by_kind"] = {}
+  for kind in sorted({it[4] for it in items}):
+    idx = [i for i, it in enumerate(items) if it[4] == kind]
+    out["by_kind"][kind] = {"n": len(idx), **summary(idx)}
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--arm", choices=("paired", "plain"), required=True)
+  ap.add_argument("--start", default=os.path.join(ROOT, "data", "world_model"))
+  ap.add_argument("--copies", default=os.path.join(ROOT, "runs", "departure_copies"),
+                  help="a folder with corpus_perturbed/ and corpus_plain/: the same episodes "
+                  "with and without perturbations (tools/make_corpus.py, same seed, "
+                  "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir)")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--steps", type=int, default=460)
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--seq_len", type=int, default=2048)
+  ap.add_argument("--lr", type=float, default=1e-3)
+  ap.add_argument("--weight", type=float, default=5.0, help="loss weight of a departing token")
+  ap.add_argument("--every", type=int, default=50)
+  ap.add_argument("--held_out", type=int, default=64, help="held-out departures scored")
+  ap.add_argument("--eval_only", action="store_true", help="score --start on the held-out "
+                  "departures, print it and stop (no training, nothing written)")
+  args = ap.parse_args()
+  t0 = time.time()
+  start, sp, _, _ = stages.given_start(args.start)
+  tok = load_tokenizer(sp)
+  c = stages.STAGE_CONFIGS["sft"].get_config("demo")
+  cfg = c.data.pipeline
+  cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
+  if args.eval_only:
+    items = held_out(departures(args.copies, "validation"), tok, cfg, args.held_out)
+    print(json.dumps(evaluate(hf.load_pretrained(start, dtype="float32"), items, args.seq_len,
+                              args.batch)))
+    return
+  train = departures(args.copies, "train")
+  rows = rows_of(train, args.arm, args.weight, tok, cfg)
+  items = held_out(departures(args.copies, "validation"), tok, cfg, args.held_out)
+  print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
+        f"({time.time() - t0:.0f} s)", flush=True)
+  model = hf.load_pretrained(start, dtype="float32")
+  c.optim.lr = args.lr
+  tx, _ = opt_lib.make_optimizer(c.optim, args.steps)
+  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  rng = np.random.default_rng(0)
+  order: list[int] = []
+  os.makedirs(args.out, exist_ok=True)
+  log = open(os.path.join(args.out, "log.jsonl"), "w")
+  for step in range(args.steps + 1):
+    if step % args.every == 0 or step == args.steps:
+      ev = evaluate(model, items, args.seq_len, args.batch)
+      rec = {"step": step, "seconds": round(time.time() - t0, 1), **ev}
+      print(json.dumps(rec), flush=True)
+      log.write(json.dumps(rec) + "\n")
+      log.flush()
+    if step == args.steps:
+      break
+    if len(order) < args.batch:
+      order += list(rng.permutation(len(rows)))
+    take, order = order[:args.batch], order[args.batch:]
+    toks, wts = pad([rows[i] for i in take], args.seq_len)
+    loss = train_step(model, opt, toks, wts)
+    if step % 10 == 0:
+      print(f"step {step} loss {float(loss):.4f}", flush=True)
+  hf_dir = os.path.join(args.out, "hf")
+  hf.save_pretrained(model, hf_dir, tokenizer=sp)
+  shutil.copyfile(os.path.join(start, "generation_config.json"),
+                  os.path.join(hf_dir, "generation_config.json"))
+  # the start's reply mode, where evals/fidelity.py --thinking=auto (and this script) look for it
+  with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
+    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
+               "settings": {"thinking": "on" if cfg.thinking else "off"}}, f, indent=1)
+  with open(os.path.join(args.out, "summary.json"), "w") as f:
+    json.dump({"command": " ".join(["python"] + sys.argv), "train_departures": len(train),
+               "rows": len(rows), "held_out": len(items), "seconds": round(time.time() - t0, 1),
+               "args": vars(args)}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
