@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,9 @@ from lwm_jax.data import lengths, pipeline, prompts  # noqa: E402
 from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
 from lwm_jax.data.schema import Trajectory  # noqa: E402
 from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from lwm_jax.train import losses  # noqa: E402
 from lwm_jax.train import optimizer as opt_lib  # noqa: E402
+from lwm_jax.train.steps import StepConfig  # noqa: E402
 
 DOMAINS = ("mcp", "search", "web")
 
@@ -133,7 +136,15 @@ def rows_of(pairs, arm: str, k_weight: float, tok, cfg):
   return rows
 
 
-def held_out(pairs, tok, cfg, limit: int):
+class HeldOut(NamedTuple):
+  with_ids: list[int]  # the perturbed sample, instruction in the system prompt
+  without_ids: list[int]  # the same with the instruction removed
+  back: list[int]  # departing positions, counted from the end (the target is both samples' tail)
+  turn: int
+  kind: str  # the first entry of the episode's menu perturbation, e.g. errors or page_size
+
+
+def held_out(pairs, tok, cfg, limit: int) -> list[HeldOut]:
   """Per held-out departure: the perturbed sample with and without the instruction and the
   departing positions counted from the end (the target is the sample's tail in both)."""
   out = []
@@ -146,7 +157,7 @@ def held_out(pairs, tok, cfg, limit: int):
     bare = dataclasses.replace(a, simulation_instruction="")
     ids_o, _ = render(bare, k, tok, cfg)
     kind = str(a.meta.get("perturb", "")).split(":")[0]
-    out.append((ids_a, ids_o, [len(ids_a) - i for i in da], k, kind))
+    out.append(HeldOut(ids_a, ids_o, [len(ids_a) - i for i in da], k, kind))
   return out
 
 
@@ -159,11 +170,10 @@ def pad(rows, seq_len: int):
 
 
 def token_nll(model, toks):
+  """NLL of each next token [B, S-1], whether it is the argmax, and the MoE aux loss."""
   out = model(toks)
-  lp = jax.nn.log_softmax(out.logits.astype(jnp.float32), -1)
-  nll = -jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[..., 0]
-  hit = jnp.argmax(lp[:, :-1], -1) == toks[:, 1:]
-  return nll, hit, out.aux_loss
+  logp, _ = losses.token_logprobs(out.logits[:, :-1], toks[:, 1:])
+  return -logp, jnp.argmax(out.logits[:, :-1], -1) == toks[:, 1:], out.aux_loss
 
 
 @nnx.jit
@@ -171,7 +181,7 @@ def train_step(model, opt, toks, wts):
   def loss_fn(m):
     nll, _, aux = token_nll(m, toks)
     w = wts[:, 1:]
-    return (nll * w).sum() / jnp.maximum(w.sum(), 1e-8) + 0.001 * aux
+    return (nll * w).sum() / jnp.maximum(w.sum(), 1e-8) + StepConfig.aux_loss_coef * aux
   loss, grads = nnx.value_and_grad(loss_fn)(model)
   opt.update(model, grads)
   return loss
@@ -192,14 +202,14 @@ def evaluate(model, items, seq_len: int, batch: int) -> dict:
   per = {"with": [], "without": []}  # per item: (NLL sum, tokens, first-token NLL, first hit)
   for s in range(0, len(items), batch):
     chunk = items[s:s + batch]
-    for key, col in (("with", 0), ("without", 1)):
-      rows = [(it[col], [0.0] * len(it[col])) for it in chunk]
+    for key in per:
+      seqs = [it.with_ids if key == "with" else it.without_ids for it in chunk]
+      rows = [(ids, [0.0] * len(ids)) for ids in seqs]
       rows += [rows[-1]] * (batch - len(rows))
       toks, _ = pad(rows, seq_len)
       nll, hit = jax.device_get(score(model, toks))
-      for r, it in enumerate(chunk):
-        n = len(it[col])
-        pos = [n - back - 1 for back in it[2]]  # the logit at i-1 predicts token i
+      for r, (it, ids) in enumerate(zip(chunk, seqs)):
+        pos = [len(ids) - back - 1 for back in it.back]  # the logit at i-1 predicts token i
         per[key].append((float(nll[r, pos].sum()), len(pos), float(nll[r, min(pos)]),
                          int(hit[r, min(pos)])))
 
@@ -216,13 +226,14 @@ def evaluate(model, items, seq_len: int, batch: int) -> dict:
     return res
 
   out = summary(list(range(len(items))))
-  for name, keep in (("first_turn", lambda it: it[3] == 0), ("later_turns", lambda it: it[3] > 0)):
+  for name, keep in (("first_turn", lambda it: it.turn == 0),
+                     ("later_turns", lambda it: it.turn > 0)):
     idx = [i for i, it in enumerate(items) if keep(it)]
     if idx:
       out[name] = {"n": len(idx), **summary(idx)}
   out["by_kind"] = {}
-  for kind in sorted({it[4] for it in items}):
-    idx = [i for i, it in enumerate(items) if it[4] == kind]
+  for kind in sorted({it.kind for it in items}):
+    idx = [i for i, it in enumerate(items) if it.kind == kind]
     out["by_kind"][kind] = {"n": len(idx), **summary(idx)}
   return out
 
