@@ -95,7 +95,8 @@ flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theore
 flags.DEFINE_enum("thinking", None, ["on", "off"], "SFT targets with or without a <think> "
                   "block (default: the budget's; `full` trains without, docs/reproduce.md)")
 flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CPT: search "
-                    "(the search environment's pages), actions (action spaces); '' for none")
+                    "(the search environment's pages), actions (action spaces), copy (copy drills, "
+                    "lwm_jax/data/drills.py); '' for none")
 flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
 flags.DEFINE_enum("sft_loss", None, ["target", "history"], "SFT loss on the sample's target "
                   "observation only (the recipe) or on every observation of its kept history too "
@@ -176,9 +177,10 @@ def resolve(values: dict[str, Any]) -> Settings:
   if bad:
     raise ValueError(f"--ablations: {bad[0]!r} is not one of {', '.join(ABLATIONS)}")
   knowledge = tuple(k for k in str(values.get("knowledge", "")).split(",") if k.strip())
-  bad = [k for k in knowledge if k not in ("search", "actions")]
+  from lwm_jax.envs.knowledge import SOURCES  # pylint: disable=import-outside-toplevel
+  bad = [k for k in knowledge if k not in SOURCES]
   if bad:
-    raise ValueError(f"--knowledge: {bad[0]!r} is not one of search, actions")
+    raise ValueError(f"--knowledge: {bad[0]!r} is not one of {', '.join(SOURCES)}")
   share = float(v["knowledge_share"]) if knowledge else 0.0
   if not 0.0 <= share < 1.0:
     raise ValueError(f"--knowledge_share must be in [0, 1), got {share}")

@@ -153,3 +153,22 @@ def test_action_space_documents():
   assert "action_space/search" in docs and "action_space/terminal" in docs
   assert "search(query=" in docs["action_space/search"].text
   assert "{limit}" not in docs["action_space/terminal"].text
+
+
+def test_copy_drills_repeat_their_listing_and_are_seeded():
+  from lwm_jax.data.drills import copy_drills
+  from lwm_jax.envs import knowledge
+  drills = copy_drills(50, seed=4)
+  assert drills == copy_drills(50, seed=4) and drills != copy_drills(50, seed=5)
+  for d in drills:
+    first, second = d.text.split("\n\n")  # a listing never holds a blank line
+    assert first == second and first.strip()
+  # made-up names: no two listings alike
+  listings = [d.text.split("\n\n")[0] for d in drills]
+  assert len(set(listings)) == len(listings)
+  with pytest.raises(ValueError, match="min_items <= max_items"):
+    copy_drills(3, min_items=5, max_items=2)
+  docs = knowledge.knowledge_documents(sources=("copy",))
+  assert len(docs) == knowledge.COPY_DRILLS and docs[0].id == "drill/copy/0"
+  with pytest.raises(ValueError, match="unknown knowledge source 'nope'"):
+    knowledge.knowledge_documents(sources=("nope",))

@@ -4,15 +4,17 @@ initialisation on the induction task alone: rows of 512 tokens made of random-to
 copies on fresh rows every EVERY steps (the loss of a second copy drops towards 0 once the model
 copies; uniform guessing costs ln(vocab)).
 
-  python experiments/copy_drills_random/alone.py [STEPS] [EVERY] [LR] [ALPHABET] [ARCH]
+  [ROW=512] python experiments/copy_drills_random/alone.py [STEPS] [EVERY] [LR] [ALPHABET] [ARCH]
 
 ALPHABET (default: the whole 2,048-token vocabulary) draws the segments from the first ALPHABET
 ordinary ids only, a smaller and easier version of the task. ARCH `hybrid` swaps the demo's
 attention layers for Qwen3.5's hybrid stack at the same width (see HYBRID below); default `demo`.
 """
-import sys, time, json
+import os, sys, time, json, shutil
 import numpy as np, jax, jax.numpy as jnp, optax
 from flax import nnx
+from lwm_jax import hf
+from lwm_jax.data.drills import induction_rows
 from lwm_jax.model.transformer import Transformer
 from lwm_jax.train import run_config as rc
 sys.path.insert(0, "launch")
@@ -21,7 +23,12 @@ import stages
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 50
 LR = float(sys.argv[3]) if len(sys.argv) > 3 else 3e-3
-B, S, V = 16, 512, 2048
+V = 2048
+# ROW (environment): tokens per row, 512 by default; shorter rows keep the tokens per step
+# (B x ROW = 8,192) and scale the segment lengths with the row (16-64 at 512).
+S = int(os.environ.get("ROW", 512))
+B = 8192 // S
+SEG = (max(2, 16 * S // 512), max(3, 64 * S // 512))
 ALPHABET = int(sys.argv[4]) if len(sys.argv) > 4 else V - 3
 _c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
 _c.model.vocab_size, _c.model.max_position_embeddings, _c.train.seq_len = V, S, S
@@ -39,23 +46,23 @@ cfg = rc.validate_config(_c)
 
 
 def rows(rng, n):
-  toks = np.zeros((n, S), np.int32)
-  second = np.zeros((n, S), bool)  # tokens of a second copy (targets predictable by copying)
-  for r in range(n):
-    i = 0
-    while i < S:
-      k = int(rng.integers(16, 65))
-      seg = rng.integers(3, 3 + ALPHABET, k)
-      both = np.concatenate([seg, seg])[: S - i]
-      toks[r, i:i + len(both)] = both
-      second[r, i + k:i + len(both)] = True
-      i += len(both)
-  return toks, second
+  return induction_rows(rng, n, S, ALPHABET, SEG)
 
 
-model = Transformer(cfg, rngs=nnx.Rngs(0))
-opt = nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(0, LR, min(20, STEPS // 2), max(STEPS, 2 * min(20, STEPS // 2) + 1)), 
-                                       weight_decay=0.1), wrt=nnx.Param)
+# INIT (environment): an HF checkpoint folder to start from (e.g. data/world_model) instead of
+# random initialisation; its vocabulary and width replace the configured ones.
+INIT = os.environ.get("INIT")
+SAVE, SAVE_EVERY = os.environ.get("SAVE"), int(os.environ.get("SAVE_EVERY", 250))
+if INIT:
+  model = hf.load_pretrained(INIT, dtype="float32")
+else:
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+WARM = min(20, STEPS // 2)
+# SCHEDULE=constant (environment) holds LR after the warm-up instead of the cosine decay
+sched = (optax.join_schedules([optax.linear_schedule(0, LR, WARM), optax.constant_schedule(LR)], [WARM])
+         if os.environ.get("SCHEDULE") == "constant"
+         else optax.warmup_cosine_decay_schedule(0, LR, WARM, max(STEPS, 2 * WARM + 1)))
+opt = nnx.Optimizer(model, optax.adamw(sched, weight_decay=0.1), wrt=nnx.Param)
 
 
 def nll(model, toks):
@@ -86,3 +93,9 @@ for s in range(1, STEPS + 1):
     print(json.dumps({"step": s, "train_loss": round(float(loss), 3),
                       "first": round(float(n[~m].mean()), 3), "second": round(float(n[m].mean()), 3),
                       "s": round(time.time() - t0)}), flush=True)
+  if SAVE and (s % SAVE_EVERY == 0 or s == STEPS):
+    # SAVE (environment): a folder for the model in HF layout (with INIT's tokenizer.model) every
+    # SAVE_EVERY steps and at the end, for probe.py or a CPT that continues from it
+    hf.save_pretrained(model, SAVE)
+    if INIT and os.path.isfile(os.path.join(INIT, "tokenizer.model")):
+      shutil.copy(os.path.join(INIT, "tokenizer.model"), SAVE)

@@ -13,9 +13,11 @@ import sqlite3
 from typing import Sequence
 
 from lwm_jax.data.documents import Document
+from lwm_jax.data.drills import copy_drills
 from lwm_jax.envs import search
 
-SOURCES = ("search", "actions")
+SOURCES = ("search", "actions", "copy")
+COPY_DRILLS = 4000  # drills of the 'copy' source: about as many characters as the search pages
 
 
 def search_collection(cache_dir: str | None = None) -> list[Document]:
@@ -47,13 +49,17 @@ def action_spaces() -> list[Document]:
 def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = SOURCES
                         ) -> list[Document]:
   """The knowledge text of `sources`: 'search' (the search collection), 'actions' (action
-  spaces)."""
+  spaces), 'copy' (`COPY_DRILLS` copy drills of seed 0, `lwm_jax.data.drills`: not knowledge of an
+  environment but text that teaches copying from the context)."""
   unknown = sorted(set(sources) - set(SOURCES))
   if unknown:
-    raise ValueError(f"unknown knowledge source {unknown[0]!r} (expected search or actions)")
+    raise ValueError(f"unknown knowledge source {unknown[0]!r} (expected one of "
+                     f"{', '.join(SOURCES)})")
   docs: list[Document] = []
   if "search" in sources:
     docs += search_collection(cache_dir)
   if "actions" in sources:
     docs += action_spaces()
+  if "copy" in sources:
+    docs += copy_drills(COPY_DRILLS, seed=0)
   return docs

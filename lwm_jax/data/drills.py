@@ -1,0 +1,86 @@
+"""Copy drills: plain documents that only copying from the context can predict.
+
+A world model must often write out what its context already holds (an `ls` lists the file names
+of the initial state, a tool returns the page size its instruction names); a small model trained
+on trajectories alone does not learn to look things up (docs/reproduce.md, "Copying"). A drill is
+a listing of made-up names (files, identifiers, numbers, dates: random letters and digits, so no
+prior knowledge predicts them) written twice, separated by a blank line: the second copy is
+predictable from the first and from nothing else. CPT mixes drills in as knowledge text (full
+loss), `launch/reproduce.py --knowledge=...,copy`.
+
+Text drills alone do not start copying in a CPT's budget: a small model sits on a long plateau
+before an induction circuit forms. `induction_rows` makes the classic induction task (random ids
+written twice, in short rows first) that `launch/copy_drill.py` trains on to get past it.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from lwm_jax.data.documents import Document
+
+_CONSONANTS = "bcdfghjklmnprstvwxz"
+_VOWELS = "aeiou"
+_EXTENSIONS = (".txt", ".log", ".csv", ".json", ".py", ".md", ".sh", ".yaml", ".db", "")
+_SEPARATORS = ("\n", "  ", ", ", " ")
+
+
+def _word(rng: random.Random) -> str:
+  """A pronounceable made-up word of 1-3 syllables."""
+  return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) + rng.choice(("", rng.choice(_CONSONANTS)))
+                 for _ in range(rng.randint(1, 3)))
+
+
+def _item(rng: random.Random) -> str:
+  """One made-up name: a file name, an identifier, a number, a date or a hex id."""
+  kind = rng.randrange(5)
+  if kind == 0:
+    joiner = rng.choice("-_")
+    parts = [_word(rng) for _ in range(rng.randint(1, 2))]
+    if rng.random() < 0.5:
+      parts.append(f"{rng.randint(0, 99):02d}")
+    return joiner.join(parts) + rng.choice(_EXTENSIONS)
+  if kind == 1:
+    return "_".join(_word(rng) for _ in range(rng.randint(1, 3)))
+  if kind == 2:
+    return str(rng.randint(0, 10 ** rng.randint(1, 6)))
+  if kind == 3:
+    return f"20{rng.randint(10, 29)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+  return "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(4, 10)))
+
+
+def copy_drills(count: int, seed: int = 0, min_items: int = 3, max_items: int = 30
+                ) -> list[Document]:
+  """`count` drills, deterministic per `seed`: each a listing of `min_items`-`max_items` made-up
+  names (one separator per drill), a blank line, and the same listing again."""
+  if count < 0 or not 1 <= min_items <= max_items:
+    raise ValueError(f"copy_drills: need count >= 0 and 1 <= min_items <= max_items, got "
+                     f"{count}, {min_items}, {max_items}")
+  rng = random.Random(seed)
+  out = []
+  for i in range(count):
+    sep = rng.choice(_SEPARATORS)
+    listing = sep.join(_item(rng) for _ in range(rng.randint(min_items, max_items)))
+    out.append(Document(f"drill/copy/{i}", listing + "\n\n" + listing, ""))
+  return out
+
+
+def induction_rows(rng: np.random.Generator, n: int, row: int, alphabet: int,
+                   segment: tuple[int, int], first_id: int = 3) -> tuple[np.ndarray, np.ndarray]:
+  """`n` rows of `row` token ids for the induction drill (`launch/copy_drill.py`): each row is
+  segments of `segment[0]`-`segment[1]` ids drawn uniformly from `first_id` .. `first_id +
+  alphabet - 1`, each segment written twice (the last one cut at the row's end). Returns the ids
+  and a mask of the targets that only copying predicts (the second copies)."""
+  toks = np.zeros((n, row), np.int32)
+  second = np.zeros((n, row), bool)
+  for r in range(n):
+    i = 0
+    while i < row:
+      k = int(rng.integers(segment[0], segment[1] + 1))
+      seg = rng.integers(first_id, first_id + alphabet, k)
+      both = np.concatenate([seg, seg])[: row - i]
+      toks[r, i:i + len(both)] = both
+      second[r, i + k:i + len(both)] = True
+      i += len(both)
+  return toks, second
