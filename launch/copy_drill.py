@@ -34,6 +34,9 @@ flags.DEFINE_string("phases", "64:1000,512:400,512:300", "ROW:STEPS,...: rows of
                     "STEPS steps per phase, 8,192 ids a step; segments scale with the row "
                     "(16-64 ids at 512)")
 flags.DEFINE_float("lr", 1e-3, "AdamW learning rate after the warm-up")
+flags.DEFINE_enum("train", "all", ["all", "attention"], "which weights the drill changes: all, "
+                  "or the attention layers' only (the experts, norms and embeddings, where much of "
+                  "what the start knows lives, stay as they are)")
 flags.DEFINE_integer("every", 50, "score the held-out rows every this many steps")
 flags.mark_flags_as_required(["start", "out"])
 FLAGS = flags.FLAGS
@@ -61,8 +64,9 @@ def segment_range(row: int) -> tuple[int, int]:
   return max(2, 16 * row // 512), max(3, 64 * row // 512)
 
 
-def drill(model, row: int, steps: int, lr: float, every: int, log) -> None:
-  """One phase on `model` (in place): fresh AdamW, rows of `row` ids, the same seeds each phase."""
+def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = "all") -> None:
+  """One phase on `model` (in place): fresh AdamW, rows of `row` ids, the same seeds each phase;
+  `train` = "attention" changes only the parameters under a layer's `self_attn`."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -75,14 +79,15 @@ def drill(model, row: int, steps: int, lr: float, every: int, log) -> None:
   warm = min(WARMUP, steps // 2)
   sched = optax.join_schedules([optax.linear_schedule(0.0, lr, warm), optax.constant_schedule(lr)],
                                [warm])
-  opt = nnx.Optimizer(model, optax.adamw(sched, weight_decay=0.1), wrt=nnx.Param)
+  wrt = nnx.Param if train == "all" else nnx.All(nnx.Param, nnx.PathContains("self_attn"))
+  opt = nnx.Optimizer(model, optax.adamw(sched, weight_decay=0.1), wrt=wrt)
 
   def nll(m, toks):
     return -token_logprobs(m(toks).logits[:, :-1], toks[:, 1:])[0]
 
   @nnx.jit
   def step(m, o, toks):
-    loss, g = nnx.value_and_grad(lambda m: nll(m, toks).mean())(m)
+    loss, g = nnx.value_and_grad(lambda m: nll(m, toks).mean(), argnums=nnx.DiffState(0, wrt))(m)
     o.update(m, g)
     return loss
 
@@ -119,11 +124,12 @@ def main(argv):
       f.write(json.dumps(rec) + "\n")
       f.flush()
     for row, steps in phases:
-      drill(model, row, steps, FLAGS.lr, FLAGS.every, log)
+      drill(model, row, steps, FLAGS.lr, FLAGS.every, log, FLAGS.train)
   hf.save_pretrained(model, FLAGS.out)
   shutil.copy(sp, FLAGS.out)
   write_provenance(FLAGS.out, "launch/copy_drill.py " + " ".join(sys.argv[1:]), FLAGS.start,
-                   {"phases": phases, "lr": FLAGS.lr, "last_score": scores[-1]})
+                   {"phases": phases, "lr": FLAGS.lr, "train": FLAGS.train,
+                    "last_score": scores[-1]})
 
 
 def write_provenance(out: str, command: str, start: str, drill_info: dict) -> None:

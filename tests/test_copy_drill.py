@@ -49,7 +49,7 @@ def test_drill_end_to_end(tmp_path):
   save_tiny_checkpoint_for(shortest_terminal_test_trajectory(), start, 64)
   out = tmp_path / "out"
   run = subprocess.run([sys.executable, os.path.join(REPO, "launch", "copy_drill.py"),
-                        f"--start={start}", f"--out={out}", "--phases=16:3,32:2", "--every=2"],
+                        f"--start={start}", f"--out={out}", "--phases=16:3,32:2", "--every=2", "--train=attention"],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
   assert run.returncode == 0, run.stderr[-2000:]
   recs = [json.loads(x) for x in (out / "drill.jsonl").read_text().splitlines()]
@@ -61,4 +61,6 @@ def test_drill_end_to_end(tmp_path):
   assert (out / "tokenizer.model").read_bytes() == (start / "tokenizer.model").read_bytes()
   before, after = hf.load_pretrained(str(start)), hf.load_pretrained(str(out))
   a, b = nnx.state(before, nnx.Param), nnx.state(after, nnx.Param)
-  assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  # --train=attention: the attention weights moved, nothing else did
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+    assert np.allclose(x, y) != ("self_attn" in jax.tree_util.keystr(path)), path
