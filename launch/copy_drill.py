@@ -12,11 +12,13 @@ token, AdamW at a constant learning rate after a 20-step warm-up, a fresh optimi
 row seed in each phase. Every `--every` steps it scores 16 held-out rows: the mean NLL of the
 first and of the second copies (a model that copies prices the second far below the first).
 
-The drill overwrites much of what the start knew about trajectories (random ids are all it sees):
-a CPT continuation with copy drills in its knowledge text (`launch/reproduce.py
---cpt_from=OUT --knowledge=search,actions,copy`) brings the world model back. Writes OUT as a
-Hugging Face folder with the start's tokenizer.model, OUT/drill.jsonl (one line per score) and
-OUT/provenance.json (the command, and the start's provenance).
+The drill overwrites what the start knew about trajectories (random ids are all it sees; with
+--train=attention too). A CPT continuation with copy drills in its knowledge text
+(`launch/reproduce.py --cpt_from=OUT --knowledge=search,actions,copy`) keeps the copying, but
+600 steps of it did not bring the shipped world model's skill back
+(experiments/copy_drill_cpt600/): this is a tool for experiments, not a step of the recipe that
+ships. Writes OUT as a Hugging Face folder with the start's tokenizer.model, OUT/drill.jsonl (one
+line per score) and OUT/provenance.json (the command, and the start's provenance).
 """
 import json
 import os
