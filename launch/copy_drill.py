@@ -30,18 +30,6 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-flags.DEFINE_string("start", None, "Hugging Face folder of the model to drill (with tokenizer.model)")
-flags.DEFINE_string("out", None, "output Hugging Face folder (replaced)")
-flags.DEFINE_string("phases", "64:1000,512:400,512:300", "ROW:STEPS,...: rows of ROW ids for "
-                    "STEPS steps per phase, 8,192 ids a step; segments scale with the row "
-                    "(16-64 ids at 512)")
-flags.DEFINE_float("lr", 1e-3, "AdamW learning rate after the warm-up")
-flags.DEFINE_enum("train", "all", ["all", "attention"], "which weights the drill changes: all, "
-                  "or the attention layers' only (the experts, norms and embeddings, where much of "
-                  "what the start knows lives, stay as they are)")
-flags.DEFINE_integer("every", 50, "score the held-out rows every this many steps")
-flags.mark_flags_as_required(["start", "out"])
-FLAGS = flags.FLAGS
 
 TOKENS_PER_STEP = 8192
 WARMUP = 20
@@ -108,6 +96,7 @@ def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = 
 
 def main(argv):
   del argv
+  FLAGS = flags.FLAGS
   from lwm_jax import hf  # pylint: disable=import-outside-toplevel
   phases = parse_phases(FLAGS.phases)
   sp = os.path.join(FLAGS.start, "tokenizer.model")
@@ -147,5 +136,21 @@ def write_provenance(out: str, command: str, start: str, drill_info: dict) -> No
                "drill_from": {"folder": start, "provenance": earlier}}, f, indent=1)
 
 
+def define_flags() -> None:
+  """The command line's flags, defined only when this file runs as a script (tests import it)."""
+  flags.DEFINE_string("start", None, "Hugging Face folder of the model to drill (with tokenizer.model)")
+  flags.DEFINE_string("out", None, "output Hugging Face folder (replaced)")
+  flags.DEFINE_string("phases", "64:1000,512:400,512:300", "ROW:STEPS,...: rows of ROW ids for "
+                      "STEPS steps per phase, 8,192 ids a step; segments scale with the row "
+                      "(16-64 ids at 512)")
+  flags.DEFINE_float("lr", 1e-3, "AdamW learning rate after the warm-up")
+  flags.DEFINE_enum("train", "all", ["all", "attention"], "which weights the drill changes: all, "
+                    "or the attention layers' only (the experts, norms and embeddings, where much of "
+                    "what the start knows lives, stay as they are)")
+  flags.DEFINE_integer("every", 50, "score the held-out rows every this many steps")
+  flags.mark_flags_as_required(["start", "out"])
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
