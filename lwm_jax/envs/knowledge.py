@@ -17,6 +17,7 @@ from lwm_jax.data.drills import copy_drills
 from lwm_jax.envs import search
 
 SOURCES = ("search", "actions", "copy")
+DEFAULT_SOURCES = ("search", "actions")  # the environments' own text; 'copy' only when asked
 COPY_DRILLS = 4000  # drills of the 'copy' source: about as many characters as the search pages
 
 
@@ -46,7 +47,7 @@ def action_spaces() -> list[Document]:
   return docs
 
 
-def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = SOURCES
+def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = DEFAULT_SOURCES
                         ) -> list[Document]:
   """The knowledge text of `sources`: 'search' (the search collection), 'actions' (action
   spaces), 'copy' (`COPY_DRILLS` copy drills of seed 0, `lwm_jax.data.drills`: not knowledge of an
