@@ -26,9 +26,16 @@ import shutil
 import sys
 import time
 
+import jax.numpy as jnp
+import numpy as np
+import optax
 from absl import app, flags
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lwm_jax import hf  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.data.drills import induction_rows  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.train.losses import token_logprobs  # noqa: E402  pylint: disable=wrong-import-position
 
 
 TOKENS_PER_STEP = 8192
@@ -57,14 +64,6 @@ def segment_range(row: int) -> tuple[int, int]:
 def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = "all") -> None:
   """One phase on `model` (in place): fresh AdamW, rows of `row` ids, the same seeds each phase;
   `train` = "attention" changes only the parameters under a layer's `self_attn`."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from lwm_jax.data.drills import induction_rows  # pylint: disable=import-outside-toplevel
-  from lwm_jax.train.losses import token_logprobs  # pylint: disable=import-outside-toplevel
-
   vocab, seg = model.cfg.vocab_size, segment_range(row)
   warm = min(WARMUP, steps // 2)
   sched = optax.join_schedules([optax.linear_schedule(0.0, lr, warm), optax.constant_schedule(lr)],
@@ -88,7 +87,7 @@ def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = 
   for s in range(1, steps + 1):
     loss = step(model, opt, jnp.asarray(rows(rng, TOKENS_PER_STEP // row)[0]))
     if s % every == 0 or s in (1, steps):
-      n, m = np.asarray(jax.device_get(score(model, jnp.asarray(test)))), second[:, 1:]
+      n, m = np.asarray(score(model, jnp.asarray(test))), second[:, 1:]
       log({"row": row, "step": s, "train_loss": round(float(loss), 3),
            "first": round(float(n[~m].mean()), 3), "second": round(float(n[m].mean()), 3),
            "s": round(time.time() - t0)})
@@ -97,7 +96,6 @@ def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = 
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
-  from lwm_jax import hf  # pylint: disable=import-outside-toplevel
   phases = parse_phases(FLAGS.phases)
   sp = os.path.join(FLAGS.start, "tokenizer.model")
   if not os.path.isfile(os.path.join(FLAGS.start, "config.json")) or not os.path.isfile(sp):

@@ -19,6 +19,7 @@ from lwm_jax.model.transformer import Transformer
 from lwm_jax.train import run_config as rc
 sys.path.insert(0, "launch")
 import stages
+from copy_drill import segment_range
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 50
@@ -28,7 +29,7 @@ V = 2048
 # (B x ROW = 8,192) and scale the segment lengths with the row (16-64 at 512).
 S = int(os.environ.get("ROW", 512))
 B = 8192 // S
-SEG = (max(2, 16 * S // 512), max(3, 64 * S // 512))
+SEG = segment_range(S)
 ALPHABET = int(sys.argv[4]) if len(sys.argv) > 4 else V - 3
 _c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
 _c.model.vocab_size, _c.model.max_position_embeddings, _c.train.seq_len = V, S, S
