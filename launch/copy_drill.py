@@ -34,7 +34,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax import hf  # noqa: E402  pylint: disable=wrong-import-position
-from lwm_jax.data.drills import induction_rows  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.data.drills import induction_rows, segment_range  # noqa: E402  pylint: disable=wrong-import-position
 from lwm_jax.train.losses import token_logprobs  # noqa: E402  pylint: disable=wrong-import-position
 
 
@@ -55,10 +55,6 @@ def parse_phases(text: str) -> list[tuple[int, int]]:
                        "STEPS >= 1")
     phases.append((row, steps))
   return phases
-
-
-def segment_range(row: int) -> tuple[int, int]:
-  return max(2, 16 * row // 512), max(3, 64 * row // 512)
 
 
 def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = "all") -> None:

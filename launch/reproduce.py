@@ -98,6 +98,11 @@ flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CP
                     "(the search environment's pages), actions (action spaces), copy (copy drills, "
                     "lwm_jax/data/drills.py); '' for none")
 flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
+flags.DEFINE_float("drill_share", 0.0, "share of CPT tokens from the copy drill (induction rows of "
+                   "random ids, lwm_jax/data/drills.py), mixed into the same batches as the "
+                   "trajectories; 0: none")
+flags.DEFINE_string("drill_rows", "64", "row lengths of the copy drill in ids, comma list (e.g. "
+                    "64,512: half its tokens in rows of each)")
 flags.DEFINE_enum("sft_loss", None, ["target", "history"], "SFT loss on the sample's target "
                   "observation only (the recipe) or on every observation of its kept history too "
                   "(--thinking=off only: there the history replies are written like the target)")
@@ -158,6 +163,8 @@ class Settings:
   seed: int = 0
   cpt_from: str = ""             # Hugging Face folder the CPT runs start from ("": random init)
   more_worlds: str = ""          # corpus folder of more worlds added to training ("": none)
+  drill_share: float = 0.0       # share of CPT tokens from the copy drill (0: none)
+  drill_rows: str = "64"         # its row lengths, comma list
 
   @property
   def context(self) -> int:
@@ -198,6 +205,14 @@ def resolve(values: dict[str, Any]) -> Settings:
   if thinking == "on" and (sft_loss == "history" or "sft_loss" in ablations):
     raise ValueError("--sft_loss=history and the sft_loss ablation need --thinking=off: in "
                      "thinking mode the history replies are not written like the target")
+  drill_share = float(values.get("drill_share") or 0.0)
+  if not 0.0 <= drill_share < 1.0:
+    raise ValueError(f"--drill_share must be in [0, 1), got {drill_share}")
+  from lwm_jax.data.drills import parse_drill_rows  # pylint: disable=import-outside-toplevel
+  try:
+    drill_rows = ",".join(map(str, parse_drill_rows(values.get("drill_rows") or "64")))
+  except ValueError as e:
+    raise ValueError(f"--drill_rows: {e}") from None
   if int(v["eval_max_turns"]) < 0:
     raise ValueError(f"--eval_max_turns must be >= 0 (0: every turn), got {v['eval_max_turns']}")
   return Settings(budget=budget, preset=str(v["preset"]), vocab=int(v["vocab"]),
@@ -217,13 +232,15 @@ def resolve(values: dict[str, Any]) -> Settings:
                   sft_loss=sft_loss,
                   cpt_from=os.path.abspath(values["cpt_from"]) if values.get("cpt_from") else "",
                   more_worlds=(os.path.abspath(values["more_worlds"]) if values.get("more_worlds")
-                               else ""))
+                               else ""),
+                  drill_share=drill_share, drill_rows=drill_rows)
 
 
 def settings_from_flags() -> Settings:
   return resolve({k: FLAGS[k].value for k in ("budget", "masking", "thinking", "sft_loss",
                                               "knowledge", "rl",
-                                              "seed", "cpt_from", "more_worlds", *SIZE_FLAGS)})
+                                              "seed", "cpt_from", "more_worlds", "drill_share",
+                                              "drill_rows", *SIZE_FLAGS)})
 
 
 @dataclasses.dataclass
@@ -311,7 +328,8 @@ def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
       init_from_hf=(os.path.join(wd, spec.init_from, "hf") if spec.init_from
                     else s.cpt_from if spec.stage == "cpt" else ""),
       export_hf=wants_export, loss_masking=spec.masking == "it", thinking=spec.thinking == "on",
-      knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share)
+      knowledge_jsonl=knowledge_jsonl, knowledge_share=s.knowledge_share,
+      drill_share=s.drill_share, drill_rows=s.drill_rows)
   stage_lr = {"cpt": s.cpt_lr, "sft": s.sft_lr}.get(spec.stage)  # 0 / None: the config's own
   if stage_lr:
     c.optim.lr = stage_lr

@@ -66,11 +66,12 @@ def _stage_table(rows: dict[str, Any]) -> list[str]:
   for name, r in rows.items():
     d = r["data"]
     ev = (r.get("eval") or {}).get("loss")
+    drill = f" (+{d['drill_tokens']} of the copy drill)" if d.get("drill_tokens") else ""
     out.append(f"| {name}{' (main)' if r['main'] else ''} | {r['stage']} | {r['from']} | "
                f"{r['masking'] if r['stage'] == 'cpt' else '-'} | "
                f"{_thinking_cell(r)} | {r['steps']} | "
                f"{r['batch']} x {r['seq_len']} | {d.get('tokens', '-')} | "
-               f"{d.get('loss_tokens', '-')} | {d.get('knowledge_tokens', '-')} | "
+               f"{d.get('loss_tokens', '-')} | {d.get('knowledge_tokens', '-')}{drill} | "
                f"{_f(r['loss_first'])} -> {_f(r['loss_last'])} | {_f(ev)} | "
                f"{_f(r['tokens_per_s'], '.0f')} | {_f(r['seconds'], '.0f')} |")
   reused = [f"{n} (copied from {r['reused_from']}, where it trained)" for n, r in rows.items()

@@ -128,9 +128,11 @@ def given_start(folder: str, flag: str = "--start") -> tuple[str, str, int, int]
 def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int, seq_len: int,
                  workdir: str, tokenizer: str, train: str, valid: str, init_from_hf: str = "",
                  export_hf: bool = False, loss_masking: bool = True, thinking: bool = True,
-                 knowledge_jsonl: str = "", knowledge_share: float = 0.0, context: int = 0):
+                 knowledge_jsonl: str = "", knowledge_share: float = 0.0, context: int = 0,
+                 drill_share: float = 0.0, drill_rows: str = "64"):
   """The `preset` of the stage's config (configs/common.py) with this run's data, steps,
-  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches.
+  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches;
+  `drill_share` / `drill_rows` mix the copy drill into CPT (lwm_jax/data/pipeline.py).
   The model's context (max_position_embeddings) is `seq_len`, or `context` when larger."""
   c = STAGE_CONFIGS[stage].get_config(preset)
   c.model.vocab_size = vocab
@@ -150,6 +152,7 @@ def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int,
     c.data.pipeline.loss_masking = loss_masking
     c.data.pipeline.knowledge_jsonl = knowledge_jsonl
     c.data.pipeline.knowledge_share = knowledge_share if knowledge_jsonl else 0.0
+    c.data.pipeline.drill_share, c.data.pipeline.drill_rows = drill_share, drill_rows
   else:
     c.data.pipeline.thinking = thinking
   c.init_from_hf = init_from_hf

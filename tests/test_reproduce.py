@@ -593,3 +593,20 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
   (old / "plan.json").write_text(json.dumps({"corpus": {"sha256": "c"}, "more_worlds": None}))
   with pytest.raises(SystemExit, match="other --more_worlds"):
     rp.reusable(str(old), {"corpus": {"sha256": "c"}, "more_worlds": info}, rp.plan(s), cfg, wd)
+
+
+def test_drill_flags_reach_the_cpt_config_only(rp, tmp_path):
+  s = rp.resolve({"budget": "tiny", "knowledge": "", "drill_share": 0.6, "drill_rows": "64, 512"})
+  assert (s.drill_share, s.drill_rows) == (0.6, "64,512")
+  stages = _load("stages")
+  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  cfg = {r.name: rp.run_config(r, s, str(tmp_path), "tok.model", 1024, corpus, "", True)
+         for r in rp.plan(s)}
+  assert (cfg["cpt_it"].data.pipeline.drill_share, cfg["cpt_it"].data.pipeline.drill_rows) == (
+      0.6, "64,512")
+  assert cfg["sft_it_think"].data.pipeline.drill_share == 0.0
+  assert rp.resolve({"budget": "tiny"}).drill_share == 0.0
+  with pytest.raises(ValueError, match=r"--drill_share must be in \[0, 1\)"):
+    rp.resolve({"budget": "tiny", "drill_share": 1.0})
+  with pytest.raises(ValueError, match="--drill_rows: .*'64,x'"):
+    rp.resolve({"budget": "tiny", "drill_share": 0.5, "drill_rows": "64,x"})

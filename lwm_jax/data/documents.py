@@ -128,5 +128,5 @@ def document_samples(doc: Document, tok: Tokenizer, seq_len: int) -> list[dict[s
     out.append({"tokens": np.asarray(ids, np.int32),
                 "loss_weights": np.asarray(weights, np.float32),
                 "n_dropped": stat(0), "n_cut": stat(0), "n_split": stat(int(i > 0)),
-                "n_overlong": stat(0), "n_knowledge": stat(n)})
+                "n_overlong": stat(0), "n_knowledge": stat(n), "n_drill": stat(0)})
   return out

@@ -10,7 +10,10 @@ loss), `launch/reproduce.py --knowledge=...,copy`.
 
 Text drills alone do not start copying in a CPT's budget: a small model sits on a long plateau
 before an induction circuit forms. `induction_rows` makes the classic induction task (random ids
-written twice, in short rows first) that `launch/copy_drill.py` trains on to get past it.
+written twice, in short rows first) that `launch/copy_drill.py` trains on to get past it, and
+`induction_sample` the same task as CPT samples that a run mixes in beside the trajectories
+(data config `drill_share` / `drill_rows`, `launch/reproduce.py --drill_share`), so the drill
+does not overwrite what the model knows.
 """
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ import random
 import numpy as np
 
 from lwm_jax.data.documents import Document
+
+# samples of the index-seeded drill stream repeat after this many (>= 64 million ids at rows of 64)
+DRILL_PERIOD = 1_000_000
 
 _CONSONANTS = "bcdfghjklmnprstvwxz"
 _VOWELS = "aeiou"
@@ -84,3 +90,49 @@ def induction_rows(rng: np.random.Generator, n: int, row: int, alphabet: int,
       second[r, i + k:i + len(both)] = True
       i += len(both)
   return toks, second
+
+
+def segment_range(row: int) -> tuple[int, int]:
+  """Segment lengths of the induction drill in rows of `row` ids: 2-8 at 64, 16-64 at 512."""
+  return max(2, 16 * row // 512), max(3, 64 * row // 512)
+
+
+def drill_alphabet(vocab_size: int, special_ids) -> np.ndarray:
+  """The ids a drill draws from: every id from 3 up (SentencePiece's unknown, begin and end sit
+  below) that is not a special token of the chat template."""
+  specials = set(int(i) for i in special_ids)
+  ids = np.array([i for i in range(3, vocab_size) if i not in specials], np.int32)
+  if len(ids) < 2:
+    raise ValueError(f"drill_alphabet: a vocabulary of {vocab_size} leaves {len(ids)} ids")
+  return ids
+
+
+def parse_drill_rows(text: str) -> tuple[int, ...]:
+  """'64,512' -> (64, 512): the row lengths of the drill stream, each 8 .. 4096."""
+  try:
+    rows = tuple(int(x) for x in str(text).split(",") if x.strip())
+  except ValueError:
+    raise ValueError(f"data config field 'drill_rows': {text!r} is not a comma list of "
+                     "integers") from None
+  if not rows or any(not 8 <= r <= 4096 for r in rows):
+    raise ValueError(f"data config field 'drill_rows': {text!r}: each row must be 8 .. 4096 ids")
+  return rows
+
+
+def induction_sample(index: int, rows: tuple[int, ...], alphabet: np.ndarray, marker: int,
+                     seed: int = 0) -> dict[str, np.ndarray]:
+  """Sample `index` of the CPT drill stream (deterministic per `index` and `seed`): a `marker`
+  with no loss, then an induction row of one of `rows` (drawn with probability in proportion to
+  1 / row, so every length gets the same share of the tokens), full loss, in the pipeline's
+  sample layout (`n_drill` counts its tokens)."""
+  rng = np.random.default_rng([seed, index])
+  inv = 1.0 / np.asarray(rows, np.float64)
+  row = int(rows[rng.choice(len(rows), p=inv / inv.sum())])
+  pos, _ = induction_rows(rng, 1, row, len(alphabet), segment_range(row), first_id=0)
+  ids = np.concatenate([[marker], alphabet[pos[0]]]).astype(np.int32)
+  n = len(ids)
+  stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)  # noqa: E731
+  weights = np.ones(n, np.float32)
+  weights[0] = 0.0
+  return {"tokens": ids, "loss_weights": weights, "n_dropped": stat(0), "n_cut": stat(0),
+          "n_split": stat(0), "n_overlong": stat(0), "n_knowledge": stat(0), "n_drill": stat(n)}

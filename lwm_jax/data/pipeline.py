@@ -29,7 +29,11 @@ CPT knowledge text: with `knowledge_jsonl` (plain documents, `lwm_jax/data/docum
 sample stream interleaves whole-document samples with FULL loss so that they make up
 `knowledge_share` of the tokens (`TokenShareMix`: the stream that is furthest behind its share gives
 the next sample, so the measured share tracks the target within one sample); the documents repeat
-and reshuffle as often as needed, the trajectories end the stream.
+and reshuffle as often as needed, the trajectories end the stream. CPT copy drill: with
+`drill_share` > 0, induction rows (random ids, each segment written twice, `drills.induction_sample`;
+rows of `drill_rows` ids, each its own packed document) take that share of ALL the tokens, full
+loss, mixed in the same way after the knowledge text; they teach copying from the context without
+the drill overwriting what the trajectories teach (docs/reproduce.md, "Copying").
 
 rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation header, right-padded),
 `lengths` int32 [batch], and object arrays `ids`, `domains`, `ground_truths`, `turns`, `prompts`
@@ -49,15 +53,16 @@ import numpy as np
 from lwm_jax.data import hygiene as hygiene_lib
 from lwm_jax.data import demos as demos_lib
 from lwm_jax.data import documents as documents_lib
+from lwm_jax.data import drills as drills_lib
 from lwm_jax.data import importers, lengths, masking, prompts
 from lwm_jax.data.bench_records import format_observation
 from lwm_jax.data.schema import Trajectory
-from lwm_jax.data.tokenizer import Tokenizer
+from lwm_jax.data.tokenizer import ENDOFTEXT, Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
 _OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
 _TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong",
-               "n_knowledge")
+               "n_knowledge", "n_drill")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -91,6 +96,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   knowledge_jsonl: CPT only: comma-separated plain-document files (knowledge text, full loss);
                 empty: none
   knowledge_share: CPT only: the share of tokens (0 <= share < 1) the knowledge documents take
+  drill_share:  CPT only: the share of all tokens (0 <= share < 1) the induction drill takes
+  drill_rows:   CPT only: comma list of the drill's row lengths in ids (e.g. "64,512"; each
+                length gets the same share of the drill's tokens)
   sft_history_loss: SFT without thinking only: the observations of the sample's kept history carry
                 loss as well as its target (they are rendered exactly like the target there;
                 in thinking mode they are not, and the field must stay False)
@@ -100,8 +108,8 @@ def default_data_config() -> ml_collections.ConfigDict:
       seq_len=2048, batch_size=8, seed=0, shuffle=True, num_epochs=-1, mask_seed=0,
       loss_masking=True, thinking=True, overlong="drop", long_prompts=True, demo_jsonl="",
       demo_pool_size=8, demo_chars=1500, num_packing_bins=8, worker_count=0,
-      worker_buffer_size=2, knowledge_jsonl="", knowledge_share=0.0,
-      sft_history_loss=False))
+      worker_buffer_size=2, knowledge_jsonl="", knowledge_share=0.0, drill_share=0.0,
+      drill_rows="64", sft_history_loss=False))
 
 
 # --- sources ----------------------------------------------------------------------------------
@@ -147,7 +155,7 @@ def _arr(ids: list[int], weights: list[float], dropped: int = 0, cut: int = 0, s
   stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)
   return {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32),
           "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split),
-          "n_overlong": stat(0), "n_knowledge": stat(0)}
+          "n_overlong": stat(0), "n_knowledge": stat(0), "n_drill": stat(0)}
 
 
 def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
@@ -282,7 +290,22 @@ def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collect
   if cfg.get("knowledge_jsonl"):
     ds = TokenShareMix(ds, knowledge_dataset(tok, cfg, process_index, process_count),
                        float(cfg.knowledge_share))
+  if float(cfg.get("drill_share", 0.0)) > 0:
+    ds = TokenShareMix(ds, drill_dataset(tok, cfg, process_index), float(cfg.drill_share))
   return ds
+
+
+def drill_dataset(tok: Tokenizer, cfg: ml_collections.ConfigDict, process_index: int = 0
+                  ) -> grain.IterDataset:
+  """The CPT copy drill's samples (`drills.induction_sample`), forever; each process draws its
+  own (seeded by the data seed and the process index)."""
+  rows = drills_lib.parse_drill_rows(cfg.drill_rows)
+  alphabet = drills_lib.drill_alphabet(tok.vocab_size, tok.special_tokens.values())
+  marker = tok.special_tokens.get(ENDOFTEXT, tok.pad_id)
+  seed = int(cfg.seed) * 1009 + process_index
+  ds = grain.MapDataset.range(drills_lib.DRILL_PERIOD).repeat(None)
+  ds = ds.map(lambda i: drills_lib.induction_sample(int(i), rows, alphabet, marker, seed))
+  return ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
 
 
 class _DocFlatMap(grain.experimental.FlatMapTransform):
@@ -372,7 +395,8 @@ def _finish_packed(tok: Tokenizer):
     return {"tokens": tokens, "positions": x["tokens_positions"].astype(np.int32),
             "segment_ids": seg, "loss_weights": x["loss_weights"].astype(np.float32),
             "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"],
-            "n_overlong": x["n_overlong"], "n_knowledge": x["n_knowledge"]}
+            "n_overlong": x["n_overlong"], "n_knowledge": x["n_knowledge"],
+            "n_drill": x["n_drill"]}
   return fn
 
 
@@ -403,7 +427,7 @@ class DataIterator:
   loss_tokens (weight > 0), overlong_dropped (SFT/RL samples over seq_len, dropped),
   dropped_turns (history turns removed to fit), cut (samples truncated at seq_len),
   split_docs (extra CPT documents from long trajectories), knowledge_tokens (CPT tokens from
-  knowledge documents).
+  knowledge documents), drill_tokens (CPT tokens of the copy drill).
   """
 
   def __init__(self, dataset: grain.IterDataset, stage: str):
@@ -427,6 +451,7 @@ class DataIterator:
     else:
       s["split_docs"] += int(np.sum(b.pop("n_split")))
       s["knowledge_tokens"] += int(np.sum(b.pop("n_knowledge")))
+      s["drill_tokens"] += int(np.sum(b.pop("n_drill")))
       s["documents"] += int(np.sum(b["positions"] == 0) - np.sum(
           (b["positions"] == 0) & (b["segment_ids"] == 0)))
       s["tokens"] += int(np.sum(b["segment_ids"] > 0))
@@ -485,6 +510,14 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
     raise ValueError("data config field 'sft_history_loss' needs the sft stage without thinking "
                      f"(stage {stage}, thinking={bool(cfg.thinking)}): in thinking mode the history "
                      "replies are not written like the target, so they cannot be its targets")
+  drill = float(cfg.get("drill_share", 0.0))
+  if not 0.0 <= drill < 1.0:
+    raise ValueError(f"data config field 'drill_share' must be in [0, 1), got {drill}")
+  if drill > 0 and stage != "cpt":
+    raise ValueError(f"data config field 'drill_share' is for the cpt stage only (this is "
+                     f"{stage}); leave it at 0")
+  if drill > 0:
+    drills_lib.parse_drill_rows(cfg.get("drill_rows", "64"))
   if bool(docs) != (share > 0):
     raise ValueError("data config fields 'knowledge_jsonl' and 'knowledge_share' go together: "
                      f"got knowledge_jsonl={docs!r} and knowledge_share={share}")

@@ -1,0 +1,108 @@
+"""The copy drill as CPT samples mixed into the trajectories (data config `drill_share` /
+`drill_rows`, `launch/reproduce.py --drill_share`): the samples, their share of the tokens, the
+packed rows' segments, resuming, and the errors."""
+import json
+
+import numpy as np
+import pytest
+
+from lwm_jax.data import drills, pipeline
+from lwm_jax.data import tokenizer as tk
+from tests.test_reproduce_knowledge import _cfg, tok, trajs  # noqa: F401  (fixtures)
+
+
+def _second_copies_repeat(ids: np.ndarray, seg: tuple[int, int]) -> bool:
+  """True when `ids` can be cut into segments of seg[0]..seg[1] ids each followed by itself (the
+  last one cut at the end), found by a search independent of how the drill builds them."""
+  n = len(ids)
+
+  def ok(i):
+    if i == n:
+      return True
+    for k in range(seg[0], seg[1] + 1):
+      end = min(i + 2 * k, n)
+      if i + k <= n and np.array_equal(ids[i + k:end], ids[i:i + end - i - k]) and ok(end):
+        return True
+    return False
+  return ok(0)
+
+
+def test_sample_is_a_marker_then_an_induction_row():
+  alphabet = drills.drill_alphabet(300, [3, 4, 299])
+  assert 3 not in alphabet and 299 not in alphabet and alphabet.min() == 5 and len(alphabet) == 294
+  s = drills.induction_sample(7, (64,), alphabet, marker=1, seed=2)
+  assert s["tokens"][0] == 1 and len(s["tokens"]) == 65
+  assert s["loss_weights"].tolist() == [0.0] + [1.0] * 64
+  assert np.isin(s["tokens"][1:], alphabet).all()
+  assert _second_copies_repeat(s["tokens"][1:], drills.segment_range(64))
+  assert int(s["n_drill"][0]) == 65 and int(s["n_drill"][1:].sum()) == 0
+  # deterministic per (index, seed), different across indices and seeds
+  again = drills.induction_sample(7, (64,), alphabet, marker=1, seed=2)
+  assert np.array_equal(s["tokens"], again["tokens"])
+  assert not np.array_equal(s["tokens"], drills.induction_sample(8, (64,), alphabet, 1, 2)["tokens"])
+  assert not np.array_equal(s["tokens"], drills.induction_sample(7, (64,), alphabet, 1, 3)["tokens"])
+
+
+def test_each_row_length_gets_the_same_share_of_tokens():
+  alphabet = drills.drill_alphabet(100, [])
+  lengths = [len(drills.induction_sample(i, (16, 128), alphabet, 0)["tokens"]) - 1
+             for i in range(900)]
+  short, long_ = lengths.count(16) * 16, lengths.count(128) * 128
+  assert set(lengths) == {16, 128} and abs(short - long_) / (short + long_) < 0.15
+
+
+@pytest.mark.parametrize("bad", ["", "64,a", "4", "64,9000"])
+def test_bad_rows_are_named(bad):
+  with pytest.raises(ValueError, match="drill_rows"):
+    drills.parse_drill_rows(bad)
+
+
+def test_drill_share_of_the_packed_tokens(tok, trajs):  # noqa: F811
+  share = 0.4
+  c = _cfg(drill_share=share, drill_rows="16,32")
+  specials = set(tok.special_tokens.values())
+  it = pipeline.make_train_iterator(c, tok, "cpt", source=trajs)
+  batches = list(it)
+  plain = list(pipeline.make_train_iterator(_cfg(), tok, "cpt", source=trajs))
+  total = sum(int(np.sum(b["segment_ids"] > 0)) for b in batches)
+  plain_total = sum(int(np.sum(b["segment_ids"] > 0)) for b in plain)
+  # every trajectory token is still there, and the drill holds its share of all tokens (within a
+  # sample: 33 tokens at most)
+  assert total - it.stats["drill_tokens"] == plain_total
+  assert abs(it.stats["drill_tokens"] - share * total) <= 33
+  # in the packed rows, each drill sample is its own segment starting at position 0, its first
+  # id (the marker) out of the loss, then ids that are not special tokens
+  marker, found = tok.special_tokens[tk.ENDOFTEXT], 0
+  for b in batches:
+    for r in range(b["tokens"].shape[0]):
+      for seg in np.unique(b["segment_ids"][r]):
+        idx = np.nonzero(b["segment_ids"][r] == seg)[0]
+        ids = b["tokens"][r, idx]
+        if seg == 0 or len(idx) not in (17, 33) or any(int(t) in specials for t in ids[1:]):
+          continue
+        found += len(idx)
+        assert ids[0] == marker
+        assert b["positions"][r, idx].tolist() == list(range(len(idx)))
+        assert b["loss_weights"][r, idx[0]] == 0 and np.all(b["loss_weights"][r, idx[1:]] == 1)
+  assert found == it.stats["drill_tokens"]
+
+
+def test_drill_mix_resumes_exactly(tok, trajs):  # noqa: F811
+  c = _cfg(drill_share=0.5, drill_rows="16")
+  it = pipeline.make_train_iterator(c, tok, "cpt", source=trajs)
+  for _ in range(3):
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  rest = [b["tokens"] for b in it]
+  again = pipeline.make_train_iterator(c, tok, "cpt", source=trajs)
+  again.set_state(state)
+  assert all(np.array_equal(a, b["tokens"]) for a, b in zip(rest, again, strict=True))
+
+
+def test_bad_drill_config_is_named(tok, trajs):  # noqa: F811
+  with pytest.raises(ValueError, match="'drill_share' must be in"):
+    pipeline.make_train_iterator(_cfg(drill_share=1.0), tok, "cpt", source=trajs)
+  with pytest.raises(ValueError, match="'drill_share' is for the cpt stage only"):
+    pipeline.make_train_iterator(_cfg(drill_share=0.2), tok, "sft", source=trajs)
+  with pytest.raises(ValueError, match="drill_rows"):
+    pipeline.make_train_iterator(_cfg(drill_share=0.2, drill_rows="3"), tok, "cpt", source=trajs)
