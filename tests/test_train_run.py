@@ -188,3 +188,21 @@ def test_sft_thinking_target_follows_the_config(tmp_path, sp_model, target, thin
   ids = b["tokens"][0][b["loss_weights"][0] > 0]
   text = tok.decode([int(i) for i in ids])
   assert text.startswith(f"<think>{think}</think>\n<predicted_observation>"), text
+
+
+def test_copy_drill_is_trained_on_but_never_validated_on(tmp_path, sp_model):
+  """A CPT run with the copy drill mixed in (data.pipeline.drill_share) feeds drill samples to
+  training; its validation batches hold the held-out trajectories only."""
+  c = cpt_config.get_config("tiny")
+  c.model.update(dict(vocab_size=640, num_hidden_layers=1, num_experts=4))
+  c.train.update(dict(batch_size=2, seq_len=256, log_every=0, progress=False))
+  c.data.update(dict(source="pipeline", tokenizer=sp_model, eval_jsonl=FIX))
+  c.data.pipeline.update(dict(jsonl=FIX, num_packing_bins=1, drill_share=0.5, drill_rows="32"))
+  source, evals, _ = sources.pipeline_source(c, run_config.validate_config(c), "cpt")
+  for _ in range(4):
+    source.next_batch(None)
+  ev = evals()
+  for _ in range(4):
+    next(ev)
+  assert source.it.stats["drill_tokens"] > 0
+  assert ev.stats["drill_tokens"] == 0 and ev.stats["tokens"] > 0

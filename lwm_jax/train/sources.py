@@ -156,6 +156,8 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
   if c.data.eval_jsonl:
     ecfg = ml_collections.ConfigDict(dcfg.to_dict())
     ecfg.jsonl, ecfg.tfds_dir, ecfg.shuffle, ecfg.num_epochs = c.data.eval_jsonl, "", False, -1
+    if "drill_share" in ecfg:
+      ecfg.drill_share = 0.0  # the copy drill's random ids are not held-out data: not in the loss
     def evals():
       return make(ecfg, tok, stage, process_index, process_count)
   return (IteratorSource(it, data_description(c.data)), evals,
