@@ -106,3 +106,6 @@ def test_bad_drill_config_is_named(tok, trajs):  # noqa: F811
     pipeline.make_train_iterator(_cfg(drill_share=0.2), tok, "sft", source=trajs)
   with pytest.raises(ValueError, match="drill_rows"):
     pipeline.make_train_iterator(_cfg(drill_share=0.2, drill_rows="3"), tok, "cpt", source=trajs)
+  with pytest.raises(ValueError, match="does not fit a packed row of seq_len 256"):
+    pipeline.make_train_iterator(_cfg(drill_share=0.2, drill_rows="64,256"), tok, "cpt",
+                                 source=trajs)

@@ -517,7 +517,10 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
     raise ValueError(f"data config field 'drill_share' is for the cpt stage only (this is "
                      f"{stage}); leave it at 0")
   if drill > 0:
-    drills_lib.parse_drill_rows(cfg.get("drill_rows", "64"))
+    longest = max(drills_lib.parse_drill_rows(cfg.get("drill_rows", "64")))
+    if longest >= int(cfg.seq_len):
+      raise ValueError(f"data config field 'drill_rows': a row of {longest} ids (and its marker) "
+                       f"does not fit a packed row of seq_len {cfg.seq_len}")
   if bool(docs) != (share > 0):
     raise ValueError("data config fields 'knowledge_jsonl' and 'knowledge_share' go together: "
                      f"got knowledge_jsonl={docs!r} and knowledge_share={share}")
