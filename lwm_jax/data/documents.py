@@ -112,6 +112,26 @@ def write_documents(docs: Iterable[Document], path: str) -> int:
   return n
 
 
+# Per-sample counters of the training pipeline's samples (lwm_jax/data/pipeline.py): each is an
+# int32 array as long as the sample, its value at position 0 and zeros after, so that packing
+# carries it along and a packed batch's sum is the count.
+COUNTS = ("n_dropped", "n_cut", "n_split", "n_overlong", "n_knowledge", "n_drill")
+
+
+def sample_arrays(ids, weights, **counts: int) -> dict[str, np.ndarray]:
+  """One training sample in the pipeline's layout: `tokens`, `loss_weights` and every counter of
+  `COUNTS` (those not given are 0)."""
+  unknown = set(counts) - set(COUNTS)
+  if unknown:
+    raise ValueError(f"sample_arrays: unknown counters {sorted(unknown)}")
+  n = len(ids)
+  out = {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32)}
+  for key in COUNTS:
+    out[key] = np.zeros(n, np.int32)
+    out[key][0] = counts.get(key, 0)
+  return out
+
+
 def document_samples(doc: Document, tok: Tokenizer, seq_len: int) -> list[dict[str, np.ndarray]]:
   """Packed-ready samples of one document: full loss on every token after the opening marker."""
   if seq_len < 3:
@@ -123,10 +143,5 @@ def document_samples(doc: Document, tok: Tokenizer, seq_len: int) -> list[dict[s
   for i, start in enumerate(range(0, len(body), width)):
     ids = [marker] + body[start:start + width]
     weights = [0.0] + [1.0] * (len(ids) - 1)
-    n = len(ids)
-    stat = lambda v, n=n: np.array([v] + [0] * (n - 1), np.int32)
-    out.append({"tokens": np.asarray(ids, np.int32),
-                "loss_weights": np.asarray(weights, np.float32),
-                "n_dropped": stat(0), "n_cut": stat(0), "n_split": stat(int(i > 0)),
-                "n_overlong": stat(0), "n_knowledge": stat(n), "n_drill": stat(0)})
+    out.append(sample_arrays(ids, weights, n_split=int(i > 0), n_knowledge=len(ids)))
   return out

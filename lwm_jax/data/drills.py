@@ -21,7 +21,7 @@ import random
 
 import numpy as np
 
-from lwm_jax.data.documents import Document
+from lwm_jax.data.documents import Document, sample_arrays
 
 # samples of the index-seeded drill stream repeat after this many (>= 64 million ids at rows of 64)
 DRILL_PERIOD = 1_000_000
@@ -130,9 +130,6 @@ def induction_sample(index: int, rows: tuple[int, ...], alphabet: np.ndarray, ma
   row = int(rows[rng.choice(len(rows), p=inv / inv.sum())])
   pos, _ = induction_rows(rng, 1, row, len(alphabet), segment_range(row), first_id=0)
   ids = np.concatenate([[marker], alphabet[pos[0]]]).astype(np.int32)
-  n = len(ids)
-  stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)  # noqa: E731
-  weights = np.ones(n, np.float32)
+  weights = np.ones(len(ids), np.float32)
   weights[0] = 0.0
-  return {"tokens": ids, "loss_weights": weights, "n_dropped": stat(0), "n_cut": stat(0),
-          "n_split": stat(0), "n_overlong": stat(0), "n_knowledge": stat(0), "n_drill": stat(n)}
+  return sample_arrays(ids, weights, n_drill=len(ids))

@@ -61,8 +61,7 @@ from lwm_jax.data.tokenizer import ENDOFTEXT, Tokenizer
 
 STAGES = ("cpt", "sft", "rl-prompts")
 _OBS_HEADER = format_observation("")  # every CPT observation's fixed header: never in the loss
-_TRAIN_KEYS = ("tokens", "loss_weights", "n_dropped", "n_cut", "n_split", "n_overlong",
-               "n_knowledge", "n_drill")
+_TRAIN_KEYS = ("tokens", "loss_weights") + documents_lib.COUNTS
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -151,11 +150,7 @@ def think_text(traj: Trajectory, turn: int) -> str:
 
 # --- samples ----------------------------------------------------------------------------------
 def _arr(ids: list[int], weights: list[float], dropped: int = 0, cut: int = 0, split: int = 0):
-  n = len(ids)
-  stat = lambda v: np.array([v] + [0] * (n - 1), np.int32)
-  return {"tokens": np.asarray(ids, np.int32), "loss_weights": np.asarray(weights, np.float32),
-          "n_dropped": stat(dropped), "n_cut": stat(cut), "n_split": stat(split),
-          "n_overlong": stat(0), "n_knowledge": stat(0), "n_drill": stat(0)}
+  return documents_lib.sample_arrays(ids, weights, n_dropped=dropped, n_cut=cut, n_split=split)
 
 
 def cpt_samples(traj: Trajectory, tok: Tokenizer, cfg: ml_collections.ConfigDict
@@ -394,9 +389,7 @@ def _finish_packed(tok: Tokenizer):
     tokens = np.where(seg > 0, x["tokens"], tok.pad_id).astype(np.int32)
     return {"tokens": tokens, "positions": x["tokens_positions"].astype(np.int32),
             "segment_ids": seg, "loss_weights": x["loss_weights"].astype(np.float32),
-            "n_dropped": x["n_dropped"], "n_cut": x["n_cut"], "n_split": x["n_split"],
-            "n_overlong": x["n_overlong"], "n_knowledge": x["n_knowledge"],
-            "n_drill": x["n_drill"]}
+            **{k: x[k] for k in documents_lib.COUNTS}}
   return fn
 
 
@@ -513,10 +506,10 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
   drill = float(cfg.get("drill_share", 0.0))
   if not 0.0 <= drill < 1.0:
     raise ValueError(f"data config field 'drill_share' must be in [0, 1), got {drill}")
-  if drill > 0 and stage != "cpt":
-    raise ValueError(f"data config field 'drill_share' is for the cpt stage only (this is "
-                     f"{stage}); leave it at 0")
   if drill > 0:
+    if stage != "cpt":
+      raise ValueError(f"data config field 'drill_share' is for the cpt stage only (this is "
+                       f"{stage}); leave it at 0")
     longest = max(drills_lib.parse_drill_rows(cfg.get("drill_rows", "64")))
     if longest >= int(cfg.seq_len):
       raise ValueError(f"data config field 'drill_rows': a row of {longest} ids (and its marker) "
