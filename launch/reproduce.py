@@ -102,7 +102,8 @@ flags.DEFINE_float("drill_share", 0.0, "share of CPT tokens from the copy drill 
                    "random ids, lwm_jax/data/drills.py), mixed into the same batches as the "
                    "trajectories; 0: none")
 flags.DEFINE_string("drill_rows", "64", "row lengths of the copy drill in ids, comma list (e.g. "
-                    "64,512: half its tokens in rows of each)")
+                    "64,512: half its tokens in rows of each; far1536: far rows of 1536 ids, "
+                    "copies up to 1536 ids from their sources)")
 flags.DEFINE_enum("sft_loss", None, ["target", "history"], "SFT loss on the sample's target "
                   "observation only (the recipe) or on every observation of its kept history too "
                   "(--thinking=off only: there the history replies are written like the target)")

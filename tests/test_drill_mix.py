@@ -51,7 +51,38 @@ def test_each_row_length_gets_the_same_share_of_tokens():
   assert set(lengths) == {16, 128} and abs(short - long_) / (short + long_) < 0.15
 
 
-@pytest.mark.parametrize("bad", ["", "64,a", "4", "64,9000"])
+def test_far_row_copies_its_first_half_in_another_order():
+  toks, copied = drills.far_rows(np.random.default_rng(5), 3, 301, alphabet=40, segment=(4, 32))
+  dists = []
+  for row, mask in zip(toks, copied):
+    half = row[:150]
+    # the second half (but its last, odd id) is the first half's ids again, reordered
+    assert sorted(row[150:300].tolist()) == sorted(half.tolist())
+    assert not np.array_equal(row[150:300], half)
+    # every id marked as copied continues an adjacent pair of the first half (found by search)
+    pairs = set(zip(half[:-1].tolist(), half[1:].tolist()))
+    marked = np.flatnonzero(mask)
+    assert marked.min() > 150 and len(marked) > 100
+    assert all((int(row[i - 1]), int(row[i])) in pairs for i in marked)
+    # the sources lie near and far: the nearest earlier occurrence of each copied pair
+    dists += [i - max(j for j in range(1, 150) if (row[j - 1], row[j]) == (row[i - 1], row[i]))
+              for i in marked]
+  assert min(dists) < 60 and max(dists) > 240
+
+
+def test_far_rows_in_the_drill_stream():
+  rows = drills.parse_drill_rows(" 64, far256 ")
+  assert rows == (drills.DrillRow(64), drills.DrillRow(256, far=True))
+  assert ",".join(map(str, rows)) == "64,far256"
+  alphabet = drills.drill_alphabet(100, [])
+  samples = [drills.induction_sample(i, rows, alphabet, marker=1) for i in range(40)]
+  far = [s["tokens"][1:] for s in samples if len(s["tokens"]) == 257]
+  assert far and len(far) < 40
+  for ids in far:
+    assert sorted(ids[:128].tolist()) == sorted(ids[128:].tolist())
+
+
+@pytest.mark.parametrize("bad", ["", "64,a", "4", "64,9000", "far", "farx", "far4", "far9000"])
 def test_bad_rows_are_named(bad):
   with pytest.raises(ValueError, match="drill_rows"):
     drills.parse_drill_rows(bad)

@@ -14,10 +14,18 @@ written twice, in short rows first) that `launch/copy_drill.py` trains on to get
 `induction_sample` the same task as CPT samples that a run mixes in beside the trajectories
 (data config `drill_share` / `drill_rows`, `launch/reproduce.py --drill_share`), so the drill
 does not overwrite what the model knows.
+
+In an induction row each copy follows its source at once (16-64 ids back at rows of 512), while
+a world model must copy from much further back: an `ls` lists names the initial state wrote in
+the system prompt about a thousand tokens earlier. A far row (`far<N>` in `drill_rows`,
+`far_rows`) writes short segments over its first half and the same segments again in a shuffled
+order over its second, so a copy's source lies anywhere up to N ids back and can only be found
+by what it says, not by where it is.
 """
 from __future__ import annotations
 
 import random
+from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -92,6 +100,33 @@ def induction_rows(rng: np.random.Generator, n: int, row: int, alphabet: int,
   return toks, second
 
 
+def far_rows(rng: np.random.Generator, n: int, row: int, alphabet: int,
+             segment: tuple[int, int] = (4, 32), first_id: int = 3
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """`n` far rows of `row` token ids: segments of `segment[0]`-`segment[1]` ids drawn uniformly
+  from `first_id` .. `first_id + alphabet - 1` fill the first half (the last one cut to fit), and
+  the same segments, in a random order, the second half (an odd row ends with one more random
+  id). Returns the ids and a mask of the targets that copying predicts: every id of the second
+  half but each segment's first (which segment comes next is random)."""
+  toks = np.zeros((n, row), np.int32)
+  copied = np.zeros((n, row), bool)
+  half = row // 2
+  for r in range(n):
+    segs, used = [], 0
+    while used < half:
+      k = min(int(rng.integers(segment[0], segment[1] + 1)), half - used)
+      segs.append(rng.integers(first_id, first_id + alphabet, k))
+      used += k
+    toks[r, :half] = np.concatenate(segs)
+    i = half
+    for j in rng.permutation(len(segs)):
+      toks[r, i:i + len(segs[j])] = segs[j]
+      copied[r, i + 1:i + len(segs[j])] = True
+      i += len(segs[j])
+    toks[r, i:] = rng.integers(first_id, first_id + alphabet, row - i)
+  return toks, copied
+
+
 def segment_range(row: int) -> tuple[int, int]:
   """Segment lengths of the induction drill in rows of `row` ids: 2-8 at 64, 16-64 at 512."""
   return max(2, 16 * row // 512), max(3, 64 * row // 512)
@@ -107,28 +142,49 @@ def drill_alphabet(vocab_size: int, special_ids) -> np.ndarray:
   return ids
 
 
-def parse_drill_rows(text: str) -> tuple[int, ...]:
-  """'64,512' -> (64, 512): the row lengths of the drill stream, each 8 .. 4096."""
-  try:
-    rows = tuple(int(x) for x in str(text).split(",") if x.strip())
-  except ValueError:
-    raise ValueError(f"data config field 'drill_rows': {text!r} is not a comma list of "
-                     "integers") from None
-  if not rows or any(not 8 <= r <= 4096 for r in rows):
+class DrillRow(NamedTuple):
+  """One kind of drill row: `length` ids, an induction row or (`far`) a far row."""
+  length: int
+  far: bool = False
+
+  def __str__(self) -> str:
+    return f"far{self.length}" if self.far else str(self.length)
+
+
+def parse_drill_rows(text: str) -> tuple[DrillRow, ...]:
+  """'64,far1024' -> (DrillRow(64), DrillRow(1024, far=True)): the rows of the drill stream, each
+  8 .. 4096 ids, an induction row or, written `far<N>`, a far row."""
+  rows = []
+  for x in (x.strip() for x in str(text).split(",")):
+    if not x:
+      continue
+    far = x.startswith("far")
+    try:
+      rows.append(DrillRow(int(x[3:] if far else x), far))
+    except ValueError:
+      raise ValueError(f"data config field 'drill_rows': {text!r}: {x!r} is neither a row length "
+                       "nor far<length>") from None
+  if not rows or any(not 8 <= r.length <= 4096 for r in rows):
     raise ValueError(f"data config field 'drill_rows': {text!r}: each row must be 8 .. 4096 ids")
-  return rows
+  return tuple(rows)
 
 
-def induction_sample(index: int, rows: tuple[int, ...], alphabet: np.ndarray, marker: int,
-                     seed: int = 0) -> dict[str, np.ndarray]:
+def induction_sample(index: int, rows: Sequence[Union[int, DrillRow]], alphabet: np.ndarray,
+                     marker: int, seed: int = 0) -> dict[str, np.ndarray]:
   """Sample `index` of the CPT drill stream (deterministic per `index` and `seed`): a `marker`
-  with no loss, then an induction row of one of `rows` (drawn with probability in proportion to
-  1 / row, so every length gets the same share of the tokens), full loss, in the pipeline's
-  sample layout (`n_drill` counts its tokens)."""
+  with no loss, then a row of one of `rows` (an int or an induction `DrillRow`: an induction row;
+  a far `DrillRow`: a far row; drawn with probability in proportion to 1 / length, so every
+  kind gets the same share of the tokens), full loss, in the pipeline's sample layout (`n_drill`
+  counts its tokens)."""
   rng = np.random.default_rng([seed, index])
-  inv = 1.0 / np.asarray(rows, np.float64)
-  row = int(rows[rng.choice(len(rows), p=inv / inv.sum())])
-  pos, _ = induction_rows(rng, 1, row, len(alphabet), segment_range(row), first_id=0)
+  kinds = [r if isinstance(r, DrillRow) else DrillRow(int(r)) for r in rows]
+  inv = 1.0 / np.asarray([k.length for k in kinds], np.float64)
+  kind = kinds[rng.choice(len(kinds), p=inv / inv.sum())]
+  if kind.far:
+    pos, _ = far_rows(rng, 1, kind.length, len(alphabet), first_id=0)
+  else:
+    pos, _ = induction_rows(rng, 1, kind.length, len(alphabet), segment_range(kind.length),
+                            first_id=0)
   ids = np.concatenate([[marker], alphabet[pos[0]]]).astype(np.int32)
   weights = np.ones(len(ids), np.float32)
   weights[0] = 0.0

@@ -31,7 +31,7 @@ sample stream interleaves whole-document samples with FULL loss so that they mak
 the next sample, so the measured share tracks the target within one sample); the documents repeat
 and reshuffle as often as needed, the trajectories end the stream. CPT copy drill: with
 `drill_share` > 0, induction rows (random ids, each segment written twice, `drills.induction_sample`;
-rows of `drill_rows` ids, each its own packed document) take that share of ALL the tokens, full
+rows of `drill_rows` ids, each its own packed document; `far<N>` rows copy from up to N ids back) take that share of ALL the tokens, full
 loss, mixed in the same way after the knowledge text; they teach copying from the context without
 the drill overwriting what the trajectories teach (docs/reproduce.md, "Copying").
 
@@ -97,7 +97,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   knowledge_share: CPT only: the share of tokens (0 <= share < 1) the knowledge documents take
   drill_share:  CPT only: the share of all tokens (0 <= share < 1) the induction drill takes
   drill_rows:   CPT only: comma list of the drill's row lengths in ids (e.g. "64,512"; each
-                length gets the same share of the drill's tokens)
+                length gets the same share of the drill's tokens); `far<N>` (e.g. "512,far1536")
+                is a far row of N ids, its copies up to N ids from their sources (drills.far_rows)
   sft_history_loss: SFT without thinking only: the observations of the sample's kept history carry
                 loss as well as its target (they are rendered exactly like the target there;
                 in thinking mode they are not, and the field must stay False)
@@ -510,7 +511,7 @@ def validate_config(cfg: ml_collections.ConfigDict, stage: str) -> None:
     if stage != "cpt":
       raise ValueError(f"data config field 'drill_share' is for the cpt stage only (this is "
                        f"{stage}); leave it at 0")
-    longest = max(drills_lib.parse_drill_rows(cfg.get("drill_rows", "64")))
+    longest = max(r.length for r in drills_lib.parse_drill_rows(cfg.get("drill_rows", "64")))
     if longest >= int(cfg.seq_len):
       raise ValueError(f"data config field 'drill_rows': a row of {longest} ids (and its marker) "
                        f"does not fit a packed row of seq_len {cfg.seq_len}")
