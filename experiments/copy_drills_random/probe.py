@@ -1,7 +1,9 @@
 """In-context copy probe over a run's kept checkpoints: mean next-token NLL of the first and the
 second copy of (a) held-out observations (200-600 characters, 12 per domain, test split) and
 (b) fresh random-piece strings (seed 99, never trained on), each written twice. A model that
-copies scores the second copy far lower than the first.
+copies scores the second copy far lower than the first. (c) "random, gap G": the same random
+strings with G pieces of held-out terminal observations between the two copies (the distance an
+`ls` has to reach back to the initial state in the system prompt is about 1,000).
 
   python experiments/copy_drills_random/probe.py RUN_WORKDIR_OR_MODEL_DIR [MORE]
 """
@@ -20,7 +22,15 @@ def pair_nll(model, ids):
   return float(nll[:n - 1].mean()), float(nll[n:].mean())
 
 
-def probe(path, tok_path=TOKENIZER):
+def gap_nll(model, ids, filler):
+  """Mean NLL of the second copy of `ids` written after `ids` and `filler`."""
+  toks = jnp.asarray([ids + filler + ids], jnp.int32)
+  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
+  nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[0, :, 0])
+  return float(nll[len(ids) + len(filler):].mean())
+
+
+def probe(path, tok_path=TOKENIZER, gaps=(500, 1000)):
   model, tok = checkpoints.load(path, tokenizer=tok_path)
   res = {}
   for dom in ("terminal", "mcp", "web"):
@@ -34,6 +44,15 @@ def probe(path, tok_path=TOKENIZER):
   pairs = [pair_nll(model, tok.encode(d.text.split("\n\n")[0])[:120])
            for d in random_drills(12, seed=99)]
   res["random"] = [round(float(np.mean([p[i] for p in pairs])), 3) for i in (0, 1)]
+  filler = []
+  for line in gzip.open("data/corpus/terminal_test.jsonl.gz", "rt"):
+    filler += [i for t in json.loads(line)["turns"] for i in tok.encode(t["observation"])]
+    if len(filler) >= max(gaps, default=0):
+      break
+  strings = [tok.encode(d.text.split("\n\n")[0])[:120] for d in random_drills(12, seed=99)]
+  for g in gaps:
+    res[f"random, gap {g}"] = round(float(np.mean([gap_nll(model, ids, filler[:g])
+                                                   for ids in strings])), 3)
   return res
 
 
