@@ -95,8 +95,8 @@ flags.DEFINE_enum("masking", "it", ["it", "full"], "CPT loss: information-theore
 flags.DEFINE_enum("thinking", None, ["on", "off"], "SFT targets with or without a <think> "
                   "block (default: the budget's; `full` trains without, docs/reproduce.md)")
 flags.DEFINE_string("knowledge", "search,actions", "knowledge text mixed into CPT: search "
-                    "(the search environment's pages), actions (action spaces), copy (copy drills, "
-                    "lwm_jax/data/drills.py); '' for none")
+                    "(the search environment's pages), actions (action spaces), copy (copy drills), "
+                    "lookup (file-tree lookup drills; both lwm_jax/data/drills.py); '' for none")
 flags.DEFINE_float("knowledge_share", None, "share of CPT tokens from the knowledge text")
 flags.DEFINE_float("drill_share", 0.0, "share of CPT tokens from the copy drill (induction rows of "
                    "random ids, lwm_jax/data/drills.py), mixed into the same batches as the "

@@ -140,3 +140,31 @@ def test_bad_drill_config_is_named(tok, trajs):  # noqa: F811
   with pytest.raises(ValueError, match="does not fit a packed row of seq_len 256"):
     pipeline.make_train_iterator(_cfg(drill_share=0.2, drill_rows="64,256"), tok, "cpt",
                                  source=trajs)
+
+
+def test_lookup_drills_answer_from_their_paths():
+  docs = drills.lookup_drills(60, seed=3)
+  assert [d.text for d in docs] == [d.text for d in drills.lookup_drills(60, seed=3)]
+  assert docs[0].text != drills.lookup_drills(1, seed=4)[0].text
+  kinds = set()
+  for d in docs:
+    head, *queries = d.text.split("\n\n$ ")
+    assert head.startswith("Files under ~:\n") and queries
+    paths = head.split("\n")[1:]
+    under = {}  # directory -> names, read back from the paths alone
+    for p in paths:
+      parent, _, name = p.rpartition("/")
+      under.setdefault(parent, []).append(name)
+    top = sorted(under.get("", []) + [k for k in under if k])
+    for q in "\n\n$ ".join(queries).split("\n\n$ "):
+      cmd, _, answer = q.partition("\n")
+      kinds.add(cmd.split(" ")[-1] if cmd != "ls" else "ls")
+      if cmd == "ls":
+        assert answer.split("  ") == top
+      elif cmd == "ls -R":
+        blocks = answer.split("\n\n")
+        assert blocks[0] == ".:\n" + "  ".join(top)
+        assert blocks[1:] == [f"./{k}:\n" + "  ".join(sorted(under[k])) for k in sorted(under) if k]
+      else:
+        assert cmd.startswith("ls ") and answer.split("  ") == sorted(under[cmd[3:]])
+  assert {"ls", "-R"} <= kinds and len(kinds) > 10

@@ -80,6 +80,51 @@ def copy_drills(count: int, seed: int = 0, min_items: int = 3, max_items: int = 
   return out
 
 
+def _file_name(rng: random.Random) -> str:
+  """A made-up file name with an extension (the `_item` file kind, always with one)."""
+  parts = [_word(rng) for _ in range(rng.randint(1, 2))]
+  if rng.random() < 0.4:
+    parts.append(f"{rng.randint(0, 99):02d}")
+  return rng.choice("-_").join(parts) + rng.choice(_EXTENSIONS[:-1])
+
+
+def _ls_recursive(top: list[str], tree: dict[str, list[str]]) -> str:
+  """The tree as `ls -R` writes it (one level of directories, entries sorted)."""
+  blocks = [".:\n" + "  ".join(top)]
+  blocks += [f"./{d}:\n" + "  ".join(tree[d]) for d in sorted(tree)]
+  return "\n\n".join(blocks)
+
+
+def lookup_drills(count: int, seed: int = 0) -> list[Document]:
+  """`count` lookup drills, deterministic per `seed`. Each lists a made-up directory tree as the
+  paths of its files (as a terminal episode's initial state does), then answers a few listings
+  of it: `ls DIR` (the file names under DIR), `ls` (the top level) or `ls -R` (every directory);
+  the names are random, so only looking them up in the paths above predicts the answers. A world
+  model asked `ls notes` must do exactly this with the system prompt's initial state."""
+  if count < 0:
+    raise ValueError(f"lookup_drills: need count >= 0, got {count}")
+  rng = random.Random(seed)
+  out = []
+  for i in range(count):
+    dirs = sorted({_word(rng) for _ in range(rng.randint(2, 5))})
+    tree = {d: sorted({_file_name(rng) for _ in range(rng.randint(1, 5))}) for d in dirs}
+    loose = sorted({_file_name(rng) for _ in range(rng.randint(0, 3))})
+    paths = sorted(loose + [f"{d}/{f}" for d in dirs for f in tree[d]])
+    top = sorted(loose + dirs)
+    parts = ["Files under ~:\n" + "\n".join(paths)]
+    for _ in range(rng.randint(2, 4)):
+      kind = rng.random()
+      if kind < 0.6:
+        d = rng.choice(dirs)
+        parts.append(f"$ ls {d}\n" + "  ".join(tree[d]))
+      elif kind < 0.8:
+        parts.append("$ ls\n" + "  ".join(top))
+      else:
+        parts.append("$ ls -R\n" + _ls_recursive(top, tree))
+    out.append(Document(f"drill/lookup/{i}", "\n\n".join(parts), ""))
+  return out
+
+
 def induction_rows(rng: np.random.Generator, n: int, row: int, alphabet: int,
                    segment: tuple[int, int], first_id: int = 3) -> tuple[np.ndarray, np.ndarray]:
   """`n` rows of `row` token ids for the induction drill (`launch/copy_drill.py`): each row is

@@ -13,12 +13,13 @@ import sqlite3
 from typing import Sequence
 
 from lwm_jax.data.documents import Document
-from lwm_jax.data.drills import copy_drills
+from lwm_jax.data.drills import copy_drills, lookup_drills
 from lwm_jax.envs import search
 
-SOURCES = ("search", "actions", "copy")
-DEFAULT_SOURCES = ("search", "actions")  # the environments' own text; 'copy' only when asked
+SOURCES = ("search", "actions", "copy", "lookup")
+DEFAULT_SOURCES = ("search", "actions")  # the environments' own text; drills only when asked
 COPY_DRILLS = 4000  # drills of the 'copy' source: about as many characters as the search pages
+LOOKUP_DRILLS = 4000  # drills of the 'lookup' source
 
 
 def search_collection(cache_dir: str | None = None) -> list[Document]:
@@ -51,7 +52,8 @@ def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = D
                         ) -> list[Document]:
   """The knowledge text of `sources`: 'search' (the search collection), 'actions' (action
   spaces), 'copy' (`COPY_DRILLS` copy drills of seed 0, `lwm_jax.data.drills`: not knowledge of an
-  environment but text that teaches copying from the context)."""
+  environment but text that teaches copying from the context), 'lookup' (`LOOKUP_DRILLS` lookup
+  drills of seed 0: listings of a made-up file tree looked up in its paths)."""
   unknown = sorted(set(sources) - set(SOURCES))
   if unknown:
     raise ValueError(f"unknown knowledge source {unknown[0]!r} (expected one of "
@@ -63,4 +65,6 @@ def knowledge_documents(cache_dir: str | None = None, sources: Sequence[str] = D
     docs += action_spaces()
   if "copy" in sources:
     docs += copy_drills(COPY_DRILLS, seed=0)
+  if "lookup" in sources:
+    docs += lookup_drills(LOOKUP_DRILLS, seed=0)
   return docs
