@@ -16,8 +16,8 @@ written twice, in short rows first) that `launch/copy_drill.py` trains on to get
 does not overwrite what the model knows.
 
 In an induction row each copy follows its source at once (16-64 ids back at rows of 512), while
-a world model must copy from much further back: an `ls` lists names the initial state wrote in
-the system prompt about a thousand tokens earlier. A far row (`far<N>` in `drill_rows`,
+a world model must at times copy from much further back (a simulation instruction sits up to
+about 1,500 tokens before the observation that should follow it). A far row (`far<N>` in `drill_rows`,
 `far_rows`) writes short segments over its first half and the same segments again in a shuffled
 order over its second, so a copy's source lies anywhere up to N ids back and can only be found
 by what it says, not by where it is.
