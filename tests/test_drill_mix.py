@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lwm_jax.data import drills, pipeline
+from lwm_jax.envs import knowledge
 from lwm_jax.data import tokenizer as tk
 from tests.test_reproduce_knowledge import _cfg, tok, trajs  # noqa: F401  (fixtures)
 
@@ -168,3 +169,6 @@ def test_lookup_drills_answer_from_their_paths():
       else:
         assert cmd.startswith("ls ") and answer.split("  ") == sorted(under[cmd[3:]])
   assert {"ls", "-R"} <= kinds and len(kinds) > 10
+  # the knowledge source 'lookup' is these drills (seed 0)
+  docs = knowledge.knowledge_documents(sources=("lookup",))
+  assert len(docs) == knowledge.LOOKUP_DRILLS and docs[1].text == drills.lookup_drills(2)[1].text

@@ -17,4 +17,5 @@ for path in sys.argv[1:]:
     lp = jax.nn.log_softmax(model(ids).logits.astype(jnp.float32), -1)
     nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], ids[:, 1:, None], -1)[0, :, 0])
     first.append(nll[:len(h) - 1].mean()); ans.append(nll[len(h) - 1:].mean())
-  print(path, "paths (nothing to look up) %.3f, answers %.3f" % (np.mean(first), np.mean(ans)), flush=True)
+  print(path, "paths (nothing to look up) %.3f, answers %.3f" % (np.mean(first), np.mean(ans)),
+        flush=True)

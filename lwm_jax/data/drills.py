@@ -17,10 +17,11 @@ does not overwrite what the model knows.
 
 In an induction row each copy follows its source at once (16-64 ids back at rows of 512), while
 a world model must at times copy from much further back (a simulation instruction sits up to
-about 1,500 tokens before the observation that should follow it). A far row (`far<N>` in `drill_rows`,
-`far_rows`) writes short segments over its first half and the same segments again in a shuffled
-order over its second, so a copy's source lies anywhere up to N ids back and can only be found
-by what it says, not by where it is.
+about 1,500 tokens before the observation that should follow it). A far row (`far<N>` in
+`drill_rows`, `far_rows`) writes short segments over its first half and the same segments again
+in a shuffled order over its second, so a copy's source lies anywhere up to N ids back and can
+only be found by what it says, not by where it is. `lookup_drills` (knowledge source `lookup`)
+practise the lookup an `ls` needs: a made-up file tree as paths, then listings of it.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def copy_drills(count: int, seed: int = 0, min_items: int = 3, max_items: int = 
 
 
 def _file_name(rng: random.Random) -> str:
-  """A made-up file name with an extension (the `_item` file kind, always with one)."""
+  """A made-up file name, always with an extension."""
   parts = [_word(rng) for _ in range(rng.randint(1, 2))]
   if rng.random() < 0.4:
     parts.append(f"{rng.randint(0, 99):02d}")

@@ -31,9 +31,10 @@ sample stream interleaves whole-document samples with FULL loss so that they mak
 the next sample, so the measured share tracks the target within one sample); the documents repeat
 and reshuffle as often as needed, the trajectories end the stream. CPT copy drill: with
 `drill_share` > 0, induction rows (random ids, each segment written twice, `drills.induction_sample`;
-rows of `drill_rows` ids, each its own packed document; `far<N>` rows copy from up to N ids back) take that share of ALL the tokens, full
-loss, mixed in the same way after the knowledge text; they teach copying from the context without
-the drill overwriting what the trajectories teach (docs/reproduce.md, "Copying").
+rows of `drill_rows` ids, each its own packed document; `far<N>` rows copy from up to N ids back)
+take that share of ALL the tokens, full loss, mixed in the same way after the knowledge text; they
+teach copying from the context without the drill overwriting what the trajectories teach
+(docs/reproduce.md, "Copying").
 
 rl-prompts batches: `tokens` int32 [batch, seq_len] (prompt with generation header, right-padded),
 `lengths` int32 [batch], and object arrays `ids`, `domains`, `ground_truths`, `turns`, `prompts`
