@@ -3,7 +3,10 @@
 
   python experiments/copy_drill_mix/lookup_probe.py MODEL_DIR [MORE]
 """
-import sys, numpy as np, jax, jax.numpy as jnp
+import os, sys
+import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "copy_drills_random"))
+from probe import token_nll
 from lwm_jax import checkpoints
 from lwm_jax.data.drills import lookup_drills
 docs = lookup_drills(40, seed=99)
@@ -13,9 +16,7 @@ for path in sys.argv[1:]:
   for d in docs:
     head, rest = d.text.split("\n\n", 1)
     h, r = tok.encode(head + "\n\n"), tok.encode(rest)
-    ids = jnp.asarray([h + r], jnp.int32)
-    lp = jax.nn.log_softmax(model(ids).logits.astype(jnp.float32), -1)
-    nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], ids[:, 1:, None], -1)[0, :, 0])
+    nll = token_nll(model, h + r)
     first.append(nll[:len(h) - 1].mean()); ans.append(nll[len(h) - 1:].mean())
   print(path, "paths (nothing to look up) %.3f, answers %.3f" % (np.mean(first), np.mean(ans)),
         flush=True)

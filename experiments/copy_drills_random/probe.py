@@ -2,32 +2,34 @@
 second copy of (a) held-out observations (200-600 characters, 12 per domain, test split) and
 (b) fresh random-piece strings (seed 99, never trained on), each written twice. A model that
 copies scores the second copy far lower than the first. (c) "random, gap G": the same random
-strings with G pieces of held-out terminal observations between the two copies (the distance an
-`ls` has to reach back to the initial state in the system prompt is about 1,000).
+strings with G pieces of held-out terminal observations between the two copies (a simulation
+instruction can sit that far before the observation that should follow it).
 
   python experiments/copy_drills_random/probe.py RUN_WORKDIR_OR_MODEL_DIR [MORE]
 """
 import gzip, json, os, sys
-import numpy as np, jax, jax.numpy as jnp
+import numpy as np, jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(__file__))
 from pilot import random_drills, TOKENIZER
 from lwm_jax import checkpoints
+from lwm_jax.train.losses import token_logprobs
+
+
+def token_nll(model, ids):
+  """Next-token NLL of every position of the token list `ids` but the first, as a numpy array."""
+  toks = jnp.asarray([ids], jnp.int32)
+  return -np.asarray(token_logprobs(model(toks).logits[:, :-1], toks[:, 1:])[0][0])
 
 
 def pair_nll(model, ids):
-  toks = jnp.asarray([ids + ids], jnp.int32)
-  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
-  nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[0, :, 0])
+  nll = token_nll(model, ids + ids)
   n = len(ids)
   return float(nll[:n - 1].mean()), float(nll[n:].mean())
 
 
 def gap_nll(model, ids, filler):
   """Mean NLL of the second copy of `ids` written after `ids` and `filler`."""
-  toks = jnp.asarray([ids + filler + ids], jnp.int32)
-  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
-  nll = np.asarray(-jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[0, :, 0])
-  return float(nll[len(ids) + len(filler):].mean())
+  return float(token_nll(model, ids + filler + ids)[len(ids) + len(filler):].mean())
 
 
 def probe(path, tok_path=TOKENIZER, gaps=(500, 1000)):
@@ -41,15 +43,14 @@ def probe(path, tok_path=TOKENIZER, gaps=(500, 1000)):
           obs.append(t["observation"])
     pairs = [pair_nll(model, tok.encode(o)) for o in obs[:12]]
     res[dom] = [round(float(np.mean([p[i] for p in pairs])), 3) for i in (0, 1)]
-  pairs = [pair_nll(model, tok.encode(d.text.split("\n\n")[0])[:120])
-           for d in random_drills(12, seed=99)]
+  strings = [tok.encode(d.text.split("\n\n")[0])[:120] for d in random_drills(12, seed=99)]
+  pairs = [pair_nll(model, ids) for ids in strings]
   res["random"] = [round(float(np.mean([p[i] for p in pairs])), 3) for i in (0, 1)]
   filler = []
   for line in gzip.open("data/corpus/terminal_test.jsonl.gz", "rt"):
     filler += [i for t in json.loads(line)["turns"] for i in tok.encode(t["observation"])]
     if len(filler) >= max(gaps, default=0):
       break
-  strings = [tok.encode(d.text.split("\n\n")[0])[:120] for d in random_drills(12, seed=99)]
   for g in gaps:
     res[f"random, gap {g}"] = round(float(np.mean([gap_nll(model, ids, filler[:g])
                                                    for ids in strings])), 3)
