@@ -28,14 +28,24 @@ WORKERS = flags.DEFINE_integer("workers", 2, "parallel worker processes")
 MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "turn limit per episode")
 PERTURB = flags.DEFINE_string("perturb", "", "perturbation spec applied to every episode, e.g. "
                               "'errors:rate=0.2,kind=timeout; page_size:size=3'")
+NAMES = flags.DEFINE_enum("names", "usual", ["usual", "made_up"], "terminal only: how the worlds "
+                          "name their directories and files (made_up: made-up words, read off the "
+                          "file listing; lwm_jax/envs/terminal_worlds.py)")
 flags.mark_flags_as_required(["env", "out"])
 
 
 def main(argv: list[str]) -> None:
   del argv
+  options = {}
+  if NAMES.value != "usual":
+    if FLAGS.value != "terminal":
+      print(f"error: --names is an option of the terminal environment, not of '{FLAGS.value}'",
+            file=sys.stderr)
+      sys.exit(2)
+    options["names"] = NAMES.value
   try:
     trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value,
-                                   MAX_TURNS.value, perturb=PERTURB.value)
+                                   MAX_TURNS.value, perturb=PERTURB.value, env_options=options)
   except ValueError as e:  # a bad or unsupported --perturb: one clear line
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -123,7 +123,8 @@ flags.DEFINE_string("cpt_from", "", "a trained model's Hugging Face folder with 
                     "(e.g. an earlier shipped world model): every CPT run continues from it, with "
                     "its tokenizer, instead of starting from random initialisation")
 flags.DEFINE_string("more_worlds", "", "a corpus folder of more worlds (e.g. `make more-worlds`: "
-                    "tools/make_corpus.py with another seed) whose episodes, every split, are "
+                    "tools/make_corpus.py with another seed; several separated by commas) whose "
+                    "episodes, every split, are "
                     "added to CPT and SFT training; an episode whose world is in --corpus's "
                     "validation or test split is dropped and counted")
 flags.DEFINE_bool("plan_only", False, "write plan.json and stop before training")
@@ -232,8 +233,8 @@ def resolve(values: dict[str, Any]) -> Settings:
                   cpt_lr=float(v.get("cpt_lr") or 0.0), sft_lr=float(v.get("sft_lr") or 0.0),
                   sft_loss=sft_loss,
                   cpt_from=os.path.abspath(values["cpt_from"]) if values.get("cpt_from") else "",
-                  more_worlds=(os.path.abspath(values["more_worlds"]) if values.get("more_worlds")
-                               else ""),
+                  more_worlds=",".join(os.path.abspath(p) for p in
+                                       (values.get("more_worlds") or "").split(",") if p),
                   drill_share=drill_share, drill_rows=drill_rows)
 
 

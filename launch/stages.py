@@ -61,13 +61,16 @@ def load_corpus(folder: str) -> Corpus:
 
 def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
   """Training trajectories from more worlds: every split file (`*_{split}.jsonl.gz`) of another
-  corpus folder (e.g. one `tools/make_corpus.py` wrote with another seed), less each episode whose
-  world is in `corpus`'s validation or test split (dropped and counted, so nothing held out leaks
-  into training). Writes the kept ones to `out_path` and returns what was read, kept and
-  dropped, with the written file's sha256."""
-  files = sorted(p for s in splits.SPLITS for p in splits.split_files(folder, s))
-  if not files:
-    raise SystemExit(f"--more_worlds: no *_train/validation/test.jsonl.gz under {folder}")
+  corpus folder (e.g. one `tools/make_corpus.py` wrote with another seed; several folders
+  separated by commas), less each episode whose world is in `corpus`'s validation or test split
+  (dropped and counted, so nothing held out leaks into training). Writes the kept ones to
+  `out_path` and returns what was read, kept and dropped, with the written file's sha256."""
+  files = []
+  for one in folder.split(","):
+    found = sorted(p for s in splits.SPLITS for p in splits.split_files(one, s))
+    if not found:
+      raise SystemExit(f"--more_worlds: no *_train/validation/test.jsonl.gz under {one}")
+    files += found
   held = {splits.world_of(t) for p in corpus.valid_files for t in schema.read_jsonl(p)}
   held |= {splits.world_of(t) for t in corpus.test}
   held.discard(None)
@@ -85,7 +88,8 @@ def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
     sha = hashlib.sha256(f.read()).hexdigest()
   trained = {splits.world_of(t) for t in corpus.train}
   worlds = {splits.world_of(t) for t in kept}
-  return {"folder": folder, "files": [os.path.basename(p) for p in files], "file": out_path,
+  return {"folder": folder, "files": [os.path.relpath(p, os.path.dirname(os.path.dirname(p)))
+                                       for p in files], "file": out_path,
           "sha256": sha, "trajectories": len(kept), "per_domain": dict(sorted(per_domain.items())),
           "worlds": len(worlds), "worlds_new": len(worlds - trained),
           "dropped_held_out_world": dropped}

@@ -7,6 +7,8 @@ import re
 import sqlite3
 import sys
 
+import pytest
+
 from lwm_jax.envs import base, search, search_worlds, swe_worlds, terminal_worlds
 from lwm_jax.envs.search import SearchEnv
 from lwm_jax.envs.terminal import TerminalEnv
@@ -24,9 +26,10 @@ def test_terminal_worlds_differ_by_seed_and_repeat_per_seed():
   assert len(names) > 100
 
 
-def test_terminal_world_is_consistent():
+@pytest.mark.parametrize("names", terminal_worlds.NAMES)
+def test_terminal_world_is_consistent(names):
   for s in SEEDS:
-    w = terminal_worlds.generate_world(s)
+    w = terminal_worlds.generate_world(s, names)
     files, lay = w["files"], w["layout"]
     assert terminal_worlds.check_consistent(w) == [], s
     for key in ("log", "sales", "users_csv", "todo"):
@@ -62,6 +65,49 @@ def test_terminal_reset_builds_the_world_and_repeats(tmp_path):
     assert env.reset(8) != first and env.world_id != wid
   finally:
     env.close()
+
+
+def test_terminal_made_up_names_keep_the_contents_and_leave_the_usual_pools():
+  """`names="made_up"`: the same world's contents under made-up directory and file names, none
+  from the usual pools, far more varied than them; repeatable per seed."""
+  top = lambda w: {p.split("/")[0] for p in w["files"] if "/" in p}  # noqa: E731
+  usual_dirs, made_dirs = set(), set()
+  for s in SEEDS:
+    u, m = terminal_worlds.generate_world(s), terminal_worlds.generate_world(s, "made_up")
+    assert terminal_worlds.generate_world(s, "made_up") == m
+    assert len(m["files"]) == len(u["files"]) and m["files"]["README.md"] != u["files"]["README.md"]
+    for key in ("log", "sales", "users_csv", "todo"):   # same text, another path
+      assert m["files"][m["layout"][key]] == u["files"][u["layout"][key]], (s, key)
+      assert m["layout"][key] != u["layout"][key], (s, key)
+    for role in ("data", "src", "notes"):                # the README names the made-up places
+      assert f"{m['layout'][role]}/" in m["files"]["README.md"], (s, role)
+    usual_dirs |= top(u)
+    made_dirs |= top(m)
+  assert not usual_dirs & made_dirs
+  assert len(made_dirs) > 5 * len(usual_dirs)
+  with pytest.raises(ValueError, match="expected one of usual, made_up, got 'odd'"):
+    terminal_worlds.generate_world(1, "odd")
+
+
+def test_terminal_env_made_up_names_and_collect_options(tmp_path):
+  from lwm_jax.envs import collect
+  env = TerminalEnv(root=str(tmp_path), time_limit=2.0, names="made_up")
+  try:
+    env.reset(7)
+    listing = env.step("find . -type f | sed 's|^./||' | sort")
+    assert listing.splitlines()[:-1] == sorted(terminal_worlds.generate_world(7, "made_up")["files"])
+    assert env.episode_meta()["names"] == "made_up"
+  finally:
+    env.close()
+  trajs, _ = collect.collect("terminal", 1, seed=3, workers=1, progress=False,
+                             env_options={"names": "made_up"})
+  world = terminal_worlds.generate_world(trajs[0].meta["seed"], "made_up")
+  assert trajs[0].meta["names"] == "made_up"
+  assert trajs[0].meta["world"] == base.world_id("terminal", world)
+  with pytest.raises(ValueError, match="environment 'mcp' options {'names': 'made_up'}"):
+    collect.collect("mcp", 1, workers=1, progress=False, env_options={"names": "made_up"})
+  with pytest.raises(ValueError, match="TerminalEnv names"):
+    TerminalEnv(names="odd")
 
 
 # -- swe --------------------------------------------------------------------------------------------

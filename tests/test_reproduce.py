@@ -577,6 +577,14 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
           info["dropped_held_out_world"]) == (3, 3, 2, 2)
   with pytest.raises(SystemExit, match="no .*under"):
     stages.more_worlds(str(tmp_path), corpus, out)
+  other = tmp_path / "other"                                                  # two folders
+  other.mkdir()
+  schema.write_jsonl(other / "terminal_train.jsonl.gz", [traj(20, "w-other")])
+  two = stages.more_worlds(f"{more},{other}", corpus, str(tmp_path / "two.jsonl"))
+  assert [t.id for t in schema.read_jsonl(tmp_path / "two.jsonl")] == ["t-14", "t-10", "t-12", "t-20"]
+  assert two["files"][-1] == "other/terminal_train.jsonl.gz" and two["worlds_new"] == 3
+  assert rp.resolve({"budget": "tiny", "knowledge": "",
+                     "more_worlds": f"{more},{other}"}).more_worlds == f"{more},{other}"
 
   s = rp.resolve({"budget": "tiny", "knowledge": "", "more_worlds": str(more)})
   assert s.more_worlds == str(more)

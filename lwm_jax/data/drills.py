@@ -41,7 +41,7 @@ _EXTENSIONS = (".txt", ".log", ".csv", ".json", ".py", ".md", ".sh", ".yaml", ".
 _SEPARATORS = ("\n", "  ", ", ", " ")
 
 
-def _word(rng: random.Random) -> str:
+def made_up_word(rng: random.Random) -> str:
   """A pronounceable made-up word of 1-3 syllables."""
   return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) + rng.choice(("", rng.choice(_CONSONANTS)))
                  for _ in range(rng.randint(1, 3)))
@@ -52,12 +52,12 @@ def _item(rng: random.Random) -> str:
   kind = rng.randrange(5)
   if kind == 0:
     joiner = rng.choice("-_")
-    parts = [_word(rng) for _ in range(rng.randint(1, 2))]
+    parts = [made_up_word(rng) for _ in range(rng.randint(1, 2))]
     if rng.random() < 0.5:
       parts.append(f"{rng.randint(0, 99):02d}")
     return joiner.join(parts) + rng.choice(_EXTENSIONS)
   if kind == 1:
-    return "_".join(_word(rng) for _ in range(rng.randint(1, 3)))
+    return "_".join(made_up_word(rng) for _ in range(rng.randint(1, 3)))
   if kind == 2:
     return str(rng.randint(0, 10 ** rng.randint(1, 6)))
   if kind == 3:
@@ -83,7 +83,7 @@ def copy_drills(count: int, seed: int = 0, min_items: int = 3, max_items: int = 
 
 def _file_name(rng: random.Random) -> str:
   """A made-up file name, always with an extension."""
-  parts = [_word(rng) for _ in range(rng.randint(1, 2))]
+  parts = [made_up_word(rng) for _ in range(rng.randint(1, 2))]
   if rng.random() < 0.4:
     parts.append(f"{rng.randint(0, 99):02d}")
   return rng.choice("-_").join(parts) + rng.choice(_EXTENSIONS[:-1])
@@ -107,7 +107,7 @@ def lookup_drills(count: int, seed: int = 0) -> list[Document]:
   rng = random.Random(seed)
   out = []
   for i in range(count):
-    dirs = sorted({_word(rng) for _ in range(rng.randint(2, 5))})
+    dirs = sorted({made_up_word(rng) for _ in range(rng.randint(2, 5))})
     tree = {d: sorted({_file_name(rng) for _ in range(rng.randint(1, 5))}) for d in dirs}
     loose = sorted({_file_name(rng) for _ in range(rng.randint(0, 3))})
     paths = sorted(loose + [f"{d}/{f}" for d in dirs for f in tree[d]])

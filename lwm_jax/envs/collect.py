@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from lwm_jax.data import schema
 from lwm_jax.envs import base, perturb as perturb_lib, recorder, swe
 
-_WORKER_ENV: dict[str, base.Env] = {}
+_WORKER_ENV: dict[tuple[str, tuple], base.Env] = {}  # (name, env options) -> env
 
 
 def hygiene_problem(traj: schema.Trajectory) -> str | None:
@@ -52,11 +52,11 @@ def episode_id(name: str, seed: int, index: int) -> str:
   return f"{name}-s{seed}-{index:05d}"
 
 
-def _work(job: tuple[str, int, int, int, str]) -> dict[str, Any]:
-  name, seed, index, max_turns, spec = job
-  env = _WORKER_ENV.get(name)
+def _work(job: tuple[str, int, int, int, str, tuple]) -> dict[str, Any]:
+  name, seed, index, max_turns, spec, options = job
+  env = _WORKER_ENV.get((name, options))
   if env is None:
-    env = _WORKER_ENV[name] = base.make_env(name)
+    env = _WORKER_ENV[(name, options)] = base.make_env(name, **dict(options))
   if hasattr(env, "set_perturb"):
     env.set_perturb(spec)
   elif spec:
@@ -106,13 +106,22 @@ def episode_specs(name: str, perturb: str | Callable[[int], str], indices: range
 
 
 def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns: int = 30,
-            progress: bool = True, start: int = 0, perturb: str | Callable[[int], str] = ""
+            progress: bool = True, start: int = 0, perturb: str | Callable[[int], str] = "",
+            env_options: dict[str, Any] | None = None
             ) -> tuple[list[schema.Trajectory], dict[str, Any]]:
-  """Plays episodes `start .. start+episodes-1`; returns (kept trajectories in order, stats)."""
+  """Plays episodes `start .. start+episodes-1`; returns (kept trajectories in order, stats).
+  `env_options` are keyword arguments of the environment's constructor (e.g. the terminal's
+  `names="made_up"`); one that it does not take is a ValueError before any episode runs."""
   if name not in base.ENV_NAMES:
     raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(base.ENV_NAMES)})")
+  options = tuple(sorted((env_options or {}).items()))
+  if options:  # a bad option fails here, before any episode, with its reason
+    try:
+      base.make_env(name, **dict(options)).close()
+    except TypeError as e:
+      raise ValueError(f"environment '{name}' options {dict(options)}: {e}") from None
   indices = range(start, start + episodes)
-  jobs = [(name, seed, i, max_turns, spec)
+  jobs = [(name, seed, i, max_turns, spec, options)
           for i, spec in zip(indices, episode_specs(name, perturb, indices))]
   bar = None
   if progress:

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from lwm_jax.envs import base, sandbox
-from lwm_jax.envs.terminal_worlds import generate_world
+from lwm_jax.envs.terminal_worlds import NAMES, generate_world
 
 HOME_SHOWN = "/home/user"
 _STATUS_FD, _OUT_FD = 87, 88  # the shell's private status pipe; a copy of its output pipe
@@ -47,8 +47,11 @@ class TerminalEnv(sandbox.SandboxedEnv):
   domain = "terminal"
 
   def __init__(self, time_limit: float = 3.0, root: str | None = None, unsafe: bool = False,
-               limits: sandbox.Limits = sandbox.Limits()) -> None:
+               limits: sandbox.Limits = sandbox.Limits(), names: str = "usual") -> None:
+    if names not in NAMES:
+      raise ValueError(f"TerminalEnv names: expected one of {', '.join(NAMES)}, got {names!r}")
     super().__init__(root, unsafe, limits)
+    self.names = names  # how the worlds name their directories and files (`generate_world`)
     self.time_limit = time_limit
     self.home = ""
     self.proc: subprocess.Popen | None = None
@@ -61,7 +64,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
     # Paths as the shell sees them: the episode directory is /sandbox inside the sandbox.
     self.inner_home = os.path.join(self._open_dir("lwm_term_"), "home")
     self.home = os.path.join(self.sandbox, "home")
-    world = generate_world(seed)
+    world = generate_world(seed, self.names)
     self._set_world(world)
     self.files, self.layout = world["files"], world["layout"]
     for rel, text in sorted(self.files.items()):
@@ -112,9 +115,12 @@ class TerminalEnv(sandbox.SandboxedEnv):
     self._remove_dir()
 
   def episode_meta(self) -> dict[str, Any]:
-    return {"task_kind": self.goal.get("kind"), "normalised": [
+    meta = {"task_kind": self.goal.get("kind"), "normalised": [
         "sandbox path shown as /home/user", "clock fixed (date, file mtimes)", "TZ=UTC LC_ALL=C",
         "PIDs in bash job messages shown as 1000+step"]}
+    if self.names != "usual":
+      meta["names"] = self.names
+    return meta
 
   # -- stepping --------------------------------------------------------------------------------
   def step(self, action: str) -> str:

@@ -4,13 +4,22 @@
 logs, CSV files, code and notes live and what they are called), the log format, the CSV columns
 and their order, the people, regions, products and functions that appear, and every value. The
 layout records where each kind of file is so that tasks and the scripted agent name real paths.
+
+`names="made_up"` draws every directory and file name from made-up words instead of the usual
+pools (`data/`, `notes/`, `backlog.txt`, ...; a handful of choices each): a world model can guess
+the usual names from its prior, but only reads the made-up ones off the episode's file listing
+(docs/reproduce.md, "Made-up names"). The rest of the world (contents, layout roles, tasks) is
+drawn as usual.
 """
 from __future__ import annotations
 
 import random
 from typing import Any
 
+from lwm_jax.data.drills import made_up_word
 from lwm_jax.envs import worlds_text as wt
+
+NAMES = ("usual", "made_up")
 
 _LEVELS = ["INFO"] * 6 + ["WARN"] * 2 + ["ERROR"] * 2 + ["DEBUG"]
 _MSGS = ("request served", "cache miss", "db timeout", "user login", "disk usage high",
@@ -43,15 +52,32 @@ def _log(r: random.Random, users: list[str], fmt: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def generate_world(seed: int) -> dict[str, Any]:
-  """The home directory of world `seed`: {"files": {path: text}, "layout": {...}} (pure)."""
+def generate_world(seed: int, names: str = "usual") -> dict[str, Any]:
+  """The home directory of world `seed`: {"files": {path: text}, "layout": {...}} (pure). `names`
+  is one of NAMES: "made_up" draws the directory and file names from made-up words."""
+  if names not in NAMES:
+    raise ValueError(f"terminal world names: expected one of {', '.join(NAMES)}, got {names!r}")
   r = random.Random(f"terminal-world-{seed}")
+  made, used = random.Random(f"terminal-names-{seed}"), set()
+
+  def name(usual: str) -> str:
+    """`usual` (already drawn from `r`, so the contents draw as in the usual world of the same
+    seed) or, for made-up names, a made-up word no other name of this world uses."""
+    if names == "usual":
+      return usual
+    word = made_up_word(made)
+    while word in used:
+      word = made_up_word(made)
+    used.add(word)
+    return word
+
+  pick = lambda options: name(r.choice(options))  # noqa: E731
   files: dict[str, str] = {}
   users = [p.split()[0] for p in wt.people(r, r.randint(4, 9))]
   # Logs.
   service = r.choice(_SERVICES)
-  log_dir = r.choice(["logs", "log", "var/log", f"logs/{service}"])
-  log = f"{log_dir}/{r.choice([service, 'app', service + '-server'])}.log"
+  log_dir = pick(["logs", "log", "var/log", f"logs/{service}"])
+  log = f"{log_dir}/{pick([service, 'app', service + '-server'])}.log"
   fmt = r.choice(["bracket", "keyvalue"])
   files[log] = _log(r, users, fmt)
   if r.random() < 0.6:
@@ -60,8 +86,8 @@ def generate_world(seed: int) -> dict[str, Any]:
         f"job {r.randint(100, 999)} {r.choice(['ok', 'ok', 'failed', 'retried'])}"
         for _ in range(r.randint(4, 12))) + "\n"
   # CSV files: a sales table with drawn columns and order, a users table, maybe an inventory.
-  data_dir = r.choice(["data", "reports", "datasets", "csv", "exports"])
-  sales = f"{data_dir}/{r.choice(['sales', 'orders', 'revenue', 'sales_2024-05', 'transactions'])}.csv"
+  data_dir = pick(["data", "reports", "datasets", "csv", "exports"])
+  sales = f"{data_dir}/{pick(['sales', 'orders', 'revenue', 'sales_2024-05', 'transactions'])}.csv"
   regions = r.sample(wt.REGIONS, r.randint(3, 5))
   products = r.sample(wt.PRODUCTS, r.randint(3, 6))
   amount_col = r.choice(["amount", "total", "revenue", "value"])
@@ -74,7 +100,7 @@ def generate_world(seed: int) -> dict[str, Any]:
            "channel": r.choice(["web", "store", "phone"]), "rep": r.choice(users)}
     rows.append(",".join(rec[c] for c in head))
   files[sales] = "\n".join(rows) + "\n"
-  users_csv = f"{data_dir}/{r.choice(['users', 'team', 'staff', 'accounts'])}.csv"
+  users_csv = f"{data_dir}/{pick(['users', 'team', 'staff', 'accounts'])}.csv"
   ucols = ["name", "team", "active"] + (["email"] if r.random() < 0.5 else [])
   urows = [",".join(ucols)] + [",".join({"name": u, "team": r.choice(wt.TEAMS), "active": r.choice(["yes", "no"]),
                                          "email": f"{u}@example.com"}[c] for c in ucols)
@@ -84,8 +110,8 @@ def generate_world(seed: int) -> dict[str, Any]:
     files[f"{data_dir}/inventory.csv"] = "product,stock\n" + "".join(
         f"{p},{r.randint(0, 300)}\n" for p in products)
   # Code: two or three modules of functions and a main script that uses one of them.
-  src_dir = r.choice(["src", "lib", "app", "tools", "code"])
-  mods = r.sample(_MODULES, r.randint(1, 2))
+  src_dir = pick(["src", "lib", "app", "tools", "code"])
+  mods = [name(m) for m in r.sample(_MODULES, r.randint(1, 2))]
   funcs = r.sample(_FUNCS, 2 * len(mods) + 2)
   defined: dict[str, str] = {}
   for k, mod in enumerate(mods):
@@ -94,22 +120,22 @@ def generate_world(seed: int) -> dict[str, Any]:
                    for f in mine)
     files[f"{src_dir}/{mod}.py"] = body.rstrip("\n") + "\n"
     defined.update({f: f"{src_dir}/{mod}.py" for f in mine})
-  main = f"{src_dir}/{r.choice(['main', 'run', 'cli', 'app'])}.py"
+  main = f"{src_dir}/{pick(['main', 'run', 'cli', 'app'])}.py"
   f_use, f_run, f_entry = funcs[0], funcs[-2], funcs[-1]
   files[main] = (f"from {mods[0]} import {f_use}\n\n\ndef {f_run}(rows):\n  return [{f_use}(r) for r in rows]\n"
                  f"\n\ndef {f_entry}():\n  print('start')\n\n\nif __name__ == '__main__':\n  {f_entry}()\n")
   defined.update({f_run: main, f_entry: main})
   # Notes: a to-do list, meeting notes, maybe ideas; some already in markdown.
-  notes_dir = r.choice(["notes", "docs", "memos", "journal"])
-  todo = f"{notes_dir}/{r.choice(['todo', 'tasks', 'backlog'])}.txt"
+  notes_dir = pick(["notes", "docs", "memos", "journal"])
+  todo = f"{notes_dir}/{pick(['todo', 'tasks', 'backlog'])}.txt"
   files[todo] = "".join(f"- {x.format(p=r.choice(users))}\n" for x in r.sample(_NOTES, r.randint(2, 5)))
   for k in range(r.randint(1, 3)):
-    files[f"{notes_dir}/meeting-{r.randint(1, 12):02d}-{1 + k:02d}.txt"] = (
+    files[f"{notes_dir}/{name(f'meeting-{r.randint(1, 12):02d}-{1 + k:02d}')}.txt"] = (
         f"Meeting {k + 1}\nattendees: " + ", ".join(r.sample(users, 3)) + "\n")
   if r.random() < 0.4:
-    files[f"{notes_dir}/ideas.md"] = "# ideas\n\n" + "".join(f"* {t}\n" for t in r.sample(wt.TOPICS, 2))
+    files[f"{notes_dir}/{name('ideas')}.md"] = "# ideas\n\n" + "".join(f"* {t}\n" for t in r.sample(wt.TOPICS, 2))
   if r.random() < 0.5:
-    script = f"scripts/{r.choice(['backup', 'deploy', 'cleanup', 'sync'])}.sh"
+    script = f"{name('scripts')}/{pick(['backup', 'deploy', 'cleanup', 'sync'])}.sh"
     files[script] = (f"#!/bin/sh\n# run nightly by {r.choice(users)}\nset -e\n"
                      f"tar czf /tmp/{data_dir}.tgz {data_dir}\necho done\n")
   files["README.md"] = (f"# {r.choice(wt.CODENAMES)} {r.choice(['project', 'sandbox', 'workspace'])}\n\n"
@@ -117,7 +143,7 @@ def generate_world(seed: int) -> dict[str, Any]:
   layout = {"log": log, "log_format": fmt, "data": data_dir, "sales": sales, "sales_columns": head,
             "amount": amount_col, "regions": sorted({row.split(",")[head.index("region")] for row in rows[1:]}),
             "users_csv": users_csv, "src": src_dir, "functions": defined, "notes": notes_dir, "todo": todo,
-            "backup": r.choice(["backup", "bak", "archive", f"{data_dir}_backup"])}
+            "backup": pick(["backup", "bak", "archive", f"{data_dir}_backup"])}
   return {"files": dict(sorted(files.items())), "layout": layout}
 
 
