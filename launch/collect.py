@@ -31,18 +31,19 @@ PERTURB = flags.DEFINE_string("perturb", "", "perturbation spec applied to every
 NAMES = flags.DEFINE_enum("names", "usual", ["usual", "made_up"], "terminal only: how the worlds "
                           "name their directories and files (made_up: made-up words, read off the "
                           "file listing; lwm_jax/envs/terminal_worlds.py)")
+TASK = flags.DEFINE_string("task", "", "terminal only: every episode's task kind (e.g. tour: list "
+                           "every directory); empty: drawn per episode as in the corpus")
 flags.mark_flags_as_required(["env", "out"])
 
 
 def main(argv: list[str]) -> None:
   del argv
-  options = {}
-  if NAMES.value != "usual":
-    if FLAGS.value != "terminal":
-      print(f"error: --names is an option of the terminal environment, not of '{FLAGS.value}'",
-            file=sys.stderr)
-      sys.exit(2)
-    options["names"] = NAMES.value
+  options = {k: v for k, v in (("names", NAMES.value), ("task", TASK.value))
+             if v not in ("", "usual")}
+  if options and FLAGS.value != "terminal":
+    print(f"error: --{next(iter(options))} is an option of the terminal environment, not of "
+          f"'{FLAGS.value}'", file=sys.stderr)
+    sys.exit(2)
   try:
     trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value,
                                    MAX_TURNS.value, perturb=PERTURB.value, env_options=options)

@@ -108,6 +108,32 @@ def test_terminal_env_made_up_names_and_collect_options(tmp_path):
     collect.collect("mcp", 1, workers=1, progress=False, env_options={"names": "made_up"})
   with pytest.raises(ValueError, match="TerminalEnv names"):
     TerminalEnv(names="odd")
+  with pytest.raises(ValueError, match="TerminalEnv task: expected one of count_errors, .*tour"):
+    TerminalEnv(task="odd")
+
+
+def test_terminal_tour_task_lists_every_directory_and_its_verdict():
+  """`task="tour"` (asked for, never drawn): the scripted agent lists every directory, and the
+  transcript verdict gives full credit for it, partial credit when a listing is cut."""
+  from lwm_jax.data.schema import Turn
+  from lwm_jax.envs import collect, verify_transcript
+  options = {"names": "made_up", "task": "tour"}
+  trajs, _ = collect.collect("terminal", 2, seed=5, workers=1, progress=False, env_options=options)
+  env = TerminalEnv(time_limit=2.0, **options)
+  try:
+    for t in trajs:
+      world = terminal_worlds.generate_world(t.meta["seed"], "made_up")
+      dirs = sorted({p.rsplit("/", 1)[0] for p in world["files"] if "/" in p})
+      assert t.meta["task_kind"] == "tour" and t.task.startswith("List the files of every")
+      assert sum(u.action.split()[0] == "ls" and u.action.split()[-1] in dirs for u in t.turns) >= len(dirs)
+      verdict = verify_transcript.check_trajectory(t, env)
+      assert verdict.success and verdict.credit == 1.0, verdict
+      cut = [Turn(u.action, u.observation.split("  ")[0] if u.action.split()[-1] == dirs[0] else
+                  u.observation) for u in t.turns]
+      partial = verify_transcript.check_transcript("terminal", t.meta["seed"], cut, env)
+      assert not partial.success and partial.credit == pytest.approx((len(dirs) - 1) / len(dirs))
+  finally:
+    env.close()
 
 
 # -- swe --------------------------------------------------------------------------------------------

@@ -41,17 +41,24 @@ longer ones are killed. Observation: everything the command printed (stdout and 
 interleaved) followed by the next prompt `USER@sandbox:DIR$ ` (`#` for root)."""
 
 _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes", "top_users")
+# Kinds an episode gets only when asked for (`TerminalEnv(task=...)`), so the corpus's draws stay.
+_ON_REQUEST = ("tour",)
 
 
 class TerminalEnv(sandbox.SandboxedEnv):
   domain = "terminal"
 
   def __init__(self, time_limit: float = 3.0, root: str | None = None, unsafe: bool = False,
-               limits: sandbox.Limits = sandbox.Limits(), names: str = "usual") -> None:
+               limits: sandbox.Limits = sandbox.Limits(), names: str = "usual",
+               task: str = "") -> None:
     if names not in NAMES:
       raise ValueError(f"TerminalEnv names: expected one of {', '.join(NAMES)}, got {names!r}")
+    if task and task not in _TASKS + _ON_REQUEST:
+      raise ValueError(f"TerminalEnv task: expected one of {', '.join(_TASKS + _ON_REQUEST)}, "
+                       f"got {task!r}")
     super().__init__(root, unsafe, limits)
     self.names = names  # how the worlds name their directories and files (`generate_world`)
+    self.task = task    # every episode's task kind ("": drawn per episode from _TASKS)
     self.time_limit = time_limit
     self.home = ""
     self.proc: subprocess.Popen | None = None
@@ -73,7 +80,8 @@ class TerminalEnv(sandbox.SandboxedEnv):
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     self._fix_mtimes(force=True)
-    kind = rng.choice(_TASKS)
+    kind = rng.choice(_TASKS)  # drawn even when self.task fixes it: the goal's draws stay
+    kind = self.task or kind
     self.goal = self._make_goal(kind, rng)
     self.seed = seed
     self._start_shell()
@@ -307,6 +315,9 @@ class TerminalEnv(sandbox.SandboxedEnv):
                       "and check the copies.")
     elif kind == "rename_notes":
       goal["text"] = f"Rename every .txt file in {lay['notes']}/ to the .md extension."
+    elif kind == "tour":
+      goal["dirs"] = sorted({os.path.dirname(p) for p in self.files if "/" in p})
+      goal["text"] = "List the files of every directory under the home directory."
     else:
       goal["text"] = (f"List the users that appear in {lay['log']} with how often each appears, most "
                       "frequent first.")
@@ -350,6 +361,12 @@ class TerminalAgent(base.PlanAgent):
                f"diff {sales} {bak}/{first} && echo same"]
       if r.random() < 0.4:
         plan.insert(-3, f"mkdir {bak}")  # a second mkdir fails: File exists
+    elif k == "tour":
+      dirs = list(g["dirs"])
+      r.shuffle(dirs)
+      plan += [r.choice(["ls {}", "ls {}", "ls -l {}", "ls -a {}"]).format(d) for d in dirs]
+      if r.random() < 0.5:
+        plan.insert(r.randrange(len(plan) + 1), r.choice(["ls", "ls -R", "ls -l"]))
     elif k == "rename_notes":
       plan += [f"ls {notes}", f"cd {notes}", "for f in *.txt; do mv \"$f\" \"${f%.txt}.md\"; done",
                "ls", "cd " + "/".join([".."] * (notes.count("/") + 1))]

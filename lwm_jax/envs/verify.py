@@ -199,6 +199,13 @@ def _terminal_question(g: dict[str, Any], files: dict[str, str], lay: dict[str, 
     if got is None:
       return _v(False, 0, f"no command printed a lone number; the total is {_fmt(total)}")
     return _v(abs(got - total) < 1e-6, 0, f"answer {_fmt(got)}, total {_fmt(total)}")
+  if k == "tour":
+    listed = 0
+    for d in g["dirs"]:
+      names = {os.path.basename(p) for p in files if os.path.dirname(p) == d}
+      listed += any(a.split()[:1] == ["ls"] and d in a.split()
+                    and names <= set(" ".join(shell_output(o)).split()) for a, o in turns)
+    return _share(listed, len(g["dirs"]), "directories listed with all their files")
   if k == "top_users":
     truth = _log_users(files, lay)
     table = last_count_table(turns)
