@@ -15,7 +15,8 @@ What is checked, per domain (the goal kinds are the env modules' own):
             number and nothing else; top_users, the last command whose whole output is a
             `count name` table (uniq -c style), which must list every user with the right count,
             most frequent first; find_def, an observation showing `def NAME(` together with the
-            path of the file that defines it.
+            path of the file that defines it; tour (asked for only, `TerminalEnv(task="tour")`),
+            the share of directories that an `ls` naming them showed with all their files.
   swe       the repository's whole test suite passes when run now, and no test file was changed.
   search    the target document was opened (its page shown); half credit when it was in a result
             list but never opened. The action space has no answer action, so reading the right
