@@ -88,8 +88,9 @@ def more_worlds(folder: str, corpus: Corpus, out_path: str) -> dict:
     sha = hashlib.sha256(f.read()).hexdigest()
   trained = {splits.world_of(t) for t in corpus.train}
   worlds = {splits.world_of(t) for t in kept}
-  return {"folder": folder, "files": [os.path.relpath(p, os.path.dirname(os.path.dirname(p)))
-                                       for p in files], "file": out_path,
+  return {"folder": folder, "files": [os.path.join(os.path.basename(os.path.dirname(p)),
+                                                    os.path.basename(p)) for p in files],
+          "file": out_path,
           "sha256": sha, "trajectories": len(kept), "per_domain": dict(sorted(per_domain.items())),
           "worlds": len(worlds), "worlds_new": len(worlds - trained),
           "dropped_held_out_world": dropped}

@@ -26,6 +26,11 @@ HELD_OUT = {"usual": "runs/terminal_usual_heldout/terminal_test.jsonl.gz",
             "made_up": "runs/terminal_made_up_heldout/terminal_test.jsonl.gz"}
 
 
+def is_listing(action: str) -> bool:
+  """A listing turn: an `ls` command, answered from the initial state's file list."""
+  return action.split()[:1] == ["ls"]
+
+
 def main(out_dir: str, models: list[str]) -> None:
   episodes = {k: list(schema.read_jsonl(p)) for k, p in HELD_OUT.items()}
   for path in models:
@@ -36,7 +41,7 @@ def main(out_dir: str, models: list[str]) -> None:
       sims = {"listing": [], "other": []}
       for p in played:
         for action, sim in zip(p["actions"], p["edit_similarity"]):
-          sims["listing" if action.split()[0] == "ls" else "other"].append(sim)
+          sims["listing" if is_listing(action) else "other"].append(sim)
       rows.append(f"{names:8s} listing turns {np.mean(sims['listing']):.3f} "
                   f"({len(sims['listing'])}), other turns {np.mean(sims['other']):.3f} "
                   f"({len(sims['other'])})")

@@ -11,9 +11,9 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "launch"))
-from lwm_jax.data import schema  # noqa: E402
-from listing_probe import HELD_OUT  # noqa: E402
+from lwm_jax.data import schema
+from lwm_jax.envs.verify import shell_output
+from listing_probe import HELD_OUT, is_listing
 
 _NAME = re.compile(r"^[\w.-]+$")
 
@@ -21,8 +21,8 @@ _NAME = re.compile(r"^[\w.-]+$")
 def names(listing: str) -> set[str]:
   """The entry names of an `ls` output: the last field of `ls -l` rows, every field otherwise."""
   out = set()
-  for line in listing.splitlines():
-    if "@sandbox" in line or line.startswith("total ") or line.endswith(":"):
+  for line in shell_output(listing):
+    if line.startswith("total ") or line.endswith(":"):
       continue
     fields = line.split()
     if line[:1] in "-d" and len(fields) >= 9:
@@ -41,7 +41,7 @@ def main(paths: list[str]) -> None:
       for p in eps:
         known = set(re.split(r"[\s/]+", initial[naming][p["trajectory"]]))
         for action, pred, real in zip(p["actions"], p["predicted"], p["real"]):
-          if action.split()[0] != "ls":
+          if not is_listing(action):
             continue
           got, want = names(pred), names(real)
           tp, fp, fn = tp + len(got & want), fp + len(got - want), fn + len(want - got)
