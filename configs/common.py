@@ -91,7 +91,8 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
       eval_jsonl="",                 # held-out trajectories for validation (pipeline)
       # SFT in thinking mode: what the <think> block of a target holds. "empty": nothing (the
       # bundled trajectories carry no reasoning; a teacher's will come from rejection sampling);
-      # "recorded": the reasoning a trajectory stores in meta["think"], empty where it has none
+      # "recorded": the reasoning a trajectory stores in meta["think"], empty where it has none;
+      # "instruction": the sample's simulation instruction restated (lwm_jax.data.prompts)
       thinking_target="empty",
       pipeline=_pipeline_defaults()))
   c.rl = ml_collections.ConfigDict(dict(

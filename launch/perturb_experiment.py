@@ -61,6 +61,13 @@ flags.DEFINE_integer("per_domain", 0, "trajectories per domain in each regenerat
                      "split by world like the corpus, so the held-out worlds stay out of training)")
 flags.DEFINE_enum("thinking", "auto", ["auto", "on", "off"], "SFT targets with or without the "
                   "<think> block (auto: as the start was trained, from its provenance.json)")
+flags.DEFINE_enum("thinking_target", "", ["", "instruction"], "what both runs' <think> blocks "
+                  "hold: '' the SFT config's own (empty), 'instruction' the sample's simulation "
+                  "instruction restated as the prompt shows it (lwm_jax.data.prompts.instruction_think), in "
+                  "thinking mode; the trained models are then measured free-running only (the "
+                  "teacher-forced part renders an empty think block, which they never saw)")
+flags.DEFINE_bool("long_prompts", True, "SFT samples in the long form of their prompt variant "
+                  "when it fits (guidance and worked examples after the instruction section)")
 flags.DEFINE_integer("sft_steps", 120, "SFT steps of each run")
 flags.DEFINE_integer("sft_batch", 8, "SFT rows per step")
 flags.DEFINE_integer("sft_seq_len", 1024, "SFT row length")
@@ -137,6 +144,10 @@ def _files(folder: str, domains: list[str], split: str) -> str:
 
 def _thinking(start_hf: str) -> bool:
   """SFT targets in thinking mode or not: --thinking, or the start's own training (auto)."""
+  if FLAGS.thinking_target == "instruction":
+    if FLAGS.thinking == "off":
+      raise SystemExit("--thinking_target=instruction needs thinking-mode targets (not --thinking=off)")
+    return True
   if FLAGS.thinking == "auto":
     from lwm_jax.checkpoints import recorded_thinking  # pylint: disable=import-outside-toplevel
     return recorded_thinking(start_hf)
@@ -145,12 +156,15 @@ def _thinking(start_hf: str) -> bool:
 
 def _config(name: str, folder: str, domains: list[str], wd: str, start: tuple):
   start_hf, sp, vocab, context = start
-  return stages.stage_config("sft", preset=FLAGS.preset, vocab=vocab, steps=FLAGS.sft_steps,
-                             batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len,
-                             workdir=os.path.join(wd, name), tokenizer=sp,
-                             train=_files(folder, domains, "train"),
-                             valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
-                             export_hf=True, context=context, thinking=_thinking(start_hf))
+  c = stages.stage_config("sft", preset=FLAGS.preset, vocab=vocab, steps=FLAGS.sft_steps,
+                          batch=FLAGS.sft_batch, seq_len=FLAGS.sft_seq_len,
+                          workdir=os.path.join(wd, name), tokenizer=sp,
+                          train=_files(folder, domains, "train"),
+                          valid=_files(folder, domains, "validation"), init_from_hf=start_hf,
+                          export_hf=True, context=context, thinking=_thinking(start_hf),
+                          thinking_target=FLAGS.thinking_target)
+  c.data.pipeline.long_prompts = FLAGS.long_prompts
+  return c
 
 
 def instruction_visible(c, per_domain: int = 200) -> dict[str, dict[str, int]]:
@@ -237,11 +251,14 @@ def _fidelity(name: str, hf: str, sp: str, domains: list[str], specs: dict[str, 
     if kept.get("likelihood"):
       return kept
   sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
+  parts = ("likelihood",) if kept else fidelity.PARTS
+  if FLAGS.thinking_target and name != "start":
+    parts = ("generate",)  # see --thinking_target
   report = fidelity.run(sampler, domains=domains, specs=specs,
                         corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
                         max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,
                         batch=FLAGS.batch, checkpoint=hf, temperature=FLAGS.temperature,
-                        parts=("likelihood",) if kept else fidelity.PARTS, thinking=thinking)
+                        parts=parts, thinking=thinking)
   if kept:
     kept["seconds"]["likelihood"] = report["seconds"]["likelihood"]
     report = {**kept, "likelihood": report["likelihood"],
@@ -330,6 +347,17 @@ def _twins_text(settings: dict) -> str:
           + ", ".join(f"{d} {n}" for d, n in twins.items()) + ")")
 
 
+def _thinking_text(settings: dict) -> str:
+  if not settings.get("thinking", True):
+    return "no thinking"
+  text = "thinking"
+  if settings.get("thinking_target") == "instruction":
+    text += ", the think block restating the simulation instruction"
+  if settings.get("long_prompts") is False:
+    text += ", short prompt forms only"
+  return text
+
+
 def _pct(x) -> str:
   return "-" if x is None else f"{100 * x:.1f}"
 
@@ -352,7 +380,7 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
            f"Command: `{settings['command']}`", "",
            f"Start: `{settings['start']}`. Both runs: {settings['sft_steps']} SFT steps of "
            f"{settings['sft_batch']} x {settings['sft_seq_len']} tokens from the start "
-           f"({'thinking' if settings.get('thinking', True) else 'no thinking'}), on the "
+           f"({_thinking_text(settings)}), on the "
            f"training split of {', '.join(settings['domains'])}"
            f"{_copy_size(settings)}; `perturbed` on a copy with "
            f"{settings['perturb_share']:g} of the episodes played under {_drawn_text(settings)}"
@@ -459,7 +487,8 @@ def main(argv):
   runs = {"plain": _train("plain", plain, domains, wd, start),
           "perturbed": _train("perturbed", copy_trained, domains, wd, start)}
   hf = {"start": start[0], **{k: v["export_hf"] for k, v in runs.items()}}
-  reports = {m: _fidelity(m, hf[m], start[1], domains, specs, wd, _thinking(start[0]))
+  reports = {m: _fidelity(m, hf[m], start[1], domains, specs, wd,
+                          None if m == "start" else _thinking(start[0]))
              for m in MODELS}
   checks, means = compare(reports)
   gains = compare_likelihood(reports)
@@ -467,6 +496,8 @@ def main(argv):
               "start": FLAGS.start, "domains": domains, "perturb_share": FLAGS.perturb_share,
               "sft_steps": FLAGS.sft_steps, "sft_batch": FLAGS.sft_batch,
               "per_domain": FLAGS.per_domain or None, "thinking": _thinking(start[0]),
+              "thinking_target": FLAGS.thinking_target or None,
+              "long_prompts": FLAGS.long_prompts,
               "sft_seq_len": FLAGS.sft_seq_len, "episodes": FLAGS.episodes,
               "max_turns": FLAGS.max_turns, "max_tokens": FLAGS.max_tokens,
               "temperature": FLAGS.temperature, "paired_twins": twins,

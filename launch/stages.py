@@ -134,9 +134,10 @@ def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int,
                  workdir: str, tokenizer: str, train: str, valid: str, init_from_hf: str = "",
                  export_hf: bool = False, loss_masking: bool = True, thinking: bool = True,
                  knowledge_jsonl: str = "", knowledge_share: float = 0.0, context: int = 0,
-                 drill_share: float = 0.0, drill_rows: str = "64"):
+                 drill_share: float = 0.0, drill_rows: str = "64", thinking_target: str = ""):
   """The `preset` of the stage's config (configs/common.py) with this run's data, steps,
-  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches;
+  vocabulary and shapes; `loss_masking` (CPT) and `thinking` (SFT) are the recipe's switches
+  (`thinking_target`, when given, what an SFT think block holds: configs/common.py);
   `drill_share` / `drill_rows` mix the copy drill into CPT (lwm_jax/data/pipeline.py).
   The model's context (max_position_embeddings) is `seq_len`, or `context` when larger."""
   c = STAGE_CONFIGS[stage].get_config(preset)
@@ -160,6 +161,8 @@ def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int,
     c.data.pipeline.drill_share, c.data.pipeline.drill_rows = drill_share, drill_rows
   else:
     c.data.pipeline.thinking = thinking
+    if thinking_target:
+      c.data.thinking_target = thinking_target
   c.init_from_hf = init_from_hf
   c.export_hf = export_hf
   c.export_hf_dir = os.path.join(workdir, "hf")

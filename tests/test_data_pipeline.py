@@ -123,6 +123,25 @@ def test_sft_target_and_thinking(tok, many):
   assert len(targets) > 1  # the seeded choice varies over trajectories
 
 
+def test_sft_instruction_thinking_target_restates_the_instruction(tok, many):
+  """thinking_target='instruction': the think block says the simulation-instruction section
+  again word for word as the sample's template shows it (also when there is none), whatever
+  meta["think"] holds."""
+  words = "Pagination: a result never lists more than 3 items or rows."
+  for instruction in (words, ""):
+    t = schema.Trajectory.from_dict({**many[1].to_dict(), "simulation_instruction": instruction,
+                                     "meta": {"think": ["x"] * len(many[1].turns)}})
+    k, v = pipeline.target_turn(t, 3), prompts.variant_for("sft", t.id, 3)
+    said = words if instruction else "None. Behave exactly like the real environment."
+    assert said in prompts.system_prompt(t, v)
+    s = pipeline.sft_sample(t, tok, cfg(thinking_target="instruction", seq_len=8192))
+    (run,) = _runs(s["tokens"], s["loss_weights"])
+    assert tok.decode(run) == (f"<think>Simulation instruction: {said}</think>\n"
+                               f"<predicted_observation>{t.turns[k].observation}"
+                               f"</predicted_observation><|im_end|>")
+  assert prompts.instruction_think(t, 0) == "Simulation instruction: None."
+
+
 def test_sft_history_loss_trains_every_kept_observation(tok, trajs):
   t = next(x for x in trajs if x.id == "term-001")
   k = pipeline.target_turn(t, 3)

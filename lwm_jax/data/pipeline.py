@@ -177,8 +177,11 @@ def sft_messages(traj: Trajectory, turn: int, variant: int, tok: Tokenizer,
   examples from `pool` as fit in `cfg.seq_len` beside the whole sample (the plain variant when
   `pool` is None or even the long form without examples does not fit)."""
   # `thinking_target`: "recorded" puts the trajectory's reasoning (meta["think"]) in the think
-  # block, "empty" leaves it empty (docs/recipe.md, "Stage 2")
-  think = think_text(traj, turn) if cfg.get("thinking_target", "recorded") == "recorded" else ""
+  # block, "empty" leaves it empty (docs/recipe.md, "Stage 2"), "instruction" restates the
+  # simulation instruction there (`prompts.instruction_think`, docs/perturbations.md)
+  target = cfg.get("thinking_target", "recorded")
+  think = (think_text(traj, turn) if target == "recorded" else
+           prompts.instruction_think(traj, variant) if target == "instruction" else "")
   render = lambda long, demos: prompts.render_messages(
       traj, turn, variant, thinking=cfg.thinking, think=think, long=long, demos=demos)
   plain = render(False, ())

@@ -206,6 +206,23 @@ def _parts(traj: Trajectory) -> dict[str, str]:
   }
 
 
+def instruction_body(traj: Trajectory, variant: int) -> str:
+  """The simulation-instruction section's text as template `variant` writes it (also when the
+  trajectory has none)."""
+  return traj.simulation_instruction.strip() or (
+      "None. Behave exactly like the real environment." if variant else "None.")
+
+
+def instruction_think(traj: Trajectory, variant: int) -> str:
+  """The reasoning of the `instruction` thinking target: the simulation-instruction section said
+  again word for word, as template `variant` shows it ("None. ..." when there is none), right
+  before the observation it governs. In the system prompt it sits hundreds of tokens and more
+  before the observation; a model that first copies it into its reasoning decides the
+  observation on text a few dozen tokens back, and every sample, instructed or not, trains the
+  same copy (docs/perturbations.md, "Thinking that restates the instruction")."""
+  return f"Simulation instruction: {instruction_body(traj, variant)}"
+
+
 def _output_format(think: bool) -> str:
   if think:
     return (f"First reason briefly inside {THINK_OPEN}...{THINK_CLOSE}, then give the observation "
@@ -217,8 +234,7 @@ def _sections(traj: Trajectory, variant: int, long: bool = False,
               demos: Sequence[str] = ()) -> list[tuple[str, str]]:
   _, n_dom, n_gen, checklist, think, extra = _SPEC[variant]
   info, p = DOMAIN_INFO[traj.domain], _parts(traj)
-  instruction = p["instruction"] or (
-      "None. Behave exactly like the real environment." if variant else "None.")
+  instruction = instruction_body(traj, variant)
   intro = (f"You simulate {info['role']}. An agent works on the task below; after each of its "
            f"actions you return the observation: {info['obs']}.")
   secs = [("Role", intro), ("Task", p["task"]), ("Action space", p["actions"]),

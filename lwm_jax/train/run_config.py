@@ -18,7 +18,7 @@ from lwm_jax.model.config import ModelConfig
 
 STAGES = ("cpt", "sft", "rl", "agent-bc", "agent-rl")
 POLICY_STAGES = ("rl", "agent-rl")  # sampled batches, the GSPO step
-THINKING_TARGETS = ("empty", "recorded")
+THINKING_TARGETS = ("empty", "recorded", "instruction")
 
 
 def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:

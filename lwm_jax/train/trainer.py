@@ -269,6 +269,9 @@ def _log_stage(c: ml_collections.ConfigDict) -> None:
                       "(data.thinking_target='empty'); the model learns to answer without "
                       "reasoning until teacher reasoning is supplied (set 'recorded' to train on "
                       "reasoning stored in trajectories' meta['think'])")
+    elif c.data.thinking_target == "instruction":
+      logging.warning("SFT in thinking mode: <think> restates each sample's simulation "
+                      "instruction, or says there is none (data.thinking_target='instruction')")
     else:
       logging.warning("SFT in thinking mode: <think> holds each trajectory's meta['think'] for "
                       "the target turn, and is empty where a trajectory has none "
