@@ -63,9 +63,10 @@ flags.DEFINE_enum("thinking", "auto", ["auto", "on", "off"], "SFT targets with o
                   "<think> block (auto: as the start was trained, from its provenance.json)")
 flags.DEFINE_enum("thinking_target", "", ["", "instruction"], "what both runs' <think> blocks "
                   "hold: '' the SFT config's own (empty), 'instruction' the sample's simulation "
-                  "instruction restated as the prompt shows it (lwm_jax.data.prompts.instruction_think), in "
-                  "thinking mode; the trained models are then measured free-running only (the "
-                  "teacher-forced part renders an empty think block, which they never saw)")
+                  "instruction restated as its template shows it "
+                  "(lwm_jax.data.prompts.instruction_think), in thinking mode; the trained models "
+                  "are then measured free-running only (the teacher-forced part renders an empty "
+                  "think block, which they never saw)")
 flags.DEFINE_bool("long_prompts", True, "SFT samples in the long form of their prompt variant "
                   "when it fits (guidance and worked examples after the instruction section)")
 flags.DEFINE_integer("sft_steps", 120, "SFT steps of each run")
@@ -239,21 +240,21 @@ def _earlier_summary(name: str, wd: str, hf: str) -> dict:
 
 def _fidelity(name: str, hf: str, sp: str, domains: list[str], specs: dict[str, list[str]],
               wd: str, thinking: bool) -> dict:
-  """evals/fidelity.py on one model: both parts, or with --reuse only what its kept report
-  lacks (a report made before the likelihood part existed gains it)."""
+  """evals/fidelity.py on one model: both parts (with --thinking_target, the trained runs only
+  the free-running one), or with --reuse only what its kept report lacks (a report made before
+  the likelihood part existed gains it)."""
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
+  likelihood = name == "start" or not FLAGS.thinking_target  # see --thinking_target
   out = os.path.join(wd, f"fidelity_{name}")
   path = os.path.join(out, "fidelity.json")
   kept = None
   if FLAGS.reuse and os.path.exists(path):
     with open(path) as f:
       kept = json.load(f)
-    if kept.get("likelihood"):
+    if kept.get("likelihood") or not likelihood:
       return kept
   sampler = Sampler.from_checkpoint(hf, tokenizer=sp, max_batch=max(4, FLAGS.batch))
-  parts = ("likelihood",) if kept else fidelity.PARTS
-  if FLAGS.thinking_target and name != "start":
-    parts = ("generate",)  # see --thinking_target
+  parts = ("likelihood",) if kept else fidelity.PARTS if likelihood else ("generate",)
   report = fidelity.run(sampler, domains=domains, specs=specs,
                         corpus_dir=FLAGS.corpus, episodes=FLAGS.episodes,
                         max_turns=FLAGS.max_turns, max_tokens=FLAGS.max_tokens,

@@ -8,7 +8,6 @@ import pytest
 
 from lwm_jax.data import masking, pipeline, prompts, schema, tfds_trajectories
 from lwm_jax.data import tokenizer as tk
-from lwm_jax.data.bench_records import format_observation
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 JSONL = os.path.join(FIX, "trajectories.jsonl")

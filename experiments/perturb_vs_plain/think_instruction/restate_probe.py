@@ -1,6 +1,7 @@
 """Does a model trained with `--thinking_target=instruction` say the instruction back?
 
   python experiments/perturb_vs_plain/think_instruction/restate_probe.py CORPUS_DIR OUT.json MODEL...
+  python experiments/perturb_vs_plain/think_instruction/restate_probe.py --copy CORPUS_DIR OUT.json MODEL...
 
 For the held-out (test split) episodes of the mcp, search and web copies in CORPUS_DIR (a
 `launch/perturb_experiment.py` corpus copy), with and without a simulation instruction, the model
@@ -11,7 +12,8 @@ reasoning of the reply is compared with what the thinking target would hold
 and by the instruction's kind (the words before its first colon or full stop: "Pagination",
 "Withheld fields", ... or "None"). Per model, turn and
 domain: how often each holds, and how many tokens separate the instruction's last token from the
-start of the reply (the distance the copy spans). Every reply goes to OUT.json.
+start of the reply (the distance the copy spans). Every reply goes to OUT.json. With `--copy`,
+the teacher-forced test of `copy_nll` instead.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, ROOT)
 from lwm_jax.data import prompts, schema  # noqa: E402
-from lwm_jax.data.reply import split_reasoning  # noqa: E402
+from lwm_jax.data.reply import THINK_OPEN, split_reasoning  # noqa: E402
 
 DOMAINS = ("mcp", "search", "web")
 TURNS = 4
@@ -100,19 +102,74 @@ def probe(model: str, trajs: list[schema.Trajectory]) -> dict:
           "replies": rows}
 
 
+def copy_nll(model: str, trajs: list[schema.Trajectory]) -> dict:
+  """Teacher-forced: can the model copy the instruction once the copy has begun? For the first
+  turn of each instructed episode, the reply `<think>Simulation instruction: <the instruction>`
+  is scored under three system prompts: the episode's own (the text to copy is there), one
+  carrying the next episode's instruction of another kind, and one without any. Mean NLL (nats
+  a token) of the instruction's first token (the decision) and of the rest (the copy). A model
+  that copies predicts the rest far better from its own prompt than from the others."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.sampler import Sampler  # pylint: disable=C0415
+  sampler = Sampler.from_checkpoint(model, max_batch=4)
+  net, tok = sampler.model, sampler.tokenizer
+
+  @jax.jit
+  def logp(toks):
+    lp = jax.nn.log_softmax(net(toks).logits.astype(jnp.float32)[:, :-1], axis=-1)
+    return jnp.take_along_axis(lp, toks[:, 1:, None], axis=-1)[..., 0]
+
+  told = [t for t in trajs if t.simulation_instruction.strip()]
+  sums = {k: [0.0, 0, 0.0, 0] for k in ("own", "other", "none")}
+  for i, t in enumerate(told):
+    other = next((u for u in told[i + 1:] + told[:i]
+                  if kind(prompts.instruction_think(u, 0)) != kind(prompts.instruction_think(t, 0))),
+                 None)
+    reply = tok.encode(prompts.instruction_think(t, 0))
+    head = len(tok.encode("Simulation instruction:"))
+    for key, inst in (("own", t.simulation_instruction), ("none", ""),
+                      ("other", other.simulation_instruction if other else None)):
+      if inst is None:
+        continue
+      msgs = prompts.prompt_messages(dataclasses.replace(t, simulation_instruction=inst), 0, 0)
+      ids = sampler.encode_prompt(msgs) + tok.encode(THINK_OPEN) + reply
+      if len(ids) > int(sampler.engine.context):
+        continue
+      bucket = max(64, 1 << (len(ids) - 1).bit_length())
+      toks = np.zeros((1, bucket), np.int32)
+      toks[0, :len(ids)] = ids
+      lp = np.asarray(logp(jnp.asarray(toks)))[0]
+      start = len(ids) - len(reply) + head  # the instruction's first token
+      nll = -lp[start - 1:len(ids) - 1]
+      s = sums[key]
+      s[0] += float(nll[0]); s[1] += 1; s[2] += float(nll[1:].sum()); s[3] += len(nll) - 1
+  return {k: {"episodes": s[1], "first_token": s[0] / max(s[1], 1), "rest": s[2] / max(s[3], 1)}
+          for k, s in sums.items()}
+
+
 def main(argv: list[str]) -> None:
+  copy = "--copy" in argv
+  argv = [a for a in argv if a != "--copy"]
   if len(argv) < 4:
     raise SystemExit(__doc__)
   corpus, out, models = argv[1], argv[2], argv[3:]
   trajs = episodes(corpus)
-  results = [probe(m, trajs) for m in models]
+  if copy:
+    results = [{"model": m, "copy_nll": copy_nll(m, trajs)} for m in models]
+    for r in results:
+      print(r["model"], json.dumps(r["copy_nll"]))
+  else:
+    results = [probe(m, trajs) for m in models]
+    for r in results:
+      print(r["model"], r["distance_tokens"])
+      for key, x in r["summary"].items():
+        print(f"  {key:<24} {x['replies']:>4} replies  exact {x['exact']:.2f}  "
+              f"kind {x['kind_right']:.2f}")
   with open(out, "w") as f:
     json.dump(results, f, indent=1)
-  for r in results:
-    print(r["model"], r["distance_tokens"])
-    for key, x in r["summary"].items():
-      print(f"  {key:<24} {x['replies']:>4} replies  exact {x['exact']:.2f}  "
-            f"kind {x['kind_right']:.2f}")
 
 
 if __name__ == "__main__":
