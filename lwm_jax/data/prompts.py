@@ -202,7 +202,6 @@ def _parts(traj: Trajectory) -> dict[str, str]:
       "actions": traj.action_space.strip() or info["actions"],
       "state": traj.initial_state.strip() or "(the environment's default starting state)",
       "demos": traj.demonstrations.strip() or info["demo"],
-      "instruction": traj.simulation_instruction.strip(),
   }
 
 
@@ -219,7 +218,8 @@ def instruction_think(traj: Trajectory, variant: int) -> str:
   before the observation it governs. In the system prompt it sits hundreds of tokens and more
   before the observation; a model that first copies it into its reasoning decides the
   observation on text a few dozen tokens back, and every sample, instructed or not, trains the
-  same copy (docs/perturbations.md, "Thinking that restates the instruction")."""
+  same copy. At the demo size the model did not learn to say the instruction back
+  (docs/perturbations.md, "Thinking that restates the instruction")."""
   return f"Simulation instruction: {instruction_body(traj, variant)}"
 
 
