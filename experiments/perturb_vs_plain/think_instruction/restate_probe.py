@@ -31,16 +31,16 @@ from lwm_jax.data.reply import THINK_OPEN, split_reasoning  # noqa: E402
 DOMAINS = ("mcp", "search", "web")
 TURNS = 4
 NEW_TOKENS = 160
+HEAD = "Simulation instruction:"  # how prompts.instruction_think opens the block
 
 
 def kind(think: str) -> str:
   """The instruction's kind as a think block states it: the words after 'Simulation
   instruction:' up to the next colon or full stop ('None' when there is none); '' when the
   block says something else."""
-  head = "Simulation instruction:"
-  if not think.startswith(head):
+  if not think.startswith(HEAD):
     return ""
-  return re.split(r"[:.]", think[len(head):].strip().lstrip("- "), maxsplit=1)[0].strip()
+  return re.split(r"[:.]", think[len(HEAD):].strip().lstrip("- "), maxsplit=1)[0].strip()
 
 
 def episodes(corpus: str, per_kind: int = 40) -> list[schema.Trajectory]:
@@ -65,12 +65,13 @@ def probe(model: str, trajs: list[schema.Trajectory]) -> dict:
       msgs, _ = fit_chat(sampler, prompts.prompt_messages(t, k, 0), budget)
       if msgs is None:
         continue
-      ids = sampler.encode_prompt(msgs)
+      distance = None
       instr = t.simulation_instruction.strip()
-      tail = sampler.encode_prompt(msgs[:1])  # the system prompt; the instruction sits in its tail
-      system = msgs[0]["content"]
-      after = system[system.rfind(instr) + len(instr):] if instr else ""
-      distance = len(ids) - len(tail) + len(sampler.tokenizer.encode(after)) if instr else None
+      if instr:  # the chat after the system prompt + the system prompt's text after the instruction
+        system = msgs[0]["content"]
+        after = system[system.rfind(instr) + len(instr):]
+        distance = (len(sampler.encode_prompt(msgs)) - len(sampler.encode_prompt(msgs[:1]))
+                    + len(sampler.tokenizer.encode(after)))
       jobs.append((t, k, msgs, distance))
   params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
   rows = []
@@ -81,7 +82,7 @@ def probe(model: str, trajs: list[schema.Trajectory]) -> dict:
       think, _ = split_reasoning(g.text)
       want = prompts.instruction_think(t, 0)
       rows.append({"trajectory": t.id, "domain": t.domain, "turn": k,
-                   "instructed": bool(t.simulation_instruction.strip()),
+                   "instructed": distance is not None,
                    "distance": distance, "want": want, "think": think,
                    "exact": think == want, "kind_right": kind(think) == kind(want)})
   summary: dict = collections.defaultdict(lambda: [0, 0, 0])
@@ -110,26 +111,20 @@ def copy_nll(model: str, trajs: list[schema.Trajectory]) -> dict:
   a token) of the instruction's first token (the decision) and of the rest (the copy). A model
   that copies predicts the rest far better from its own prompt than from the others."""
   import dataclasses  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from lwm_jax.eval.teacher_forced import _padded, _scorer  # pylint: disable=C0415
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=C0415
   sampler = Sampler.from_checkpoint(model, max_batch=4)
-  net, tok = sampler.model, sampler.tokenizer
-
-  @jax.jit
-  def logp(toks):
-    lp = jax.nn.log_softmax(net(toks).logits.astype(jnp.float32)[:, :-1], axis=-1)
-    return jnp.take_along_axis(lp, toks[:, 1:, None], axis=-1)[..., 0]
+  tok, score = sampler.tokenizer, _scorer(sampler.model)
 
   told = [t for t in trajs if t.simulation_instruction.strip()]
   sums = {k: [0.0, 0, 0.0, 0] for k in ("own", "other", "none")}
   for i, t in enumerate(told):
+    own_kind = kind(prompts.instruction_think(t, 0))
     other = next((u for u in told[i + 1:] + told[:i]
-                  if kind(prompts.instruction_think(u, 0)) != kind(prompts.instruction_think(t, 0))),
-                 None)
+                  if kind(prompts.instruction_think(u, 0)) != own_kind), None)
     reply = tok.encode(prompts.instruction_think(t, 0))
-    head = len(tok.encode("Simulation instruction:"))
+    head = len(tok.encode(HEAD))
     for key, inst in (("own", t.simulation_instruction), ("none", ""),
                       ("other", other.simulation_instruction if other else None)):
       if inst is None:
@@ -138,10 +133,7 @@ def copy_nll(model: str, trajs: list[schema.Trajectory]) -> dict:
       ids = sampler.encode_prompt(msgs) + tok.encode(THINK_OPEN) + reply
       if len(ids) > int(sampler.engine.context):
         continue
-      bucket = max(64, 1 << (len(ids) - 1).bit_length())
-      toks = np.zeros((1, bucket), np.int32)
-      toks[0, :len(ids)] = ids
-      lp = np.asarray(logp(jnp.asarray(toks)))[0]
+      lp = np.asarray(score(_padded(ids))[1])[0]
       start = len(ids) - len(reply) + head  # the instruction's first token
       nll = -lp[start - 1:len(ids) - 1]
       s = sums[key]
