@@ -63,13 +63,14 @@ from lwm_jax.train.steps import StepConfig  # noqa: E402
 DOMAINS = ("mcp", "search", "web")
 
 
-def departures(copies: str, split: str) -> list[tuple[Trajectory, Trajectory, int]]:
+def departures(copies: str, split: str, domains=DOMAINS
+               ) -> list[tuple[Trajectory, Trajectory, int]]:
   """(perturbed episode, its plain twin, turn) for every turn whose observations differ while
   every action up to it agrees. Episodes without a twin in the plain copy (its de-duplication can
   drop one) are skipped and counted. (A world's split follows from a hash of its id, so no copy's
   training split holds a world of the bundled corpus's validation or test split.)"""
   out, no_twin = [], 0
-  for d in DOMAINS:
+  for d in domains:
     pert_path = os.path.join(copies, "corpus_perturbed", f"{d}_{split}.jsonl.gz")
     plain_path = os.path.join(copies, "corpus_plain", f"{d}_{split}.jsonl.gz")
     for p in (pert_path, plain_path):
@@ -116,8 +117,9 @@ def departing(ids_a, w_a, ids_b, w_b) -> tuple[list[int], list[int]]:
   return [pa[i] for i in sorted(da)], [pb[j] for j in sorted(db)]
 
 
-def rows_of(pairs, arm: str, k_weight: float, tok, cfg):
-  """The arm's training rows: (ids, weights) pairs, in episode order."""
+def rows_of(pairs, arm: str, k_weight: float, tok, cfg, rest_weight: float = 1.0):
+  """The arm's training rows: (ids, weights) pairs, in episode order. In the paired arm the
+  target tokens outside the departure weigh `rest_weight` (0: the loss is the decision only)."""
   rows = []
   for a, b, k in pairs:
     ids_a, w_a = render(a, k, tok, cfg)
@@ -125,7 +127,7 @@ def rows_of(pairs, arm: str, k_weight: float, tok, cfg):
     if arm == "paired":
       da, db = departing(ids_a, w_a, ids_b, w_b)
       for ids, w, dep in ((ids_a, w_a, da), (ids_b, w_b, db)):
-        w = list(w)
+        w = [x * rest_weight for x in w]
         for i in dep:
           w[i] = k_weight
         rows.append((ids, w))
@@ -246,31 +248,40 @@ def main():
                   help="a folder with corpus_perturbed/ and corpus_plain/: the same episodes "
                   "with and without perturbations (tools/make_corpus.py, same seed, "
                   "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir)")
+  ap.add_argument("--domains", default=",".join(DOMAINS), help="the copies' domains to use")
   ap.add_argument("--out", required=True)
   ap.add_argument("--steps", type=int, default=460)
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--seq_len", type=int, default=2048)
   ap.add_argument("--lr", type=float, default=1e-3)
   ap.add_argument("--weight", type=float, default=5.0, help="loss weight of a departing token")
+  ap.add_argument("--rest_weight", type=float, default=1.0, help="paired arm: loss weight "
+                  "of the target tokens outside the departure (0: only the departing tokens)")
+  ap.add_argument("--max_turn", type=int, default=-1, help="train only on departures at this "
+                  "turn of an episode or earlier (0: first turns, the instruction some 130-220 "
+                  "tokens back); -1: all")
   ap.add_argument("--every", type=int, default=50)
   ap.add_argument("--held_out", type=int, default=64, help="held-out departures scored")
   ap.add_argument("--eval_only", action="store_true", help="score --start on the held-out "
                   "departures, print it and stop (no training, nothing written)")
   args = ap.parse_args()
   t0 = time.time()
+  domains = args.domains.split(",")
   start, sp, _, _ = stages.given_start(args.start)
   tok = load_tokenizer(sp)
   c = stages.STAGE_CONFIGS["sft"].get_config("demo")
   cfg = c.data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
   if args.eval_only:
-    items = held_out(departures(args.copies, "validation"), tok, cfg, args.held_out)
+    items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
     print(json.dumps(evaluate(hf.load_pretrained(start, dtype="float32"), items, args.seq_len,
                               args.batch)))
     return
-  train = departures(args.copies, "train")
-  rows = rows_of(train, args.arm, args.weight, tok, cfg)
-  items = held_out(departures(args.copies, "validation"), tok, cfg, args.held_out)
+  train = departures(args.copies, "train", domains)
+  if args.max_turn >= 0:
+    train = [d for d in train if d[2] <= args.max_turn]
+  rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight)
+  items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
         f"({time.time() - t0:.0f} s)", flush=True)
   model = hf.load_pretrained(start, dtype="float32")

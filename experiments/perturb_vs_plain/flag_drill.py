@@ -9,7 +9,7 @@ can do no better than ln 2 = 0.693 nats on the first answer token (the other sev
 the first); one that reads the flag drives it to 0. Trained from random initialisation with the
 reproduction's `demo` model (4 layers, hidden 128), AdamW with warm-up and cosine decay.
 
-  python experiments/perturb_vs_plain/flag_drill.py [STEPS] [EVERY] [LR] [S] [B]
+  python experiments/perturb_vs_plain/flag_drill.py [STEPS] [EVERY] [LR] [S] [B] [START]
 
 Every EVERY steps it prints the mean NLL of the first answer token on 64 fresh rows, and the
 share of those rows whose most likely first answer token is the right one.
@@ -17,6 +17,10 @@ share of those rows whose most likely first answer token is the right one.
 A curriculum: comma lists for STEPS and S (e.g. `250,300,200 25 3e-3 256,512,1024 16`) train the
 same model phase after phase on rows of each length (a fresh warm-up and cosine decay each
 phase); the test rows are those of the phase, and at each phase's end also those of the longest.
+
+START (a Hugging Face checkpoint folder of the same vocabulary, e.g. data/world_model) trains that
+model instead of a randomly initialised one: does a model pre-trained on the corpus learn the
+drill as fast as a fresh one?
 """
 import sys, time, json
 import numpy as np, jax, jax.numpy as jnp, optax
@@ -31,6 +35,7 @@ EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 25
 LR = float(sys.argv[3]) if len(sys.argv) > 3 else 3e-3
 LENGTHS = [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "256").split(",")]
 B, V = int(sys.argv[5]) if len(sys.argv) > 5 else 32, 2048
+START = sys.argv[6] if len(sys.argv) > 6 else ""
 if len(PHASE_STEPS) != len(LENGTHS):
   raise SystemExit(f"{len(PHASE_STEPS)} step counts for {len(LENGTHS)} row lengths")
 FLAG_A, FLAG_B, QUERY, FIRST_FILLER = 3, 4, 5, 16
@@ -55,7 +60,13 @@ def rows(rng, n, S):
   return toks, weight
 
 
-model = Transformer(cfg, rngs=nnx.Rngs(0))
+if START:
+  from lwm_jax import hf
+  model = hf.load_pretrained(START, dtype="float32")
+  if model.cfg.vocab_size != V:
+    raise SystemExit(f"{START}: vocabulary {model.cfg.vocab_size}, the drill uses {V}")
+else:
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
 
 
 def optimizer(steps):
