@@ -28,6 +28,10 @@ end the model is written as a Hugging Face folder for `evals/fidelity.py`.
   python experiments/perturb_vs_plain/departure_drill.py --arm=paired --eval_only \
       --held_out=400 --start=runs/departure_paired_1200/hf
 
+`--rest_weight=0` puts the whole loss on the departing tokens; on a single perturbation
+(`--domains=mcp` with copies made under `--menu='mcp=page_size:size=3'`) that taught the model to
+read the instruction, where the menu's 15 behaviours together did not.
+
 (how the twin copies are made, the results and the reading:
 experiments/perturb_vs_plain/departure_drill/README.md)
 """
@@ -257,9 +261,6 @@ def main():
   ap.add_argument("--weight", type=float, default=5.0, help="loss weight of a departing token")
   ap.add_argument("--rest_weight", type=float, default=1.0, help="paired arm: loss weight "
                   "of the target tokens outside the departure (0: only the departing tokens)")
-  ap.add_argument("--max_turn", type=int, default=-1, help="train only on departures at this "
-                  "turn of an episode or earlier (0: first turns, the instruction some 130-220 "
-                  "tokens back); -1: all")
   ap.add_argument("--every", type=int, default=50)
   ap.add_argument("--held_out", type=int, default=64, help="held-out departures scored")
   ap.add_argument("--eval_only", action="store_true", help="score --start on the held-out "
@@ -278,8 +279,6 @@ def main():
                               args.batch)))
     return
   train = departures(args.copies, "train", domains)
-  if args.max_turn >= 0:
-    train = [d for d in train if d[2] <= args.max_turn]
   rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight)
   items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
