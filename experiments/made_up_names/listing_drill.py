@@ -18,7 +18,6 @@ every held-out terminal episode of the bundled corpus (as `make demo` part 6 doe
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -32,7 +31,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
 import stages  # noqa: E402  pylint: disable=wrong-import-position
-from departure_drill import pad, render, score, train_step  # noqa: E402
+from departure_drill import pad, render, save, score, train_step  # noqa: E402
 from listing_probe import HELD_OUT, is_listing  # noqa: E402
 from lwm_jax import hf  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
@@ -124,13 +123,7 @@ def main():
     loss = train_step(model, opt, toks, wts)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
-  hf_dir = os.path.join(args.out, "hf")
-  hf.save_pretrained(model, hf_dir, tokenizer=sp)
-  shutil.copyfile(os.path.join(start, "generation_config.json"),
-                  os.path.join(hf_dir, "generation_config.json"))
-  with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
-    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
-               "settings": {"thinking": "on" if cfg.thinking else "off"}}, f, indent=1)
+  hf_dir = save(model, args.out, start, sp, cfg.thinking)
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   sim = stages.simulated_terminal_episodes(Sampler.from_checkpoint(hf_dir), corpus.test,
                                            max_new_tokens=320)

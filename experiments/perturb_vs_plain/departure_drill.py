@@ -244,6 +244,20 @@ def evaluate(model, items, seq_len: int, batch: int) -> dict:
   return out
 
 
+def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
+  """Writes the trained model as a Hugging Face folder OUT/hf with the start's generation config
+  and a provenance.json holding the command and the start's reply mode (where evals/fidelity.py
+  --thinking=auto and these scripts look for it); returns the folder."""
+  hf_dir = os.path.join(out, "hf")
+  hf.save_pretrained(model, hf_dir, tokenizer=sp)
+  shutil.copyfile(os.path.join(start, "generation_config.json"),
+                  os.path.join(hf_dir, "generation_config.json"))
+  with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
+    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
+               "settings": {"thinking": "on" if thinking else "off"}}, f, indent=1)
+  return hf_dir
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--arm", choices=("paired", "plain"), required=True)
@@ -307,14 +321,7 @@ def main():
     loss = train_step(model, opt, toks, wts)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f}", flush=True)
-  hf_dir = os.path.join(args.out, "hf")
-  hf.save_pretrained(model, hf_dir, tokenizer=sp)
-  shutil.copyfile(os.path.join(start, "generation_config.json"),
-                  os.path.join(hf_dir, "generation_config.json"))
-  # the start's reply mode, where evals/fidelity.py --thinking=auto (and this script) look for it
-  with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
-    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
-               "settings": {"thinking": "on" if cfg.thinking else "off"}}, f, indent=1)
+  save(model, args.out, start, sp, cfg.thinking)
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump({"command": " ".join(["python"] + sys.argv), "train_departures": len(train),
                "rows": len(rows), "held_out": len(items), "seconds": round(time.time() - t0, 1),
