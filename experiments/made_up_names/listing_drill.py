@@ -23,7 +23,6 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -31,13 +30,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
 import stages  # noqa: E402  pylint: disable=wrong-import-position
-from departure_drill import pad, render, save, score, train_step  # noqa: E402
+from departure_drill import pad, render, save, score, train_step, trainable  # noqa: E402
 from listing_probe import HELD_OUT, is_listing  # noqa: E402
-from lwm_jax import hf  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
 from lwm_jax.data import schema  # noqa: E402
 from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from lwm_jax.train import optimizer as opt_lib  # noqa: E402
 
 
 def listing_turns(paths, max_turn: int) -> list[tuple[schema.Trajectory, int]]:
@@ -99,10 +96,7 @@ def main():
           for names, path in HELD_OUT.items()}
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
         f"{ {k: len(v) for k, v in held.items()} } ({time.time() - t0:.0f} s)", flush=True)
-  model = hf.load_pretrained(start, dtype="float32")
-  c.optim.lr = args.lr
-  tx, _ = opt_lib.make_optimizer(c.optim, args.steps)
-  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  model, opt = trainable(start, c, args.lr, args.steps)
   rng = np.random.default_rng(0)
   n_mix = int(round(args.batch * args.mix_share))
   os.makedirs(args.out, exist_ok=True)

@@ -244,6 +244,15 @@ def evaluate(model, items, seq_len: int, batch: int) -> dict:
   return out
 
 
+def trainable(start: str, c, lr: float, steps: int):
+  """The start model in float32 and an optimizer for it: the SFT config `c`'s optimizer at peak
+  learning rate `lr`, its schedule stretched over `steps`."""
+  model = hf.load_pretrained(start, dtype="float32")
+  c.optim.lr = lr
+  tx, _ = opt_lib.make_optimizer(c.optim, steps)
+  return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
 def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
   """Writes the trained model as a Hugging Face folder OUT/hf with the start's generation config
   and a provenance.json holding the command and the start's reply mode (where evals/fidelity.py
@@ -297,10 +306,7 @@ def main():
   items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
         f"({time.time() - t0:.0f} s)", flush=True)
-  model = hf.load_pretrained(start, dtype="float32")
-  c.optim.lr = args.lr
-  tx, _ = opt_lib.make_optimizer(c.optim, args.steps)
-  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  model, opt = trainable(start, c, args.lr, args.steps)
   rng = np.random.default_rng(0)
   order: list[int] = []
   os.makedirs(args.out, exist_ok=True)
