@@ -30,7 +30,9 @@ end the model is written as a Hugging Face folder for `evals/fidelity.py`.
 
 `--rest_weight=0` puts the whole loss on the departing tokens; on a single perturbation
 (`--domains=mcp` with copies made under `--menu='mcp=page_size:size=3'`) that taught the model to
-read the instruction, where the menu's 15 behaviours together did not.
+read the instruction, where the menu's 15 behaviours together did not. `--v0_share=0.5` renders
+half the episodes in the evaluation template (variant 0, what generation prompts with) instead
+of the SFT ones; the held-out scores are given under both (`eval_template`: variant 0).
 
 (how the twin copies are made, the results and the reading:
 experiments/perturb_vs_plain/departure_drill/README.md)
@@ -38,6 +40,7 @@ experiments/perturb_vs_plain/departure_drill/README.md)
 import argparse
 import dataclasses
 import difflib
+import hashlib
 import json
 import os
 import shutil
@@ -98,9 +101,24 @@ def departures(copies: str, split: str, domains=DOMAINS
   return out
 
 
-def render(traj: Trajectory, turn: int, tok, cfg) -> tuple[list[int], list[float]]:
-  """The SFT sample of `turn` as the pipeline renders it (history cut to fit the row)."""
-  variant = prompts.variant_for("sft", traj.id, cfg.seed)
+def template_of(traj: Trajectory, cfg, v0_share: float = 0.0) -> int:
+  """The template an episode's samples are rendered in: the evaluation template (variant 0,
+  what SimulatedEnv and evals/fidelity.py prompt with) for a share `v0_share` of the episodes,
+  fixed by the episode id (so a perturbed episode and its plain twin agree), else the SFT
+  pipeline's seeded choice among 2-11."""
+  if v0_share > 0:
+    h = hashlib.blake2b(f"v0\x1f{traj.id}".encode("utf-8"), digest_size=8).digest()
+    if int.from_bytes(h, "big") / 2.0**64 < v0_share:
+      return 0
+  return prompts.variant_for("sft", traj.id, cfg.seed)
+
+
+def render(traj: Trajectory, turn: int, tok, cfg, variant: int | None = None
+           ) -> tuple[list[int], list[float]]:
+  """The SFT sample of `turn` as the pipeline renders it (history cut to fit the row), in
+  template `variant` (None: the pipeline's choice for the episode)."""
+  if variant is None:
+    variant = prompts.variant_for("sft", traj.id, cfg.seed)
   msgs = pipeline.sft_messages(traj, turn, variant, tok, cfg)
   ids, w, _, _ = lengths.fit_history(tok, msgs, cfg.seq_len, 1.0)
   return ids, w
@@ -121,13 +139,16 @@ def departing(ids_a, w_a, ids_b, w_b) -> tuple[list[int], list[int]]:
   return [pa[i] for i in sorted(da)], [pb[j] for j in sorted(db)]
 
 
-def rows_of(pairs, arm: str, k_weight: float, tok, cfg, rest_weight: float = 1.0):
+def rows_of(pairs, arm: str, k_weight: float, tok, cfg, rest_weight: float = 1.0,
+            v0_share: float = 0.0):
   """The arm's training rows: (ids, weights) pairs, in episode order. In the paired arm the
-  target tokens outside the departure weigh `rest_weight` (0: the loss is the decision only)."""
+  target tokens outside the departure weigh `rest_weight` (0: the loss is the decision only).
+  A share `v0_share` of the episodes is rendered in the evaluation template (`template_of`)."""
   rows = []
   for a, b, k in pairs:
-    ids_a, w_a = render(a, k, tok, cfg)
-    ids_b, w_b = render(b, k, tok, cfg)
+    v = template_of(a, cfg, v0_share)
+    ids_a, w_a = render(a, k, tok, cfg, v)
+    ids_b, w_b = render(b, k, tok, cfg, v)
     if arm == "paired":
       da, db = departing(ids_a, w_a, ids_b, w_b)
       for ids, w, dep in ((ids_a, w_a, da), (ids_b, w_b, db)):
@@ -138,7 +159,7 @@ def rows_of(pairs, arm: str, k_weight: float, tok, cfg, rest_weight: float = 1.0
     else:
       other = k + 1 if k + 1 < len(b.turns) else max(k - 1, 0)
       rows.append((ids_b, w_b))
-      rows.append(render(b, other, tok, cfg))
+      rows.append(render(b, other, tok, cfg, v))
   return rows
 
 
@@ -150,18 +171,19 @@ class HeldOut(NamedTuple):
   kind: str  # the first entry of the episode's menu perturbation, e.g. errors or page_size
 
 
-def held_out(pairs, tok, cfg, limit: int) -> list[HeldOut]:
+def held_out(pairs, tok, cfg, limit: int, variant: int | None = None) -> list[HeldOut]:
   """Per held-out departure: the perturbed sample with and without the instruction and the
-  departing positions counted from the end (the target is the sample's tail in both)."""
+  departing positions counted from the end (the target is the sample's tail in both), in
+  template `variant` (None: the SFT pipeline's choice per episode)."""
   out = []
   for a, b, k in pairs[:limit]:
-    ids_a, w_a = render(a, k, tok, cfg)
-    ids_b, w_b = render(b, k, tok, cfg)
+    ids_a, w_a = render(a, k, tok, cfg, variant)
+    ids_b, w_b = render(b, k, tok, cfg, variant)
     da, _ = departing(ids_a, w_a, ids_b, w_b)
     if not da:
       continue
     bare = dataclasses.replace(a, simulation_instruction="")
-    ids_o, _ = render(bare, k, tok, cfg)
+    ids_o, _ = render(bare, k, tok, cfg, variant)
     kind = str(a.meta.get("perturb", "")).split(":")[0]
     out.append(HeldOut(ids_a, ids_o, [len(ids_a) - i for i in da], k, kind))
   return out
@@ -284,6 +306,8 @@ def main():
   ap.add_argument("--weight", type=float, default=5.0, help="loss weight of a departing token")
   ap.add_argument("--rest_weight", type=float, default=1.0, help="paired arm: loss weight "
                   "of the target tokens outside the departure (0: only the departing tokens)")
+  ap.add_argument("--v0_share", type=float, default=0.0, help="share of the training episodes "
+                  "rendered in the evaluation template (variant 0) instead of the SFT ones (2-11)")
   ap.add_argument("--every", type=int, default=50)
   ap.add_argument("--held_out", type=int, default=64, help="held-out departures scored")
   ap.add_argument("--eval_only", action="store_true", help="score --start on the held-out "
@@ -296,14 +320,19 @@ def main():
   c = stages.STAGE_CONFIGS["sft"].get_config("demo")
   cfg = c.data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
+  valid = departures(args.copies, "validation", domains)
+  items = held_out(valid, tok, cfg, args.held_out)
+  items_v0 = held_out(valid, tok, cfg, args.held_out, variant=0)
+
+  def scores(model) -> dict:  # under the SFT templates, and under the evaluation template
+    return {**evaluate(model, items, args.seq_len, args.batch),
+            "eval_template": evaluate(model, items_v0, args.seq_len, args.batch)}
+
   if args.eval_only:
-    items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
-    print(json.dumps(evaluate(hf.load_pretrained(start, dtype="float32"), items, args.seq_len,
-                              args.batch)))
+    print(json.dumps(scores(hf.load_pretrained(start, dtype="float32"))))
     return
   train = departures(args.copies, "train", domains)
-  rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight)
-  items = held_out(departures(args.copies, "validation", domains), tok, cfg, args.held_out)
+  rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight, args.v0_share)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
         f"({time.time() - t0:.0f} s)", flush=True)
   model, opt = trainable(start, c, args.lr, args.steps)
@@ -313,8 +342,7 @@ def main():
   log = open(os.path.join(args.out, "log.jsonl"), "w")
   for step in range(args.steps + 1):
     if step % args.every == 0 or step == args.steps:
-      ev = evaluate(model, items, args.seq_len, args.batch)
-      rec = {"step": step, "seconds": round(time.time() - t0, 1), **ev}
+      rec = {"step": step, "seconds": round(time.time() - t0, 1), **scores(model)}
       print(json.dumps(rec), flush=True)
       log.write(json.dumps(rec) + "\n")
       log.flush()
