@@ -40,7 +40,6 @@ experiments/perturb_vs_plain/departure_drill/README.md)
 import argparse
 import dataclasses
 import difflib
-import hashlib
 import json
 import os
 import shutil
@@ -106,10 +105,10 @@ def template_of(traj: Trajectory, cfg, v0_share: float = 0.0) -> int:
   what SimulatedEnv and evals/fidelity.py prompt with) for a share `v0_share` of the episodes,
   fixed by the episode id (so a perturbed episode and its plain twin agree), else the SFT
   pipeline's seeded choice among 2-11."""
-  if v0_share > 0:
-    h = hashlib.blake2b(f"v0\x1f{traj.id}".encode("utf-8"), digest_size=8).digest()
-    if int.from_bytes(h, "big") / 2.0**64 < v0_share:
-      return 0
+  # the pipeline's own seeded hash (the one its target turns are drawn with)
+  u = pipeline._hash_int("v0", traj.id) / 2.0**64  # pylint: disable=protected-access
+  if u < v0_share:
+    return 0
   return prompts.variant_for("sft", traj.id, cfg.seed)
 
 
@@ -118,7 +117,7 @@ def render(traj: Trajectory, turn: int, tok, cfg, variant: int | None = None
   """The SFT sample of `turn` as the pipeline renders it (history cut to fit the row), in
   template `variant` (None: the pipeline's choice for the episode)."""
   if variant is None:
-    variant = prompts.variant_for("sft", traj.id, cfg.seed)
+    variant = template_of(traj, cfg)
   msgs = pipeline.sft_messages(traj, turn, variant, tok, cfg)
   ids, w, _, _ = lengths.fit_history(tok, msgs, cfg.seq_len, 1.0)
   return ids, w
