@@ -297,7 +297,7 @@ def main():
                   "with and without perturbations (tools/make_corpus.py, same seed, "
                   "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir)")
   ap.add_argument("--domains", default=",".join(DOMAINS), help="the copies' domains to use")
-  ap.add_argument("--out", required=True)
+  ap.add_argument("--out", help="folder for the trained model and its logs (not with --eval_only)")
   ap.add_argument("--steps", type=int, default=460)
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--seq_len", type=int, default=2048)
@@ -312,6 +312,8 @@ def main():
   ap.add_argument("--eval_only", action="store_true", help="score --start on the held-out "
                   "departures, print it and stop (no training, nothing written)")
   args = ap.parse_args()
+  if not args.eval_only and not args.out:
+    ap.error("--out is required unless --eval_only")
   t0 = time.time()
   domains = args.domains.split(",")
   start, sp, _, _ = stages.given_start(args.start)
