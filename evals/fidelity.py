@@ -13,7 +13,12 @@ similarity (`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the sim
 observations to the real ones under the same perturbation. The stale detector needs the episode
 so far: a read is stale when it does not show what an earlier, acknowledged write of the same
 episode set; each observation sequence (real, simulated with and without the instruction) is
-judged against its own earlier turns. A second, teacher-forced part (`likelihood`, on by default,
+judged against its own earlier turns. Each held-out episode is also played for real without any
+perturbation (its plain twin), and every check but the error rate is reported a second time on
+the departing turns only: those where the perturbation changed the real observation (the actions
+so far agree and the observations differ). A turn where a page was short anyway or a result had
+no withheld field to begin with shows the behaviour with or without an instruction; the departing
+turns are where following it is visible. A second, teacher-forced part (`likelihood`, on by default,
 `--parts`) scores the real perturbed observations with and without the instruction in the
 prompt: a model that reads the instruction predicts them better with it.
 
@@ -349,9 +354,24 @@ def simulate(sampler: Any, trajs: Sequence[schema.Trajectory], instructed: bool,
   return out
 
 
+def departing_turns(perturbed: schema.Trajectory, plain: schema.Trajectory | None) -> list[bool]:
+  """Per turn of `perturbed`: whether its perturbation changed the real observation there, i.e.
+  every action up to it agrees with the `plain` twin's (the same episode played without
+  perturbation) and the observations differ. All False without a twin."""
+  out, agree = [], plain is not None
+  for k, turn in enumerate(perturbed.turns):
+    twin = plain.turns[k] if agree and k < len(plain.turns) else None
+    agree = twin is not None and twin.action == turn.action
+    out.append(agree and twin.observation != turn.observation)
+  return out
+
+
 def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]],
-            without_obs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-  """One row per (domain, spec, perturbation) plus the spec's similarity to the real env."""
+            without_obs: Sequence[Sequence[str]],
+            plain: dict[str, schema.Trajectory] | None = None) -> list[dict[str, Any]]:
+  """One row per (domain, spec, perturbation) plus the spec's similarity to the real env.
+  `plain`: each episode's plain twin by trajectory id before its `|spec` suffix; with it, the
+  checks but the error rate are also rated on the departing turns (`departing_turns`)."""
   rows: dict[tuple[str, str], dict[str, Any]] = {}
   for t, w_obs, o_obs in zip(trajs, with_obs, without_obs):
     spec = t.meta["perturb"]
@@ -360,16 +380,20 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
                                 "checks": {}, "sim": {"with": [], "without": []}})
     row["episodes"] += 1
     row["turns"] += len(w_obs)
+    departs = departing_turns(t, plain.get(t.id.split("|")[0])) if plain is not None else None
     for p in perturb.parse(spec):
       c = row["checks"].setdefault(p.name, {"with": [], "without": [], "real": [],
+                                            "departing": {"with": [], "without": [], "real": []},
                                             "target": p.params.get("rate")
                                             if p.name == "errors" else 1.0})
       seen: dict[str, list[tuple[str, str]]] = {"with": [], "without": [], "real": []}
-      for turn, sw, so in zip(t.turns, w_obs, o_obs):
+      for k, (turn, sw, so) in enumerate(zip(t.turns, w_obs, o_obs)):
         real, a = turn.observation, turn.action
         for cond, obs in (("with", sw), ("without", so), ("real", real)):
           c[cond].append(followed(p, obs, real, action=a, sim_history=seen[cond],
                                   real_history=seen["real"]))
+          if departs is not None and p.name != "errors":  # an error rate counts every call
+            c["departing"][cond].append(c[cond][-1] if departs[k] else None)
         for cond, obs in (("with", sw), ("without", so), ("real", real)):
           seen[cond].append((a, obs))
     for turn, sw, so in zip(t.turns, w_obs, o_obs):
@@ -384,6 +408,12 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
       _, real = _rate(c["real"])
       checks[name] = {"turns": n, "with_instruction": w, "without_instruction": wo, "real": real,
                       "target": c["target"] if n else None}
+      dep = c["departing"]
+      if dep["with"]:
+        dn, dw = _rate(dep["with"])
+        checks[name]["departing"] = {"turns": dn, "with_instruction": dw,
+                                     "without_instruction": _rate(dep["without"])[1],
+                                     "real": _rate(dep["real"])[1]}
     sim = {}
     for cond, ms in row["sim"].items():
       sim[cond] = {k: (sum(m[k] for m in ms) / len(ms) if ms else None)
@@ -481,15 +511,21 @@ def markdown(report: dict[str, Any]) -> str:
               if report.get("temperature") else "greedy. ") +
            "Rates in percent of the turns where the check applies; `real` is the detector on the "
            "real environment's observations; `target` is the asked error rate (100 for the other "
-           "kinds).", ""]
+           "kinds). The departing columns rate the same check on the turns where the "
+           "perturbation changed the real observation (against the episode played without it); "
+           "the error rate counts every call and has none.", ""]
   if report["rows"]:
     lines += ["| domain | perturbation | check | turns | with instruction | without | real | "
-              "target |", "|---|---|---|---|---|---|---|---|"]
+              "target | departing turns | with | without |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in report["rows"]:
     for name, c in r["checks"].items():
+      d = c.get("departing")
+      dep = (f"{d['turns']} | {_pct(d['with_instruction'])} | {_pct(d['without_instruction'])}"
+             if d else "- | - | -")
       lines.append(f"| {r['domain']} | `{r['spec']}` | {name} | {c['turns']} | "
                    f"{_pct(c['with_instruction'])} | {_pct(c['without_instruction'])} | "
-                   f"{_pct(c['real'])} | {_pct(c['target'])} |")
+                   f"{_pct(c['real'])} | {_pct(c['target'])} | {dep} |")
   if report["rows"]:
     lines += ["", "Judge-free similarity of the simulated observations to the real ones under the "
               "same perturbation (percent; with / without the instruction):", "",
@@ -518,8 +554,11 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
   params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens, seed=seed)
   trajs: list[schema.Trajectory] = []
   t0 = time.time()
+  plain: dict[str, schema.Trajectory] = {}
   for d in domains:
-    trajs += record_real(d, held_out_seeds(corpus_dir, d, episodes), specs[d], max_turns)
+    seeds = held_out_seeds(corpus_dir, d, episodes)
+    trajs += record_real(d, seeds, specs[d], max_turns)
+    plain.update((t.id.split("|")[0], t) for t in record_real(d, seeds, [""], max_turns))
   t1 = time.time()
   report = {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
@@ -527,7 +566,7 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
   if "generate" in parts:
     with_obs = simulate(sampler, trajs, True, params, batch)
     without_obs = simulate(sampler, trajs, False, params, batch)
-    report["rows"] = measure(trajs, with_obs, without_obs)
+    report["rows"] = measure(trajs, with_obs, without_obs, plain)
     report["seconds"]["simulated"] = round(time.time() - t1, 1)
   if "likelihood" in parts:
     t2 = time.time()

@@ -284,6 +284,10 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
                               {"domain": r["domain"], "spec": r["spec"], "check": check,
                                "turns": c["turns"], "real": c["real"], "target": c["target"]})
         row[model] = {"with": c["with_instruction"], "without": c["without_instruction"]}
+        d = c.get("departing") if check != "errors" else c  # an error rate counts every call
+        if d and d["turns"]:
+          row[model]["departing"] = {"turns": d["turns"], "with": d["with_instruction"],
+                                     "without": d["without_instruction"]}
       sim = r["similarity_to_real"]["with"]
       rows[(r["domain"], r["spec"], "similarity")] = rows.get(
           (r["domain"], r["spec"], "similarity"), {"domain": r["domain"], "spec": r["spec"]})
@@ -294,9 +298,14 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
     got = [r[model] for r in checks if r.get(model) and r[model]["with"] is not None
            and r[model]["without"] is not None]
     sims = [r[model] for k, r in rows.items() if k[2] == "similarity" and r.get(model)]
+    dep = [g["departing"] for g in got if g.get("departing")
+           and None not in (g["departing"]["with"], g["departing"]["without"])]
     means[model] = {"checks": len(got),
                     "with": sum(g["with"] for g in got) / max(len(got), 1),
                     "without": sum(g["without"] for g in got) / max(len(got), 1),
+                    "departing": {"checks": len(dep),
+                                  "with": sum(g["with"] for g in dep) / max(len(dep), 1),
+                                  "without": sum(g["without"] for g in dep) / max(len(dep), 1)},
                     "edit_sim_with": sum(s["edit_sim"] for s in sims) / max(len(sims), 1),
                     "token_f1_with": sum(s["token_f1"] for s in sims) / max(len(sims), 1)}
   return checks, means
@@ -410,6 +419,15 @@ def markdown(checks: list[dict], means: dict[str, dict], runs: dict, settings: d
     lines.append(f"| {m} | {x['checks']} | {_pct(x['with'])} | {_pct(x['without'])} | "
                  f"{100 * (x['with'] - x['without']):+.1f} | {_pct(x['edit_sim_with'])} | "
                  f"{_pct(x['token_f1_with'])} |")
+  if any(means[m]["departing"]["checks"] for m in models):
+    lines += ["", "The same on the departing turns only (where the perturbation changed the real "
+              "observation, evals/fidelity.py; the error rate over every call as above):", "",
+              "| model | checks | WITH the instruction, % | without, % | lift, points |",
+              "|---|---|---|---|---|"]
+    for m in models:
+      x = means[m]["departing"]
+      lines.append(f"| {m} | {x['checks']} | {_pct(x['with'])} | {_pct(x['without'])} | "
+                   f"{100 * (x['with'] - x['without']):+.1f} |")
   lines += ["", "## Per check (% of the turns where the check applies: with / without the "
             "instruction)", "",
             "| domain | perturbation | check | turns | real | target | "

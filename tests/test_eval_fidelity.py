@@ -112,7 +112,8 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   errs = rows["errors:rate=0.5,kind=timeout"]["checks"]["errors"]
   assert errs["turns"] == rows["errors:rate=0.5,kind=timeout"]["turns"] and errs["target"] == 0.5
   md = (out / "fidelity.md").read_text()
-  assert "| search | `page_size:size=2` | page_size |" in md
+  assert "| search | `page_size:size=2` | page_size |" in md and "departing turns" in md
+  assert page["departing"]["turns"] <= page["turns"] and "departing" not in errs
   # the teacher-forced part scored every replayed turn with and without the instruction
   lik = {r["spec"]: r for r in report["likelihood"]}
   assert set(lik) == set(rows)
@@ -293,3 +294,43 @@ def test_stale_detector_on_real_mcp_episodes(mcp_real):
   check = rows[0]["checks"]["stale"]
   assert rows[0]["spec"] == "stale:refresh=0" and check["turns"] == fired
   assert (check["real"], check["with_instruction"], check["without_instruction"]) == (1.0, 1.0, 0.0)
+
+
+def test_departing_turns_on_crafted_episodes():
+  from lwm_jax.data.schema import Trajectory, Turn
+  mk = lambda turns: Trajectory("e|x", "mcp", "", "", "", [Turn(a, o) for a, o in turns])
+  pert = mk([("a", "1"), ("b", "2*"), ("c", "3"), ("d", "4*")])
+  assert fidelity.departing_turns(pert, mk([("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")])) \
+      == [False, True, False, True]
+  # once the actions part, no later turn is compared; a shorter twin ends the comparison
+  assert fidelity.departing_turns(pert, mk([("a", "1"), ("x", "2"), ("c", "3"), ("d", "4")])) \
+      == [False, False, False, False]
+  assert fidelity.departing_turns(pert, mk([("a", "1"), ("b", "2")])) == [False, True, False, False]
+  assert fidelity.departing_turns(pert, None) == [False] * 4
+
+
+def test_withhold_rated_on_its_departing_turns(mcp_real):
+  """Real MCP episodes with `withhold:fields=email` and their plain twins, replayed as a model
+  that follows the instruction (the real withheld observations) and one that ignores it (the
+  plain ones). Over all result turns the ignoring model passes too, wherever the result had no
+  email to begin with; on the departing turns it never passes and the follower always does."""
+  from lwm_jax.envs import recorder
+  spec = "withhold:fields=email"
+  held, plain = [], {}
+  for seed in range(12):
+    mcp_real.set_perturb(spec)
+    held.append(recorder.record("mcp", seed, f"e{seed}|{spec}", env=mcp_real, max_turns=8))
+    mcp_real.set_perturb(None)
+    p = recorder.record("mcp", seed, f"e{seed}|", env=mcp_real, max_turns=8)
+    plain[f"e{seed}"] = p
+  changed = sum(fidelity.departing_turns(h, plain[h.id.split("|")[0]]).count(True) for h in held)
+  assert changed >= 2
+  twin_obs = [[t.observation for t in plain[h.id.split("|")[0]].turns][:len(h.turns)]
+              for h in held]
+  rows = fidelity.measure(held, [[t.observation for t in h.turns] for h in held], twin_obs, plain)
+  check = rows[0]["checks"]["withhold"]
+  assert check["without_instruction"] > 0.5  # the loose rate: most results never had an email
+  dep = check["departing"]
+  assert dep["turns"] == changed
+  assert (dep["real"], dep["with_instruction"], dep["without_instruction"]) == (1.0, 1.0, 0.0)
+  assert "departing" not in fidelity.measure(held, twin_obs, twin_obs)[0]["checks"]["withhold"]

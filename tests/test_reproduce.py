@@ -369,24 +369,35 @@ def test_perturb_experiment_compares_models_check_by_check():
   without the instruction, and per model the mean over the checks that applied."""
   px = _load("perturb_experiment")
 
-  def report(err_with, page_with, sim):
+  def report(err_with, page_with, sim, page_departing=None):
     check = lambda w, wo, real, target: {"turns": 4, "with_instruction": w,  # noqa: E731
                                          "without_instruction": wo, "real": real,
                                          "target": target}
+    page = check(page_with, 0.5, 1.0, 1.0)
+    if page_departing is not None:  # (turns, with, without) on the departing turns
+      page["departing"] = dict(zip(("turns", "with_instruction", "without_instruction"),
+                                   page_departing), real=1.0)
     sims = {"with": {"exact": 0.0, "token_f1": sim, "edit_sim": sim},
             "without": {"exact": 0.0, "token_f1": 0.0, "edit_sim": 0.0}}
     return {"rows": [
         {"domain": "mcp", "spec": "errors:rate=0.2,kind=timeout",
          "checks": {"errors": check(err_with, 0.0, 0.25, 0.2)}, "similarity_to_real": sims},
         {"domain": "search", "spec": "page_size:size=2",
-         "checks": {"page_size": check(page_with, 0.5, 1.0, 1.0)}, "similarity_to_real": sims},
+         "checks": {"page_size": page}, "similarity_to_real": sims},
         {"domain": "web", "spec": "rate_limit:limit=5,retry_after=20",   # never applied
          "checks": {"rate_limit": check(None, None, None, 1.0)}, "similarity_to_real": sims}]}
 
-  checks, means = px.compare({"plain": report(0.0, 0.5, 0.2), "perturbed": report(0.25, 1.0, 0.4)})
+  checks, means = px.compare({"plain": report(0.0, 0.5, 0.2, (2, 0.0, 0.0)),
+                              "perturbed": report(0.25, 1.0, 0.4, (2, 1.0, 0.5))})
   assert [(r["domain"], r["check"]) for r in checks] == [("mcp", "errors"), ("search", "page_size"),
                                                         ("web", "rate_limit")]
-  assert checks[1]["perturbed"] == {"with": 1.0, "without": 0.5} and checks[1]["real"] == 1.0
+  assert checks[1]["perturbed"] == {"with": 1.0, "without": 0.5,
+                                    "departing": {"turns": 2, "with": 1.0, "without": 0.5}}
+  assert checks[1]["real"] == 1.0
+  # departing: the page size on its departing turns, the error rate over every call
+  assert means["perturbed"]["departing"] == {"checks": 2, "with": pytest.approx(0.625),
+                                             "without": pytest.approx(0.25)}
+  assert means["plain"]["departing"]["with"] == 0.0
   assert means["plain"]["checks"] == 2                          # the check that never applied is out
   assert means["plain"]["with"] == pytest.approx(0.25) and means["plain"]["without"] == 0.25
   assert means["perturbed"]["with"] == pytest.approx(0.625)
@@ -396,6 +407,7 @@ def test_perturb_experiment_compares_models_check_by_check():
                                          "perturb_share": 0.5, "episodes": 1, "max_turns": 1,
                                          "max_tokens": 8, "temperature": 1.0})
   assert "| perturbed | 2 | 62.5 | 25.0 | +37.5 |" in text
+  assert "| plain | 2 | 0.0 | 0.0 | +0.0 |" in text  # the departing turns' table
   assert "| web | `rate_limit:limit=5,retry_after=20` | rate_limit | 4 | - | 100.0 | - / - | - / - |" in text
 
 

@@ -295,7 +295,9 @@ def main():
   ap.add_argument("--copies", default=os.path.join(ROOT, "runs", "departure_copies"),
                   help="a folder with corpus_perturbed/ and corpus_plain/: the same episodes "
                   "with and without perturbations (tools/make_corpus.py, same seed, "
-                  "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir)")
+                  "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir); several "
+                  "folders separated by commas are drilled together, the held-out departures "
+                  "drawn evenly from each")
   ap.add_argument("--domains", default=",".join(DOMAINS), help="the copies' domains to use")
   ap.add_argument("--out", help="folder for the trained model and its logs (not with --eval_only)")
   ap.add_argument("--steps", type=int, default=460)
@@ -321,7 +323,9 @@ def main():
   c = stages.STAGE_CONFIGS["sft"].get_config("demo")
   cfg = c.data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
-  valid = departures(args.copies, "validation", domains)
+  folders = args.copies.split(",")
+  per = -(-args.held_out // len(folders))  # the held-out departures, evenly from each folder
+  valid = [x for f in folders for x in departures(f, "validation", domains)[:per]]
   items = held_out(valid, tok, cfg, args.held_out)
   items_v0 = held_out(valid, tok, cfg, args.held_out, variant=0)
 
@@ -332,7 +336,7 @@ def main():
   if args.eval_only:
     print(json.dumps(scores(hf.load_pretrained(start, dtype="float32"))))
     return
-  train = departures(args.copies, "train", domains)
+  train = [x for f in folders for x in departures(f, "train", domains)]
   rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight, args.v0_share)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
         f"({time.time() - t0:.0f} s)", flush=True)
