@@ -278,6 +278,8 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
   per model the mean over the checks that applied (each check weighs the same)."""
   rows: dict[tuple, dict] = {}
   for model, rep in reports.items():
+    # reports made with plain twins rate the checks on the departing turns too (evals/fidelity.py)
+    twins = any("departing" in c for r in rep["rows"] for c in r["checks"].values())
     for r in rep["rows"]:
       for check, c in r["checks"].items():
         row = rows.setdefault((r["domain"], r["spec"], check),
@@ -285,7 +287,7 @@ def compare(reports: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
                                "turns": c["turns"], "real": c["real"], "target": c["target"]})
         row[model] = {"with": c["with_instruction"], "without": c["without_instruction"]}
         d = c.get("departing") if check != "errors" else c  # an error rate counts every call
-        if d and d["turns"]:
+        if twins and d and d["turns"]:
           row[model]["departing"] = {"turns": d["turns"], "with": d["with_instruction"],
                                      "without": d["without_instruction"]}
       sim = r["similarity_to_real"]["with"]

@@ -398,6 +398,8 @@ def test_perturb_experiment_compares_models_check_by_check():
   assert means["perturbed"]["departing"] == {"checks": 2, "with": pytest.approx(0.625),
                                              "without": pytest.approx(0.25)}
   assert means["plain"]["departing"]["with"] == 0.0
+  # a report made without plain twins has no departing rates, the error rate's included
+  assert px.compare({"plain": report(0.0, 0.5, 0.2)})[1]["plain"]["departing"]["checks"] == 0
   assert means["plain"]["checks"] == 2                          # the check that never applied is out
   assert means["plain"]["with"] == pytest.approx(0.25) and means["plain"]["without"] == 0.25
   assert means["perturbed"]["with"] == pytest.approx(0.625)

@@ -297,7 +297,7 @@ def main():
                   "with and without perturbations (tools/make_corpus.py, same seed, "
                   "--perturb_share=0.5 and 0; or a launch/perturb_experiment.py workdir); several "
                   "folders separated by commas are drilled together, the held-out departures "
-                  "drawn evenly from each")
+                  "drawn evenly from each (a folder named twice weighs twice in training)")
   ap.add_argument("--domains", default=",".join(DOMAINS), help="the copies' domains to use")
   ap.add_argument("--out", help="folder for the trained model and its logs (not with --eval_only)")
   ap.add_argument("--steps", type=int, default=460)
@@ -324,8 +324,8 @@ def main():
   cfg = c.data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
   folders = args.copies.split(",")
-  per = -(-args.held_out // len(folders))  # the held-out departures, evenly from each folder
-  valid = [x for f in folders for x in departures(f, "validation", domains)[:per]]
+  per = -(-args.held_out // len(set(folders)))  # the held-out departures, evenly from each folder
+  valid = [x for f in dict.fromkeys(folders) for x in departures(f, "validation", domains)[:per]]
   items = held_out(valid, tok, cfg, args.held_out)
   items_v0 = held_out(valid, tok, cfg, args.held_out, variant=0)
 
