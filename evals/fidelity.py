@@ -504,8 +504,12 @@ def likelihood_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
+  short = {d: n for d, n in report.get("episodes_found", {}).items()
+           if n < report["episodes_per_domain"]}
   lines = [f"# Instruction fidelity: {report['checkpoint']}", "",
-           f"{report['episodes_per_domain']} held-out episodes per domain and perturbation, at "
+           f"{report['episodes_per_domain']} held-out episodes per domain and perturbation"
+           + (" (all the test split has: " + ", ".join(f"{d} {n}" for d, n in short.items())
+              + ")" if short else "") + ", at "
            f"most {report['max_turns']} turns, {report['max_tokens']} new tokens per observation, "
            + (f"sampled at temperature {report['temperature']:g} (seed {report['seed']}). "
               if report.get("temperature") else "greedy. ") +
@@ -555,14 +559,17 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
   trajs: list[schema.Trajectory] = []
   t0 = time.time()
   plain: dict[str, schema.Trajectory] = {}
+  found: dict[str, int] = {}
   for d in domains:
     seeds = held_out_seeds(corpus_dir, d, episodes)
+    found[d] = len(seeds)
     trajs += record_real(d, seeds, specs[d], max_turns)
     plain.update((t.id.split("|")[0], t) for t in record_real(d, seeds, [""], max_turns))
   t1 = time.time()
   report = {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "domains": list(domains), "rows": [], "seconds": {"real": round(t1 - t0, 1)}}
+            "domains": list(domains), "episodes_found": found, "rows": [],
+            "seconds": {"real": round(t1 - t0, 1)}}
   if "generate" in parts:
     with_obs = simulate(sampler, trajs, True, params, batch)
     without_obs = simulate(sampler, trajs, False, params, batch)

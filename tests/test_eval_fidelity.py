@@ -113,6 +113,9 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   assert errs["turns"] == rows["errors:rate=0.5,kind=timeout"]["turns"] and errs["target"] == 0.5
   md = (out / "fidelity.md").read_text()
   assert "| search | `page_size:size=2` | page_size |" in md and "departing turns" in md
+  assert report["episodes_found"] == {"search": 2} and "all the test split has" not in md
+  short = fidelity.markdown({**report, "episodes_per_domain": 5})
+  assert "5 held-out episodes per domain and perturbation (all the test split has: search 2)" in short
   assert page["departing"]["turns"] <= page["turns"] and "departing" not in errs
   # the teacher-forced part scored every replayed turn with and without the instruction
   lik = {r["spec"]: r for r in report["likelihood"]}
