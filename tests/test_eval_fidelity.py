@@ -115,7 +115,8 @@ def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   assert "| search | `page_size:size=2` | page_size |" in md and "departing turns" in md
   assert report["episodes_found"] == {"search": 2} and "all the test split has" not in md
   short = fidelity.markdown({**report, "episodes_per_domain": 5})
-  assert "5 held-out episodes per domain and perturbation (all the test split has: search 2)" in short
+  assert ("5 held-out episodes per domain and perturbation (all the test split has: search 2)"
+          in short)
   assert page["departing"]["turns"] <= page["turns"] and "departing" not in errs
   # the teacher-forced part scored every replayed turn with and without the instruction
   lik = {r["spec"]: r for r in report["likelihood"]}
@@ -324,8 +325,7 @@ def test_withhold_rated_on_its_departing_turns(mcp_real):
     mcp_real.set_perturb(spec)
     held.append(recorder.record("mcp", seed, f"e{seed}|{spec}", env=mcp_real, max_turns=8))
     mcp_real.set_perturb(None)
-    p = recorder.record("mcp", seed, f"e{seed}|", env=mcp_real, max_turns=8)
-    plain[f"e{seed}"] = p
+    plain[f"e{seed}"] = recorder.record("mcp", seed, f"e{seed}|", env=mcp_real, max_turns=8)
   changed = sum(fidelity.departing_turns(h, plain[h.id.split("|")[0]]).count(True) for h in held)
   assert changed >= 2
   twin_obs = [[t.observation for t in plain[h.id.split("|")[0]].turns][:len(h.turns)]
