@@ -354,6 +354,11 @@ def simulate(sampler: Any, trajs: Sequence[schema.Trajectory], instructed: bool,
   return out
 
 
+def episode_of(trajectory_id: str) -> str:
+  """The held-out episode a recorded trajectory replays (`record_real` ids are `EPISODE|SPEC`)."""
+  return trajectory_id.split("|")[0]
+
+
 def departing_turns(perturbed: schema.Trajectory, plain: schema.Trajectory | None) -> list[bool]:
   """Per turn of `perturbed`: whether its perturbation changed the real observation there, i.e.
   every action up to it agrees with the `plain` twin's (the same episode played without
@@ -370,7 +375,7 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
             without_obs: Sequence[Sequence[str]],
             plain: dict[str, schema.Trajectory] | None = None) -> list[dict[str, Any]]:
   """One row per (domain, spec, perturbation) plus the spec's similarity to the real env.
-  `plain`: each episode's plain twin by trajectory id before its `|spec` suffix; with it, the
+  `plain`: each episode's plain twin, keyed by `episode_of(trajectory id)`; with it, the
   checks but the error rate are also rated on the departing turns (`departing_turns`)."""
   rows: dict[tuple[str, str], dict[str, Any]] = {}
   for t, w_obs, o_obs in zip(trajs, with_obs, without_obs):
@@ -380,7 +385,7 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
                                 "checks": {}, "sim": {"with": [], "without": []}})
     row["episodes"] += 1
     row["turns"] += len(w_obs)
-    departs = departing_turns(t, plain.get(t.id.split("|")[0])) if plain is not None else None
+    departs = departing_turns(t, plain.get(episode_of(t.id))) if plain is not None else None
     for p in perturb.parse(spec):
       c = row["checks"].setdefault(p.name, {"with": [], "without": [], "real": [],
                                             "departing": {"with": [], "without": [], "real": []},
@@ -564,7 +569,7 @@ def run(sampler: Any, *, domains: Sequence[str], specs: dict[str, Sequence[str]]
     seeds = held_out_seeds(corpus_dir, d, episodes)
     found[d] = len(seeds)
     trajs += record_real(d, seeds, specs[d], max_turns)
-    plain.update((t.id.split("|")[0], t) for t in record_real(d, seeds, [""], max_turns))
+    plain.update((episode_of(t.id), t) for t in record_real(d, seeds, [""], max_turns))
   t1 = time.time()
   report = {"checkpoint": checkpoint, "episodes_per_domain": episodes, "max_turns": max_turns,
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed,

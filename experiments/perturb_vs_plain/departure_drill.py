@@ -55,6 +55,8 @@ from flax import nnx
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "launch"))
+sys.path.insert(0, os.path.join(ROOT, "evals"))
+import fidelity  # noqa: E402  pylint: disable=wrong-import-position
 import stages  # noqa: E402  pylint: disable=wrong-import-position
 from lwm_jax import hf  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
@@ -90,11 +92,7 @@ def departures(copies: str, split: str, domains=DOMAINS
         no_twin += 1
         continue
       a, b = Trajectory.from_dict(rec), Trajectory.from_dict(plain[rec["id"]])
-      for k, (ta, tb) in enumerate(zip(a.turns, b.turns)):
-        if ta.action != tb.action:
-          break
-        if ta.observation != tb.observation:
-          out.append((a, b, k))
+      out += [(a, b, k) for k, d in enumerate(fidelity.departing_turns(a, b)) if d]
   print(f"{copies} {split}: {len(out)} departures; skipped {no_twin} perturbed episodes "
         f"without a plain twin", flush=True)
   return out
