@@ -108,7 +108,8 @@ def count_items(obs: str) -> int | None:
 
 def _json_has_field(value: Any, field: str) -> bool:
   if isinstance(value, dict):
-    if field in value or field in (value.get("columns") or []):
+    columns = value.get("columns")  # a model's JSON may hold anything under "columns"
+    if field in value or (isinstance(columns, list) and field in columns):
       return True
     return any(_json_has_field(v, field) for v in value.values())
   if isinstance(value, list):
@@ -177,14 +178,16 @@ def written(history: History) -> dict[tuple[str, Any], dict[str, Any]]:
     tool, args = call
     if tool == "update_customer" and isinstance(res.get("updated"), list):
       rec = recs.setdefault(("customers", args.get("customer_id")), {})
-      rec.update({f: args[f] for f in res["updated"] if f in args})
-    elif tool == "create_order" and "order_id" in res:
+      rec.update({f: args[f] for f in res["updated"] if isinstance(f, str) and f in args})
+    elif tool == "create_order" and isinstance(res.get("order_id"), (int, str)):
       recs[("orders", res["order_id"])] = {"_created": True, "customer_id": args.get("customer_id"),
                                            "status": res.get("status", "paid")}
       if "stock_left" in res:
         recs.setdefault(("products", args.get("product_id")), {})["stock"] = res["stock_left"]
     elif tool == "refund_order" and res.get("status") == "refunded":
       oid = res.get("order_id", args.get("order_id"))
+      if not isinstance(oid, (int, str)):  # a simulated result may hold anything
+        continue
       recs.setdefault(("orders", oid), {})["status"] = "refunded"
       recs[("refunds", oid)] = {"_created": True}
   return recs
@@ -208,7 +211,8 @@ def _read(action: str, obs: str) -> tuple[str, list[dict[str, Any]], Callable[[A
   if tool == "get_customer" and isinstance(res, dict) and "id" in res:
     return "customers", [res], lambda key, rec: key == args.get("customer_id")
   if not isinstance(res, dict) or not isinstance(res.get("columns"), list) or \
-      not isinstance(res.get("rows"), list):
+      not isinstance(res.get("rows"), list) or \
+      not all(isinstance(c, str) for c in res["columns"]):  # a model may write any JSON here
     return None
   rows = [dict(zip(res["columns"], r)) for r in res["rows"] if isinstance(r, list)]
   whole = not res.get("truncated")  # a cut list says nothing about what it left out

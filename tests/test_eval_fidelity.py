@@ -259,6 +259,29 @@ def test_stale_detector_on_crafted_episodes():
                            sim_history=[upd], real_history=[upd]) is None
 
 
+def test_detectors_take_any_json_a_model_writes():
+  """A sampled observation can be any JSON at all; every check rates it (True, False or None)
+  instead of stopping the report (a `"columns": true` once ended a 5-minute fidelity run)."""
+  read, upd = _act("get_customer", customer_id=3), _act("update_customer", customer_id=3, city="X")
+  odd = ['{"columns": true, "rows": 3}', '{"columns": "email", "rows": []}',
+         '{"columns": [{"a": 1}], "rows": [[1]]}', '{"updated": [["city"]], "customer": 1}',
+         '{"order_id": [41], "status": "refunded"}', '{"order_id": {"x": 1}, "stock_left": 2}',
+         '[{"email": null}, 3, "... 2 more"]', 'null', '{"isError": 1}', '"text"']
+  kinds = [perturb.parse(s)[0] for s in ("page_size:size=3", "withhold:fields=email", "stale",
+                                         "partial:rate=0.3", "errors:rate=0.2,kind=timeout")]
+  actions = [read, upd, _act("create_order", customer_id=3, product_id=5, quantity=1),
+             _act("refund_order", order_id=7), _act("query", sql="SELECT * FROM customers")]
+  for obs in odd:
+    history = [(a, obs) for a in actions]
+    for p in kinds:
+      for action in actions:
+        got = fidelity.followed(p, obs, _cust(), action=action, sim_history=history,
+                                real_history=[(upd, json.dumps({"updated": ["city"],
+                                                                "customer": json.loads(_cust())}))])
+        assert got in (True, False, None), (obs, p.name, action, got)
+  assert not fidelity.shows_field('{"columns": true, "rows": 3}', "email")
+
+
 @pytest.fixture(scope="module")
 def mcp_real():
   from lwm_jax.envs import mcp_env
