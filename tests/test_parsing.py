@@ -48,6 +48,23 @@ def test_parse_prediction(reply, expected):
   assert parse_prediction(reply) == expected
 
 
+def test_keep_spaces_keeps_a_prompts_trailing_space():
+  """A simulated shell returns its prompt as the model wrote it, `# ` included; scoring strips."""
+  reply = "<think>t</think>\n<predicted_observation>a.txt\nroot@sandbox:~# </predicted_observation>"
+  assert parse_prediction(reply, keep_spaces=True) == "a.txt\nroot@sandbox:~# "
+  assert parse_prediction(reply) == "a.txt\nroot@sandbox:~#"
+  # blank lines around the block still go, and a cut-off block keeps its last spaces too
+  assert parse_prediction("<predicted_observation>\n\nx $ \n  \n</predicted_observation>",
+                          keep_spaces=True) == "x $ "
+  assert parse_prediction("<think>a</think><predicted_observation>$ ", keep_spaces=True) == "$ "
+  # a bare reply, the history turns' header written first (what the shipped model does)
+  assert parse_prediction("**Environment Observation:**\nb.txt\nuser@box:~$ \n",
+                          keep_spaces=True) == "b.txt\nuser@box:~$ "
+  assert parse_prediction("  total 0\n$ ", keep_spaces=True) == "total 0\n$ "
+  for reply, expected in CASES:  # on everything else the two agree up to trailing spaces
+    assert parse_prediction(reply, keep_spaces=True).rstrip() == expected
+
+
 def test_split_reasoning():
   assert split_reasoning("<think> plan </think>\nanswer") == ("plan", "answer")
   assert split_reasoning("plan</think>answer") == ("plan", "answer")

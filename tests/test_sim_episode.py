@@ -94,7 +94,7 @@ def test_step_result_info_matches_an_independent_generation(sampler):
   rec = awb.trajectory_to_records(traj, prompts.system_prompt(traj, 0), [0])[0]
   msgs = rec.messages()
   gen = sampler.generate([msgs], GREEDY)[0]
-  assert r.info["raw"] == gen.text and r.observation == parse_prediction(gen.text)
+  assert r.info["raw"] == gen.text and r.observation == parse_prediction(gen.text, keep_spaces=True)
   assert r.info["prompt_tokens"] == len(sampler.encode_prompt(msgs))
   assert r.info["completion_tokens"] == GREEDY.max_new_tokens  # ignore_eos: the whole budget
   assert r.info["finish_reason"] == "length" and r.info["latency_s"] > 0

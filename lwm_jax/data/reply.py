@@ -95,41 +95,48 @@ def strip_reasoning(text: str, answer_open: str | None = None) -> str:
   return content.strip()
 
 
-def _clean_block(s: str) -> str:
-  """Drops blank lines around a block's inside and trailing spaces; keeps first-line indentation."""
-  s = s.rstrip()
+def _clean_block(s: str, keep_spaces: bool = False) -> str:
+  """Drops blank lines around a block's inside and trailing spaces (with `keep_spaces`, the last
+  line's trailing spaces stay); keeps first-line indentation."""
+  s = re.sub(r"(?:\r?\n[ \t]*)+\Z", "", s) if keep_spaces else s.rstrip()
   return re.sub(r"\A(?:[ \t]*\r?\n)+", "", s)
 
 
-def _last_block(text: str, allow_unclosed: bool) -> str | None:
+def _last_block(text: str, allow_unclosed: bool, keep_spaces: bool = False) -> str | None:
   """The last complete block; else, if allowed, the text after the last unclosed opening tag."""
   blocks = list(_BLOCK_RE.finditer(text))
   if blocks:
-    return _clean_block(blocks[-1].group(1))
+    return _clean_block(blocks[-1].group(1), keep_spaces)
   if allow_unclosed:
     open_at = text.rfind(OBS_OPEN)
     if open_at != -1:
-      return _clean_block(text[open_at + len(OBS_OPEN):])
+      return _clean_block(text[open_at + len(OBS_OPEN):], keep_spaces)
   return None
 
 
-def parse_prediction(text: str) -> str:
-  """The predicted observation in a model's reply, by the rules in this module's docstring."""
-  found = _prediction(text)
+def parse_prediction(text: str, keep_spaces: bool = False) -> str:
+  """The predicted observation in a model's reply, by the rules in this module's docstring.
+  `keep_spaces` keeps the trailing spaces of a block's last line, which a simulated environment
+  returns as written (a shell's prompt `user@host:~$ ` ends in one); scoring strips them."""
+  found = _prediction(text, keep_spaces)
   if found.startswith(OBSERVATION_HEADER):
-    return parse_observation(found).strip()
+    return _strip(parse_observation(found), keep_spaces)
   return found
 
 
-def _prediction(text: str) -> str:
+def _strip(s: str, keep_spaces: bool) -> str:
+  return _clean_block(s.lstrip(), keep_spaces=True) if keep_spaces else s.strip()
+
+
+def _prediction(text: str, keep_spaces: bool = False) -> str:
   _, content, unclosed = _split(text)
-  found = _last_block(content, allow_unclosed=True)
+  found = _last_block(content, allow_unclosed=True, keep_spaces=keep_spaces)
   if found is not None:
     return found
   if unclosed is not None:
-    found = _last_block(unclosed, allow_unclosed=False)
-    return found if found is not None else content.strip()
+    found = _last_block(unclosed, allow_unclosed=False, keep_spaces=keep_spaces)
+    return found if found is not None else _strip(content, keep_spaces)
   close_at = content.rfind(OBS_CLOSE)
   if close_at != -1:  # the opening tag sat in the prompt: the answer ends at the closing tag
-    return _clean_block(content[:close_at]).strip()
-  return content.strip()
+    return _strip(content[:close_at], keep_spaces)
+  return _strip(content, keep_spaces)

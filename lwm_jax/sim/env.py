@@ -253,7 +253,7 @@ class SimulatedEnv(base.Env):
   def record(self, action: str, gen: Generation | None, latency_s: float) -> StepResult:
     """Adds the turn (`gen` None for a finish action) and returns its StepResult."""
     terminated = gen is None
-    observation = "" if gen is None else parse_prediction(gen.text)
+    observation = "" if gen is None else parse_prediction(gen.text, keep_spaces=True)
     self.raw.append("" if gen is None else gen.text)
     self.turns.append(Turn(action, observation))
     self.steps = len(self.turns)
