@@ -513,13 +513,12 @@ def likelihood_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-  short = {d: n for d, n in report.get("episodes_found", {}).items()
-           if n < report["episodes_per_domain"]}
+  short = [f"{d} {n}" for d, n in report.get("episodes_found", {}).items()
+           if n < report["episodes_per_domain"]]
+  found = f" (all the test split has: {', '.join(short)})" if short else ""
   lines = [f"# Instruction fidelity: {report['checkpoint']}", "",
-           f"{report['episodes_per_domain']} held-out episodes per domain and perturbation"
-           + (" (all the test split has: " + ", ".join(f"{d} {n}" for d, n in short.items())
-              + ")" if short else "") + ", at "
-           f"most {report['max_turns']} turns, {report['max_tokens']} new tokens per observation, "
+           f"{report['episodes_per_domain']} held-out episodes per domain and perturbation{found}, "
+           f"at most {report['max_turns']} turns, {report['max_tokens']} new tokens per observation, "
            + (f"sampled at temperature {report['temperature']:g} (seed {report['seed']}). "
               if report.get("temperature") else "greedy. ") +
            "Rates in percent of the turns where the check applies; `real` is the detector on the "

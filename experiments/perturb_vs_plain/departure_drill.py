@@ -334,7 +334,8 @@ def main():
   if args.eval_only:
     print(json.dumps(scores(hf.load_pretrained(start, dtype="float32"))))
     return
-  train = [x for f in folders for x in departures(f, "train", domains)]
+  train_of = {f: departures(f, "train", domains) for f in dict.fromkeys(folders)}  # read once
+  train = [x for f in folders for x in train_of[f]]
   rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight, args.v0_share)
   print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
         f"({time.time() - t0:.0f} s)", flush=True)
