@@ -18,6 +18,7 @@ every held-out terminal episode of the bundled corpus (as `make demo` part 6 doe
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -33,7 +34,7 @@ import stages  # noqa: E402  pylint: disable=wrong-import-position
 from departure_drill import pad, render, save, score, train_step, trainable  # noqa: E402
 from listing_probe import HELD_OUT, is_listing  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
-from lwm_jax.data import schema  # noqa: E402
+from lwm_jax.data import drills, schema  # noqa: E402
 from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
 
 
@@ -49,6 +50,23 @@ def listing_turns(paths, max_turn: int) -> list[tuple[schema.Trajectory, int]]:
           n += 1
     print(f"{path}: {n} listing turns", flush=True)
   return out
+
+
+def word_pieces(sp_path: str) -> np.ndarray:
+  """Ids of the tokenizer's plain word pieces (letters and digits, with or without the leading
+  space mark): what the synthetic copy rows are drawn from."""
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  sp = spm.SentencePieceProcessor(model_file=sp_path)
+  return np.array([i for i in range(sp.get_piece_size())
+                   if re.fullmatch(r"\u2581?[A-Za-z0-9]+", sp.id_to_piece(i))], np.int32)
+
+
+def copy_row(rng, pieces: np.ndarray, seq_len: int) -> tuple[list[int], list[float]]:
+  """A far row of the induction drill (`drills.far_rows`: segments of random word pieces over
+  the first half, the same segments in a shuffled order over the second), the loss on the
+  targets only copying predicts: the lookup an `ls` answer needs, on its own."""
+  pos, copied = drills.far_rows(rng, 1, seq_len, len(pieces), first_id=0)
+  return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist()
 
 
 def held_out_nll(model, rows, seq_len: int, batch: int) -> float:
@@ -73,6 +91,10 @@ def main():
                   "whose training split gives the ordinary SFT rows (every domain, every turn)")
   ap.add_argument("--mix_share", type=float, default=0.5, help="share of each batch drawn from "
                   "the ordinary rows")
+  ap.add_argument("--copy_share", type=float, default=0.0, help="share of each batch that is "
+                  "synthetic copy rows (`copy_row`), taken from the listing rows' share")
+  ap.add_argument("--copy_pieces", type=int, default=0, help="copy rows draw from the first "
+                  "this many word pieces (0: all)")
   ap.add_argument("--max_turn", type=int, default=12, help="listing turns among an episode's "
                   "first this many turns")
   ap.add_argument("--out", required=True)
@@ -94,11 +116,21 @@ def main():
   ordinary = [(t, k) for t in corpus.train for k in range(len(t.turns))]
   held = {names: [render(t, k, tok, cfg) for t, k in listing_turns([path], 6)[:args.held_out]]
           for names, path in HELD_OUT.items()}
+  pieces = word_pieces(sp)
+  # held out: copy rows over every word piece, whatever share of them training draws from
+  held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)
+                  for i in range(16)]
+  if args.copy_pieces:
+    pieces = pieces[:args.copy_pieces]
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
         f"{ {k: len(v) for k, v in held.items()} } ({time.time() - t0:.0f} s)", flush=True)
   model, opt = trainable(start, c, args.lr, args.steps)
   rng = np.random.default_rng(0)
   n_mix = int(round(args.batch * args.mix_share))
+  n_copy = int(round(args.batch * args.copy_share))
+  if n_mix + n_copy > args.batch:
+    raise SystemExit(f"--mix_share {args.mix_share} and --copy_share {args.copy_share} "
+                     f"together exceed one batch of {args.batch}")
   os.makedirs(args.out, exist_ok=True)
   log = open(os.path.join(args.out, "log.jsonl"), "w")
   for step in range(args.steps + 1):
@@ -111,9 +143,11 @@ def main():
       log.flush()
     if step == args.steps:
       break
-    take = ([listing[i] for i in rng.integers(0, len(listing), args.batch - n_mix)] +
+    take = ([listing[i] for i in rng.integers(0, len(listing), args.batch - n_mix - n_copy)] +
             [ordinary[i] for i in rng.integers(0, len(ordinary), n_mix)])
-    toks, wts = pad([render(t, k, tok, cfg) for t, k in take], args.seq_len)
+    rows = ([render(t, k, tok, cfg) for t, k in take] +
+            [copy_row(rng, pieces, args.seq_len) for _ in range(n_copy)])
+    toks, wts = pad(rows, args.seq_len)
     loss = train_step(model, opt, toks, wts)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
