@@ -10,8 +10,13 @@ read a flag 500 tokens back within 100 steps when the loss falls on the deciding
   python experiments/made_up_names/listing_drill.py --out=runs/listing_drill \
       --train=runs/listing_usual_tour/terminal_train.jsonl.gz,runs/listing_madeup_tour/terminal_train.jsonl.gz
 
+--copy_share puts synthetic copy rows of random word pieces in every batch (`copy_row`: far rows,
+or with --copy_short packed short induction rows), to teach the copying an `ls` of made-up names
+needs beside the listings.
+
 Every EVERY steps: the mean NLL a target token of the held-out listing turns (the listing probe's
-episodes, seed 22: worlds never trained on), usual and made-up names apart. At the end the model
+episodes, seed 22: worlds never trained on), usual and made-up names apart, and of held-out copy
+rows. At the end the model
 is written as a Hugging Face folder and plays the demo's episode and the first three turns of
 every held-out terminal episode of the bundled corpus (as `make demo` part 6 does).
 """
@@ -23,6 +28,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,12 +67,31 @@ def word_pieces(sp_path: str) -> np.ndarray:
                    if re.fullmatch(r"\u2581?[A-Za-z0-9]+", sp.id_to_piece(i))], np.int32)
 
 
-def copy_row(rng, pieces: np.ndarray, seq_len: int) -> tuple[list[int], list[float]]:
-  """A far row of the induction drill (`drills.far_rows`: segments of random word pieces over
-  the first half, the same segments in a shuffled order over the second), the loss on the
-  targets only copying predicts: the lookup an `ls` answer needs, on its own."""
-  pos, copied = drills.far_rows(rng, 1, seq_len, len(pieces), first_id=0)
-  return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist()
+def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0
+             ) -> tuple[list[int], list[float], np.ndarray]:
+  """(ids, weights, segment ids) of a copy row of random word pieces, the loss on the targets
+  only copying predicts: the lookup an `ls` answer needs, on its own. `short` 0: one far row of
+  the induction drill (`drills.far_rows`: segments over the first half, the same segments in a
+  shuffled order over the second); else seq_len // short induction rows of `short` pieces
+  (`drills.induction_rows`: each segment written twice at once), packed as documents of their
+  own (positions from 0, attention inside each only): the short rows that lead a model off the
+  copy plateau (experiments/copy_drills_random/README.md, "Short rows first")."""
+  if not short:
+    pos, copied = drills.far_rows(rng, 1, seq_len, len(pieces), first_id=0)
+    return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist(), np.ones(seq_len)
+  n = seq_len // short
+  pos, copied = drills.induction_rows(rng, n, short, len(pieces), drills.segment_range(short),
+                                      first_id=0)
+  return (pieces[pos.reshape(-1)].tolist(), copied.reshape(-1).astype(np.float32).tolist(),
+          np.repeat(np.arange(1, n + 1), short))
+
+
+def pad_segments(rows, seq_len: int):
+  """Segment ids [B, seq_len] for `pad`'s batch of (ids, weights, segments) rows: 0 on padding."""
+  segs = np.zeros((len(rows), seq_len), np.int32)
+  for r, (ids, _, seg) in enumerate(rows):
+    segs[r, :len(ids)] = seg[:len(ids)]
+  return jnp.asarray(segs)
 
 
 def held_out_nll(model, rows, seq_len: int, batch: int) -> float:
@@ -93,6 +118,8 @@ def main():
                   "the ordinary rows")
   ap.add_argument("--copy_share", type=float, default=0.0, help="share of each batch that is "
                   "synthetic copy rows (`copy_row`), taken from the listing rows' share")
+  ap.add_argument("--copy_short", type=int, default=0, help="copy rows made of packed induction "
+                  "rows of this many pieces (0: one far row each)")
   ap.add_argument("--copy_pieces", type=int, default=0, help="copy rows draw from the first "
                   "this many word pieces (0: all)")
   ap.add_argument("--max_turn", type=int, default=12, help="listing turns among an episode's "
@@ -118,8 +145,11 @@ def main():
           for names, path in HELD_OUT.items()}
   pieces = word_pieces(sp)
   # held out: copy rows over every word piece, whatever share of them training draws from
-  held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)
+  held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)[:2]
                   for i in range(16)]
+  if args.copy_short:  # one short row alone (padding after it is never attended to)
+    held["copy_short"] = [copy_row(np.random.default_rng(20_000 + i), pieces, args.copy_short,
+                                   args.copy_short)[:2] for i in range(16)]
   if args.copy_pieces:
     pieces = pieces[:args.copy_pieces]
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
@@ -146,9 +176,14 @@ def main():
     take = ([listing[i] for i in rng.integers(0, len(listing), args.batch - n_mix - n_copy)] +
             [ordinary[i] for i in rng.integers(0, len(ordinary), n_mix)])
     rows = ([render(t, k, tok, cfg) for t, k in take] +
-            [copy_row(rng, pieces, args.seq_len) for _ in range(n_copy)])
-    toks, wts = pad(rows, args.seq_len)
-    loss = train_step(model, opt, toks, wts)
+            [copy_row(rng, pieces, args.seq_len, args.copy_short) for _ in range(n_copy)])
+    toks, wts = pad([r[:2] for r in rows], args.seq_len)
+    if args.copy_short:  # the packed short rows need their segments; the others are one each
+      segs = pad_segments([r if len(r) == 3 else (*r, np.ones(len(r[0]))) for r in rows],
+                          args.seq_len)
+      loss = train_step(model, opt, toks, wts, segs)
+    else:
+      loss = train_step(model, opt, toks, wts)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
   hf_dir = save(model, args.out, start, sp, cfg.thinking)

@@ -194,17 +194,19 @@ def pad(rows, seq_len: int):
   return jnp.asarray(toks), jnp.asarray(wts)
 
 
-def token_nll(model, toks):
-  """NLL of each next token [B, S-1], whether it is the argmax, and the MoE aux loss."""
-  out = model(toks)
+def token_nll(model, toks, segs=None):
+  """NLL of each next token [B, S-1], whether it is the argmax, and the MoE aux loss; `segs`
+  (optional [B, S] segment ids) packs several documents into a row, each with its own positions
+  and attention inside it only."""
+  out = model(toks, segment_ids=segs)
   logp, _ = losses.token_logprobs(out.logits[:, :-1], toks[:, 1:])
   return -logp, jnp.argmax(out.logits[:, :-1], -1) == toks[:, 1:], out.aux_loss
 
 
 @nnx.jit
-def train_step(model, opt, toks, wts):
+def train_step(model, opt, toks, wts, segs=None):
   def loss_fn(m):
-    nll, _, aux = token_nll(m, toks)
+    nll, _, aux = token_nll(m, toks, segs)
     w = wts[:, 1:]
     return (nll * w).sum() / jnp.maximum(w.sum(), 1e-8) + StepConfig.aux_loss_coef * aux
   loss, grads = nnx.value_and_grad(loss_fn)(model)
