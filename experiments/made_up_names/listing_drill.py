@@ -16,9 +16,9 @@ needs beside the listings.
 
 Every EVERY steps: the mean NLL a target token of the held-out listing turns (the listing probe's
 episodes, seed 22: worlds never trained on), usual and made-up names apart, and of held-out copy
-rows. At the end the model
-is written as a Hugging Face folder and plays the demo's episode and the first three turns of
-every held-out terminal episode of the bundled corpus (as `make demo` part 6 does).
+rows. At the end the model is written as a Hugging Face folder and plays the demo's episode and
+the first three turns of every held-out terminal episode of the bundled corpus (as `make demo`
+part 6 does).
 """
 import argparse
 import json
@@ -87,10 +87,11 @@ def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0
 
 
 def pad_segments(rows, seq_len: int):
-  """Segment ids [B, seq_len] for `pad`'s batch of (ids, weights, segments) rows: 0 on padding."""
+  """Segment ids [B, seq_len] for `pad`'s batch of rows: a row's third item where it has one
+  (a packed copy row), else 1 (one document); 0 on padding."""
   segs = np.zeros((len(rows), seq_len), np.int32)
-  for r, (ids, _, seg) in enumerate(rows):
-    segs[r, :len(ids)] = seg[:len(ids)]
+  for r, row in enumerate(rows):
+    segs[r, :len(row[0])] = row[2][:len(row[0])] if len(row) == 3 else 1
   return jnp.asarray(segs)
 
 
@@ -120,8 +121,6 @@ def main():
                   "synthetic copy rows (`copy_row`), taken from the listing rows' share")
   ap.add_argument("--copy_short", type=int, default=0, help="copy rows made of packed induction "
                   "rows of this many pieces (0: one far row each)")
-  ap.add_argument("--copy_pieces", type=int, default=0, help="copy rows draw from the first "
-                  "this many word pieces (0: all)")
   ap.add_argument("--max_turn", type=int, default=12, help="listing turns among an episode's "
                   "first this many turns")
   ap.add_argument("--out", required=True)
@@ -144,14 +143,11 @@ def main():
   held = {names: [render(t, k, tok, cfg) for t, k in listing_turns([path], 6)[:args.held_out]]
           for names, path in HELD_OUT.items()}
   pieces = word_pieces(sp)
-  # held out: copy rows over every word piece, whatever share of them training draws from
   held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)[:2]
                   for i in range(16)]
   if args.copy_short:  # one short row alone (padding after it is never attended to)
     held["copy_short"] = [copy_row(np.random.default_rng(20_000 + i), pieces, args.copy_short,
                                    args.copy_short)[:2] for i in range(16)]
-  if args.copy_pieces:
-    pieces = pieces[:args.copy_pieces]
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
         f"{ {k: len(v) for k, v in held.items()} } ({time.time() - t0:.0f} s)", flush=True)
   model, opt = trainable(start, c, args.lr, args.steps)
@@ -179,8 +175,7 @@ def main():
             [copy_row(rng, pieces, args.seq_len, args.copy_short) for _ in range(n_copy)])
     toks, wts = pad([r[:2] for r in rows], args.seq_len)
     if args.copy_short:  # the packed short rows need their segments; the others are one each
-      segs = pad_segments([r if len(r) == 3 else (*r, np.ones(len(r[0]))) for r in rows],
-                          args.seq_len)
+      segs = pad_segments(rows, args.seq_len)
       loss = train_step(model, opt, toks, wts, segs)
     else:
       loss = train_step(model, opt, toks, wts)
