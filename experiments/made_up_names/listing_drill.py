@@ -67,18 +67,18 @@ def word_pieces(sp_path: str) -> np.ndarray:
                    if re.fullmatch(r"\u2581?[A-Za-z0-9]+", sp.id_to_piece(i))], np.int32)
 
 
-def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0
-             ) -> tuple[list[int], list[float], np.ndarray]:
-  """(ids, weights, segment ids) of a copy row of random word pieces, the loss on the targets
+def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0) -> tuple:
+  """(ids, weights) of a copy row of random word pieces, the loss on the targets
   only copying predicts: the lookup an `ls` answer needs, on its own. `short` 0: one far row of
   the induction drill (`drills.far_rows`: segments over the first half, the same segments in a
   shuffled order over the second); else seq_len // short induction rows of `short` pieces
   (`drills.induction_rows`: each segment written twice at once), packed as documents of their
-  own (positions from 0, attention inside each only): the short rows that lead a model off the
-  copy plateau (experiments/copy_drills_random/README.md, "Short rows first")."""
+  own (positions from 0, attention inside each only; their segment ids come third): the short
+  rows that lead a model off the copy plateau (experiments/copy_drills_random/README.md, "Short
+  rows first")."""
   if not short:
     pos, copied = drills.far_rows(rng, 1, seq_len, len(pieces), first_id=0)
-    return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist(), np.ones(seq_len)
+    return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist()
   n = seq_len // short
   pos, copied = drills.induction_rows(rng, n, short, len(pieces), drills.segment_range(short),
                                       first_id=0)
@@ -143,7 +143,7 @@ def main():
   held = {names: [render(t, k, tok, cfg) for t, k in listing_turns([path], 6)[:args.held_out]]
           for names, path in HELD_OUT.items()}
   pieces = word_pieces(sp)
-  held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)[:2]
+  held["copy"] = [copy_row(np.random.default_rng(10_000 + i), pieces, args.seq_len)
                   for i in range(16)]
   if args.copy_short:  # one short row alone (padding after it is never attended to)
     held["copy_short"] = [copy_row(np.random.default_rng(20_000 + i), pieces, args.copy_short,
