@@ -276,15 +276,21 @@ def trainable(start: str, c, lr: float, steps: int):
 
 def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
   """Writes the trained model as a Hugging Face folder OUT/hf with the start's generation config
-  and a provenance.json holding the command and the start's reply mode (where evals/fidelity.py
-  --thinking=auto and these scripts look for it); returns the folder."""
+  and a provenance.json holding the command, the start's reply mode (where evals/fidelity.py
+  --thinking=auto and these scripts look for it) and the start's own provenance.json where it has
+  one (so a chain of runs stays traceable to its first model); returns the folder."""
   hf_dir = os.path.join(out, "hf")
   hf.save_pretrained(model, hf_dir, tokenizer=sp)
   shutil.copyfile(os.path.join(start, "generation_config.json"),
                   os.path.join(hf_dir, "generation_config.json"))
+  prov = {"made_by": " ".join(["python"] + sys.argv), "start": start,
+          "settings": {"thinking": "on" if thinking else "off"}}
+  earlier = os.path.join(start, "provenance.json")
+  if os.path.exists(earlier):
+    with open(earlier) as f:
+      prov["start_provenance"] = json.load(f)
   with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
-    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
-               "settings": {"thinking": "on" if thinking else "off"}}, f, indent=1)
+    json.dump(prov, f, indent=1)
   return hf_dir
 
 
