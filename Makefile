@@ -44,7 +44,7 @@ reproduce: $(VENV)/.installed
 	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
 
 # The shipped world model (data/world_model/, used by the demo's last part): five runs of the
-# full reproduction, then a copying stage, about 7 h 40 min on 2 idle cores in all. The first trains 2000 CPT steps from
+# full reproduction, then a copying stage, about 7 h 30 min on 2 idle cores in all. The first trains 2000 CPT steps from
 # scratch and 300 SFT steps (about 66 minutes: experiments/reproduce_cpt2000); the second
 # continues its CPT from that model for 2000 more steps, then 300 SFT steps
 # (experiments/reproduce_cpt4000); the third does the same from the second at a CPT peak
