@@ -34,6 +34,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lwm_jax import hf  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.checkpoints import read_provenance  # noqa: E402  pylint: disable=wrong-import-position
 from lwm_jax.data.drills import induction_rows, segment_range  # noqa: E402  pylint: disable=wrong-import-position
 from lwm_jax.train.losses import token_logprobs  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -121,10 +122,7 @@ def write_provenance(out: str, command: str, start: str, drill_info: dict) -> No
   """OUT/provenance.json: the command, the drill's settings and last score, and the start's own
   provenance.json under `drill_from` (so a CPT that continues from OUT, and ships, keeps the
   whole chain of runs)."""
-  earlier = None
-  if os.path.isfile(os.path.join(start, "provenance.json")):
-    with open(os.path.join(start, "provenance.json")) as f:
-      earlier = json.load(f)
+  earlier = read_provenance(start)
   with open(os.path.join(out, "provenance.json"), "w") as f:
     json.dump({"made_by": command, "drill": drill_info,
                "drill_from": {"folder": start, "provenance": earlier}}, f, indent=1)

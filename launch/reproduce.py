@@ -644,12 +644,10 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   """Copies a run's Hugging Face export to `dest` (replaced) beside provenance.json: how it was
   made (command, settings, corpus sha256, its training config) and what it scored."""
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
+  from lwm_jax.checkpoints import read_provenance  # pylint: disable=import-outside-toplevel
   given = header["settings"].get("cpt_from")
-  earlier_file = os.path.join(given, "provenance.json") if given else ""
-  earlier = None  # read before `dest` is replaced: a chain may ship where it started from
-  if earlier_file and os.path.isfile(earlier_file):
-    with open(earlier_file) as f:
-      earlier = json.load(f)
+  # read before `dest` is replaced: a chain may ship where it started from
+  earlier = read_provenance(given) if given else None
   shutil.rmtree(dest, ignore_errors=True)
   shutil.copytree(export, dest)
   vs = free_running.versus(res, name)

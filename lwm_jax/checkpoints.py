@@ -266,20 +266,31 @@ def load(path: str, tokenizer: Any = None, mesh: jax.sharding.Mesh | None = None
   return model, tokenizer
 
 
+def read_provenance(folder: str) -> dict | None:
+  """The provenance.json in a model folder (how the model was made: launch/reproduce.py --ship,
+  the drills), or None when the folder has none. A run that starts from a model nests this record
+  in its own, so a chain of runs stays traceable to its first model."""
+  prov = os.path.join(folder, "provenance.json")
+  if not os.path.isfile(prov):
+    return None
+  with open(prov) as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{prov}: not valid JSON ({e})") from e
+
+
 def recorded_thinking(folder: str, default: bool = True) -> bool:
   """Whether the model in `folder` was trained to reply in thinking mode, as its provenance.json
   (written by launch/reproduce.py --ship) records it under settings.thinking; `default` when the
   folder has no such record."""
-  prov = os.path.join(folder, "provenance.json")
-  if not os.path.isfile(prov):
+  prov = read_provenance(folder)
+  if prov is None:
     return default
-  with open(prov) as f:
-    try:
-      recorded = json.load(f).get("settings", {}).get("thinking")
-    except json.JSONDecodeError as e:
-      raise CheckpointError(f"{prov}: not valid JSON ({e})") from e
+  recorded = prov.get("settings", {}).get("thinking")
   if recorded is None:
     return default
   if recorded not in ("on", "off"):
-    raise CheckpointError(f"{prov}: settings.thinking is {recorded!r}, not 'on' or 'off'")
+    raise CheckpointError(f"{os.path.join(folder, 'provenance.json')}: settings.thinking is "
+                          f"{recorded!r}, not 'on' or 'off'")
   return recorded == "on"

@@ -174,11 +174,9 @@ def main():
     rows = ([render(t, k, tok, cfg) for t, k in take] +
             [copy_row(rng, pieces, args.seq_len, args.copy_short) for _ in range(n_copy)])
     toks, wts = pad([r[:2] for r in rows], args.seq_len)
-    if args.copy_short:  # the packed short rows need their segments; the others are one each
-      segs = pad_segments(rows, args.seq_len)
-      loss = train_step(model, opt, toks, wts, segs)
-    else:
-      loss = train_step(model, opt, toks, wts)
+    # the packed short rows need their segments; other rows are one document each
+    segs = pad_segments(rows, args.seq_len) if args.copy_short else None
+    loss = train_step(model, opt, toks, wts, segs)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
   hf_dir = save(model, args.out, start, sp, cfg.thinking)

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.join(ROOT, "evals"))
 import fidelity  # noqa: E402  pylint: disable=wrong-import-position
 import stages  # noqa: E402  pylint: disable=wrong-import-position
 from lwm_jax import hf  # noqa: E402
-from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
+from lwm_jax.checkpoints import read_provenance, recorded_thinking  # noqa: E402
 from lwm_jax.data import lengths, pipeline, prompts  # noqa: E402
 from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
 from lwm_jax.data.schema import Trajectory  # noqa: E402
@@ -285,10 +285,9 @@ def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
                   os.path.join(hf_dir, "generation_config.json"))
   prov = {"made_by": " ".join(["python"] + sys.argv), "start": start,
           "settings": {"thinking": "on" if thinking else "off"}}
-  earlier = os.path.join(start, "provenance.json")
-  if os.path.exists(earlier):
-    with open(earlier) as f:
-      prov["start_provenance"] = json.load(f)
+  earlier = read_provenance(start)
+  if earlier is not None:
+    prov["start_provenance"] = earlier
   with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
     json.dump(prov, f, indent=1)
   return hf_dir
