@@ -189,8 +189,10 @@ def test_restart_keeps_each_config_and_logs_each_step_once(tmp_path):
   wd = tmp_path / "run"
   c = _tiny(stop_after=8, log_every=2)
   c.checkpoint.update(dict(every=4, use_async=False))
-  with pytest.raises(Crash):  # dies during step 7: rows 2, 4, 6 written, checkpoint at 4
-    trainer.train(c, str(wd), source=_CrashAt(6, batch=4, seq_len=32, vocab=c.model.vocab_size))
+  # dies fetching step 8's batch: rows 2, 4, 6 written (a step's row is written once the next
+  # step is queued), checkpoint at 4
+  with pytest.raises(Crash):
+    trainer.train(c, str(wd), source=_CrashAt(7, batch=4, seq_len=32, vocab=c.model.vocab_size))
   assert [r["step"] for r in _rows(wd)] == [2, 4, 6]
   with open(wd / "metrics.jsonl", "a") as f:  # a row torn by the kill
     f.write('{"step": 7, "spl')
@@ -267,3 +269,37 @@ def test_sft_log_says_the_think_block_is_empty(tmp_path, sp_model_512, caplog):
   c.data.thinking_target = "teacher"
   with pytest.raises(ValueError, match=r"config\.data\.thinking_target: 'teacher' is not one of"):
     trainer.train(c, str(tmp_path / "wd2"))
+
+
+class _Logged(SyntheticIterator):
+  """Records each batch handed out in a shared event list."""
+
+  def __init__(self, events, **kw):
+    super().__init__(**kw)
+    self.events = events
+
+  def __next__(self):
+    b = super().__next__()
+    self.events.append(("batch", self.index))
+    return b
+
+
+def test_metrics_read_after_next_step_is_dispatched(tmp_path, monkeypatch):
+  """Step N's loss is read on the host only once step N+1 has its batch and is queued, except
+  where a checkpoint (every 4 steps here) or the last step needs it at once."""
+  events = []
+  real = trainer._checked_loss  # pylint: disable=protected-access
+
+  def checked(m, step, *a):
+    events.append(("read", step))
+    return real(m, step, *a)
+
+  monkeypatch.setattr(trainer, "_checked_loss", checked)
+  c = _tiny(num_steps=6, log_every=0)
+  c.checkpoint.every = 4
+  out = trainer.train(c, str(tmp_path), train_iter=_Logged(events, batch=4, seq_len=32,
+                                                           vocab=c.model.vocab_size))
+  assert events == [("batch", 1), ("batch", 2), ("read", 1), ("batch", 3), ("read", 2),
+                    ("batch", 4), ("read", 3), ("read", 4), ("batch", 5), ("batch", 6),
+                    ("read", 5), ("read", 6)]
+  assert len(out["losses"]) == 6 and np.isfinite(out["losses"]).all()

@@ -128,19 +128,37 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
       if summary["eval_start"]:
         writer.write(0, summary["eval_start"], prefix="eval")
     with _sigterm_flag() as stop:
-      while step < end_step:
-        state, m = step_fn(state, source.next_batch(state))
-        step += 1
-        loss = _checked_loss(m, step, kind, ckpt, source, t.seq_len)
+      # Step N's metrics are read (a host sync) only after step N+1 is dispatched, so the device
+      # never waits on the host between steps; they are read at once where something needs them
+      # (a checkpoint, an evaluation, a signal, the last step), so a NaN never reaches a saved
+      # step and stops the run at most one step late.
+      pending: tuple[int, Any] | None = None
+
+      def settle() -> None:
+        nonlocal pending, loss
+        if pending is None:
+          return
+        done, m_done = pending
+        pending = None
+        loss = _checked_loss(m_done, done, kind, ckpt, source, t.seq_len)
         losses.append(loss)
-        meter.add(t.batch_size * t.seq_len)
         if bar is not None:
           bar.update(1)
           bar.set_postfix(loss=f"{loss:.4f}")
-        if t.log_every and (step % t.log_every == 0 or step == end_step):
+        if t.log_every and (done % t.log_every == 0 or done == end_step):
           # the source's own figures (rollout/reward seconds, rewards, lengths) beside the step's
-          summary.update(meter.log(writer, step, dict(m, **_source_metrics(source))))
+          summary.update(meter.log(writer, done, dict(m_done, **_source_metrics(source))))
+
+      while step < end_step:
+        state, m = step_fn(state, source.next_batch(state))
+        step += 1
+        settle()  # the previous step's metrics, now that this step is queued
+        meter.add(t.batch_size * t.seq_len)
+        pending = (step, m)
         at_eval = t.eval_every > 0 and (step % t.eval_every == 0 or step == end_step)
+        saves = c.checkpoint.every > 0 and step % c.checkpoint.every == 0
+        if at_eval or saves or stop or step == end_step:
+          settle()
         if eval_fn is not None and at_eval:
           summary["eval"] = evaluate(eval_fn, state, eval_source(), t.eval_batches)
           writer.write(step, summary["eval"], prefix="eval")
@@ -152,6 +170,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
         if stop:
           logging.warning("signal %s: saving step %d and stopping", stop[0], step)
           break
+      settle()
       ckpt.save(step, state, source.get_state(), dict(meta, step=step, loss=loss), force=True)
       ckpt.wait()
   finally:
