@@ -31,7 +31,7 @@ setup(
     version="0.1.0",
     description="Train, serve and evaluate Language World Models (agent environment simulators) in JAX.",
     python_requires=">=3.11",
-    packages=find_packages(include=["lwm_jax", "lwm_jax.*"]),
+    packages=find_packages(include=["lwm_jax", "lwm_jax.*", "configs"]),
     include_package_data=True,
     install_requires=RUNTIME,
     extras_require={

@@ -12,12 +12,10 @@ benchmarks/results/accelerator.json.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def train_mfu(cfg, batch_size: int, seq: int, steps: int) -> dict:
@@ -104,7 +102,7 @@ def main():
   if backend == "cpu" and not a.allow_cpu:
     print("no accelerator: JAX sees only the CPU; nothing measured")
     return 0
-  from benchmarks.common import write_result
+  from common import write_result
   from lwm_jax.model.config import get_preset
   over = {"num_hidden_layers": a.layers} if a.layers else {}
   cfg = get_preset(a.preset, moe_backend="ragged_dot", dtype="bfloat16", **over)

@@ -12,20 +12,17 @@ import glob
 import importlib.util
 import os
 import pathlib
-import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
+from absl import app, flags
+import numpy as np
 
-import common  # noqa: E402
-from lwm_jax.data import hygiene, importers, pipeline, prompts, schema  # noqa: E402
-from lwm_jax.data import tokenizer as tk  # noqa: E402
+import common
+from lwm_jax.data import hygiene, importers, pipeline, prompts, schema
+from lwm_jax.data import tokenizer as tk
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("stage", "cpt", ["cpt", "sft"], "pipeline stage")

@@ -21,23 +21,37 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "launch"))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
-import demo  # noqa: E402  (its flags: --corpus, --vocab, --seq_len, --batch, --eval_trajectories)
-from lwm_jax.data import prompts, schema  # noqa: E402
-from lwm_jax.data import tokenizer as tok_lib  # noqa: E402
-from lwm_jax.eval.teacher_forced import observation_accuracy  # noqa: E402
-from lwm_jax.train import trainer  # noqa: E402
+from configs import stages
+from lwm_jax.data import prompts, schema
+from lwm_jax.data import tokenizer as tok_lib
+from lwm_jax.eval.teacher_forced import observation_accuracy
+from lwm_jax.train import trainer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", str(ROOT / "runs" / "long_prompts"), "work folder (replaced)")
+# the demo's data and shapes (launch/demo.py)
+flags.DEFINE_string("corpus", str(ROOT / "data" / "corpus"), "bundled corpus folder")
+flags.DEFINE_integer("vocab", 2048, "SentencePiece vocabulary size")
+flags.DEFINE_integer("cpt_steps", 80, "CPT steps")
+flags.DEFINE_integer("sft_steps", 40, "SFT steps")
+flags.DEFINE_integer("seq_len", 1024, "tokens per packed row")
+flags.DEFINE_integer("batch", 8, "rows per batch")
+flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the accuracy table")
+
+
+def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
+            valid: str, init_from_hf: str = ""):
+  """The demo's config of a stage (the `demo` preset with this run's data and shapes)."""
+  return stages.stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=FLAGS.batch,
+                             seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
+                             train=train, valid=valid, init_from_hf=init_from_hf,
+                             export_hf=stage == "cpt")
 
 
 def main(_):
@@ -57,7 +71,7 @@ def main(_):
       texts += [turn.action, turn.observation]
   sp = tok_lib.train_sentencepiece(texts, FLAGS.vocab, os.path.join(wd, "tokenizer"))
   vocab = -(-tok_lib.load_tokenizer(sp).vocab_size // 128) * 128
-  cpt = trainer.train(demo._config("cpt", vocab, FLAGS.cpt_steps, os.path.join(wd, "cpt"), sp,
+  cpt = trainer.train(_config("cpt", vocab, FLAGS.cpt_steps, os.path.join(wd, "cpt"), sp,
                                    ",".join(train), ",".join(valid)), os.path.join(wd, "cpt"))
   held = test_trajs[::max(1, len(test_trajs) // FLAGS.eval_trajectories)]
   results = {"seq_len": FLAGS.seq_len, "batch": FLAGS.batch, "cpt_steps": FLAGS.cpt_steps,
@@ -65,7 +79,7 @@ def main(_):
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   for arm in ("plain", "long"):
     out = os.path.join(wd, f"sft_{arm}")
-    c = demo._config("sft", vocab, FLAGS.sft_steps, out, sp, ",".join(train), ",".join(valid),
+    c = _config("sft", vocab, FLAGS.sft_steps, out, sp, ",".join(train), ",".join(valid),
                      init_from_hf=os.path.join(wd, "cpt", "hf"))
     c.data.pipeline.overlong = "drop"  # the same samples drop in both arms (plain length)
     c.data.pipeline.long_prompts = arm == "long"

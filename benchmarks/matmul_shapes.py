@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (weight [out, in], rows): decode shapes at batch 1, 8, 32, then training shapes
 SHAPES = [((32000, 512), 1), ((32000, 512), 8), ((32000, 512), 32),
@@ -61,7 +59,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=20)
   ap.add_argument("--out", default="matmul_shapes")
   a = ap.parse_args()
-  from benchmarks.common import median_time, table, write_result
+  from common import median_time, table, write_result
   systems = [("xla", xla_timer)]
   try:
     import torch

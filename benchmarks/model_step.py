@@ -11,24 +11,21 @@ and the JSON every round's time.
 from __future__ import annotations
 
 import os
-import pathlib
 import statistics
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import common  # noqa: E402
-from lwm_jax.model import sizes  # noqa: E402
-from lwm_jax.model.config import get_preset, to_hf_dict  # noqa: E402
-from lwm_jax.model.transformer import Transformer  # noqa: E402
-from lwm_jax.train import losses  # noqa: E402
+import common
+from lwm_jax.model import sizes
+from lwm_jax.model.config import get_preset, to_hf_dict
+from lwm_jax.model.transformer import Transformer
+from lwm_jax.train import losses
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "small", "model preset")

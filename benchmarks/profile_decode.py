@@ -21,9 +21,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.profile_step import TRACE_FLAG, describe, summarize, trace_ops  # noqa: E402
+from profile_step import TRACE_FLAG, describe, summarize, trace_ops
 
 
 def main():
@@ -43,7 +42,7 @@ def main():
                                       f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text"]).strip()
   import numpy as np
   from flax import nnx
-  from benchmarks.common import write_result
+  from common import write_result
   from lwm_jax.model.config import get_preset
   from lwm_jax.model.transformer import Transformer
   from lwm_jax.sampling.engine import Engine

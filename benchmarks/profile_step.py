@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 KINDS = [("dot / matmul", r"^(dot|.*matmul|.*gemm)"),
@@ -113,7 +112,7 @@ class OpSummary:
   what: dict                         # op name -> its HLO description
 
   def print_tables(self) -> None:
-    from benchmarks.common import table
+    from common import table
     n, total = self.steps, self.total
     rows = [{"op": op[:40], "kind": kind_of(op, self.what[op]), "ms/step": f"{ms / n:.1f}",
              "calls/step": f"{c / n:.0f}", "share": f"{100 * ms / total:.1f}%",
@@ -186,8 +185,8 @@ def main():
   flags = os.environ.get("XLA_FLAGS", "")
   if TRACE_FLAG not in flags:
     os.environ["XLA_FLAGS"] = (flags + " " + TRACE_FLAG).strip()
-  from benchmarks.common import write_result
-  from benchmarks.train_step import our_runner
+  from common import write_result
+  from train_step import our_runner
   from lwm_jax.train import optimizer, synthetic
   over = {"num_hidden_layers": a.layers}
   if a.vocab:

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -55,14 +53,14 @@ def main():
   ap.add_argument("--pool", default=os.path.join(ROOT, "data", "corpus", "os_validation.jsonl.gz"))
   ap.add_argument("--out", default="rl_step")
   a = ap.parse_args()
-  from benchmarks.common import write_result
+  from common import write_result
   from configs import rl as rl_config
-  from launch import stages
+  from lwm_jax.data import corpus as corpus_lib
   from lwm_jax.data.jsonl import iter_jsonl
   from lwm_jax.rl import stage
   from lwm_jax.train import trainer
 
-  start_hf, sp, vocab, context = stages.given_start(a.start)
+  start_hf, sp, vocab, context = corpus_lib.given_start(a.start)
   c = rl_config.get_config(a.preset)
   c.model.vocab_size = vocab
   c.data.tokenizer, c.data.pipeline.jsonl = sp, a.pool

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_ARENA_MAX": "1"}
@@ -81,7 +80,7 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
   array (far larger than the caches), the way a decode step streams its weights."""
   import jax
   import jax.numpy as jnp
-  from benchmarks.common import median_time
+  from common import median_time
   x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
   total = jax.jit(jnp.sum)
   return x.nbytes / median_time(lambda: total(x).block_until_ready(), repeats)
@@ -177,7 +176,7 @@ def main():
   import torch
   from flax import nnx
   torch.set_num_threads(os.cpu_count() or 1)
-  from benchmarks.common import table, write_result
+  from common import table, write_result
   from lwm_jax.model.config import get_preset
   from lwm_jax.model.transformer import Transformer
   model = Transformer(get_preset(a.preset), rngs=nnx.Rngs(0))

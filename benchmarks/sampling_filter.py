@@ -14,10 +14,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SETTINGS = {"top_k=20,top_p=0.95": (20, 0.95, 0.0), "top_p=0.9": (0, 0.9, 0.0),
             "min_p=0.05": (0, 1.0, 0.05)}

@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORDS = ("ls cat grep error file directory permission denied output line total bytes usr bin "
          "home root tmp var log config install package failed success").split()

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_ARENA_MAX": "1"}
@@ -104,7 +103,7 @@ def main():
   if not a.no_malloc_env and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
     os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **MALLOC_ENV})
   import jax
-  from benchmarks.common import matmul_peak_gflops, table, write_result
+  from common import matmul_peak_gflops, table, write_result
   from lwm_jax.model import sizes
   from lwm_jax.model.config import get_preset
   from lwm_jax.train import optimizer, synthetic

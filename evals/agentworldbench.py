@@ -44,15 +44,14 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lwm_jax.eval import inference as A  # noqa: E402
-from lwm_jax.eval import official  # noqa: E402
-from lwm_jax.eval import records as R  # noqa: E402
-from lwm_jax.eval import report  # noqa: E402
-from lwm_jax.eval.judge import run_judging  # noqa: E402
-from lwm_jax.judge import STYLES, make_style  # noqa: E402
-from lwm_jax.sampling.backends import Backend, OpenAIBackend, SamplerBackend  # noqa: E402
+from lwm_jax.eval import inference as A
+from lwm_jax.eval import official
+from lwm_jax.eval import records as R
+from lwm_jax.eval import report
+from lwm_jax.eval.judge import run_judging
+from lwm_jax.judge import STYLES, make_style
+from lwm_jax.sampling.backends import Backend, OpenAIBackend, SamplerBackend
 
 STEPS = ("infer", "judge", "score", "all", "export")
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 STAGES = ("sft", "cpt", "rl")
 

@@ -40,21 +40,20 @@ import math
 import os
 import re
 import shutil
-import sys
 import time
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [p for p in (ROOT, os.path.dirname(os.path.abspath(__file__))) if p not in sys.path]
 
-import stages  # noqa: E402  (launch/stages.py: the corpus tokenizer and stage configs)
-from configs import agent_bc, agent_rl  # noqa: E402
-from lwm_jax.data import agent_targets, schema  # noqa: E402
-from lwm_jax.envs import verify  # noqa: E402
-from lwm_jax.rl import agent_stage  # noqa: E402
-from lwm_jax.rl.agent_episodes import evaluate_policy, wilson  # noqa: E402
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
+from configs import agent_bc, agent_rl
+from lwm_jax.data import agent_targets, schema
+from lwm_jax.envs import verify
+from lwm_jax.rl import agent_stage
+from lwm_jax.rl.agent_episodes import evaluate_policy, wilson
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("budget", "tiny", ["tiny", "full"], "tiny: minutes on CPU; full: the experiment")
@@ -122,7 +121,7 @@ def tokenizer(out: str, b: dict) -> tuple[str, int]:
   trajs = list(schema.read_jsonl(_split("train")))
   extra = [agent_targets.agent_system_prompt(t) for t in trajs]
   extra += [agent_targets.observation_message(x.observation) for t in trajs for x in t.turns]
-  path, _, vocab = stages.train_tokenizer(trajs, b["vocab"], os.path.join(out, "sp"), extra)
+  path, _, vocab = corpus_lib.train_tokenizer(trajs, b["vocab"], os.path.join(out, "sp"), extra)
   return path, vocab
 
 

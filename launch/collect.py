@@ -16,9 +16,8 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.envs import base, collect  # noqa: E402
-from lwm_jax.data import schema  # noqa: E402
+from lwm_jax.envs import base, collect
+from lwm_jax.data import schema
 
 FLAGS = flags.DEFINE_enum("env", None, list(base.ENV_NAMES), "environment to run")
 EPISODES = flags.DEFINE_integer("episodes", 10, "number of episodes")

@@ -32,11 +32,10 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax import hf  # noqa: E402  pylint: disable=wrong-import-position
-from lwm_jax.checkpoints import read_provenance  # noqa: E402  pylint: disable=wrong-import-position
-from lwm_jax.data.drills import induction_rows, segment_range  # noqa: E402  pylint: disable=wrong-import-position
-from lwm_jax.train.losses import token_logprobs  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax import hf  # pylint: disable=wrong-import-position
+from lwm_jax.checkpoints import read_provenance  # pylint: disable=wrong-import-position
+from lwm_jax.data.drills import induction_rows, segment_range  # pylint: disable=wrong-import-position
+from lwm_jax.train.losses import token_logprobs  # pylint: disable=wrong-import-position
 
 
 TOKENS_PER_STEP = 8192

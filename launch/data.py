@@ -31,13 +31,12 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
+from absl import app, flags
+import numpy as np
 
-from lwm_jax.data import hygiene, importers, masking, pipeline, prompts, splits  # noqa: E402
-from lwm_jax.data import tokenizer as tk  # noqa: E402
+from lwm_jax.data import hygiene, importers, masking, pipeline, prompts, splits
+from lwm_jax.data import tokenizer as tk
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("inputs", [], "JSONL files or folders of them.")

@@ -7,7 +7,7 @@
   5. one simulated terminal episode: the SFT model answers a real held-out episode's actions, each
      simulated observation printed beside the real one with its edit similarity (and their mean).
      The episode is the test split's terminal episode whose observations are most knowable from
-     what precedes them (`stages.demo_episode`, chosen from the data, not from any model's score)
+     what precedes them (`episodes_lib.demo_episode`, chosen from the data, not from any model's score)
   6. the same episode played by the shipped world model (data/world_model/, made by
      `make world-model`), which a few minutes of demo training cannot match, then every held-out
      terminal episode's first three turns played by it in one batch, with their mean and median;
@@ -28,11 +28,12 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-import stages  # noqa: E402  (launch/stages.py: shared with launch/reproduce.py)
-from lwm_jax.eval.teacher_forced import observation_accuracy, world_coverage  # noqa: E402
-from lwm_jax.train import trainer  # noqa: E402
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.eval import episodes as episodes_lib
+from configs import stages
+from lwm_jax.eval.teacher_forced import observation_accuracy, world_coverage
+from lwm_jax.train import trainer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "demo"), "output folder (replaced)")
@@ -49,7 +50,7 @@ flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the acc
 def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
             valid: str, init_from_hf: str = ""):
   """The `demo` preset of the stage's config with this run's data, steps, vocabulary and shapes
-  (launch/stages.py)."""
+  (configs/stages.py)."""
   return stages.stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=FLAGS.batch,
                              seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
                              train=train, valid=valid, init_from_hf=init_from_hf,
@@ -67,14 +68,14 @@ def main(_):
   wd = FLAGS.workdir
   shutil.rmtree(wd, ignore_errors=True)
   os.makedirs(wd)
-  corpus = stages.load_corpus(FLAGS.corpus)
+  corpus = corpus_lib.load_corpus(FLAGS.corpus)
   train, valid = corpus.train_files, corpus.valid_files
   train_trajs, test_trajs = corpus.train, corpus.test
   print(f"corpus: {len(train_trajs)} training trajectories in {len(train)} domains, "
         f"{len(test_trajs)} held out")
 
   _banner("1. SentencePiece tokenizer")
-  sp, tok, vocab = stages.train_tokenizer(train_trajs, FLAGS.vocab, os.path.join(wd, "tokenizer"))
+  sp, tok, vocab = corpus_lib.train_tokenizer(train_trajs, FLAGS.vocab, os.path.join(wd, "tokenizer"))
   print(f"{sp}: {tok.vocab_size} pieces")
 
   results = {}
@@ -129,12 +130,12 @@ def main(_):
 
   _banner("5. A simulated terminal episode (the SFT model answers a real episode's actions; its "
           "own earlier answers are its history)")
-  episode = stages.demo_episode(test_trajs)
+  episode = episodes_lib.demo_episode(test_trajs)
   print(f"episode {episode.id}: the held-out terminal episode whose first three observations are "
-        f"most knowable from what precedes them ({stages.knowable_share(episode):.0%} of their "
-        "words appear earlier; stages.knowable_share)")
-  sim = stages.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
-  shipped = _shipped_episode(test_trajs, stages.load_corpus(FLAGS.corpus).digest())
+        f"most knowable from what precedes them ({episodes_lib.knowable_share(episode):.0%} of their "
+        "words appear earlier; episodes_lib.knowable_share)")
+  sim = episodes_lib.simulated_episode(sampler, episode, turns=3, max_new_tokens=120, variant=2)
+  shipped = _shipped_episode(test_trajs, corpus_lib.load_corpus(FLAGS.corpus).digest())
   summary = {"seconds": round(time.time() - t0, 1), "cpt_tokens_per_s": cpt.get("tokens_per_s"),
              "sft_tokens_per_s": sft.get("tokens_per_s"),
              "accuracy": {"cpt": a_cpt.model, "sft": a_sft.model,
@@ -168,7 +169,7 @@ def _shipped_episode(test_trajs, corpus_sha: str) -> dict:
         f"({'this corpus' if same else 'NOT this corpus'}); model {prov.get('model')}")
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   sampler = Sampler.from_checkpoint(path)
-  sim = stages.simulated_terminal_episodes(sampler, test_trajs, max_new_tokens=320)
+  sim = episodes_lib.simulated_terminal_episodes(sampler, test_trajs, max_new_tokens=320)
   return {"path": path, "present": True, "model": prov.get("model"), "same_corpus": same, **sim}
 
 

@@ -39,14 +39,12 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "evals"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fidelity  # noqa: E402  (evals/fidelity.py)
-import stages  # noqa: E402  (launch/stages.py)
-from lwm_jax.data.jsonl import iter_jsonl, open_text  # noqa: E402
-from lwm_jax.envs import perturb  # noqa: E402
-from lwm_jax.train import trainer  # noqa: E402
+from lwm_jax.eval import fidelity
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
+from lwm_jax.data.jsonl import iter_jsonl, open_text
+from lwm_jax.envs import perturb
+from lwm_jax.train import trainer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("start", os.path.join(ROOT, "data", "world_model"),
@@ -499,7 +497,7 @@ def main(argv):
     specs = perturb.parse_menu(FLAGS.menu, domains, "--menu")
   except (ValueError, NotImplementedError) as e:
     raise SystemExit(str(e)) from None
-  start = stages.given_start(FLAGS.start)
+  start = corpus_lib.given_start(FLAGS.start)
   copy = _corpus_copy(wd, domains, "perturbed", FLAGS.perturb_share)
   # the bundled corpus carries perturbations itself (a quarter of these domains' episodes), so
   # the control is regenerated without any

@@ -21,7 +21,6 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_string("input", None, "comma-separated trajectory files (JSONL / JSONL.gz; any format "
                     "the data CLI reads)")

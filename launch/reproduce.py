@@ -33,10 +33,11 @@ from typing import Any
 from absl import app, flags
 from absl import logging as absl_logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import stages  # noqa: E402  (launch/stages.py: shared with launch/demo.py)
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.eval import episodes as episodes_lib
+from configs import stages
 
-ROOT = stages.ROOT
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGETS: dict[str, dict[str, Any]] = {
     # end to end in a few minutes on 2 CPU cores: proves the plumbing, not the recipe. Compiling
     # dominates such a run, so it compiles with XLA's cheap settings (FAST_COMPILE) and skips the
@@ -313,9 +314,9 @@ def ablation_pairs(s: Settings, runs: list[RunSpec]) -> list[tuple[str, str, str
 
 
 def run_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
-               corpus: stages.Corpus, knowledge_jsonl: str, wants_export: bool,
+               corpus: corpus_lib.Corpus, knowledge_jsonl: str, wants_export: bool,
                more_jsonl: str = ""):
-  """The training config of one run (launch/stages.py builds CPT and SFT); `more_jsonl` (the
+  """The training config of one run (configs/stages.py builds CPT and SFT); `more_jsonl` (the
   kept episodes of --more_worlds) is trained on beside the corpus's training split."""
   if spec.stage == "rl":
     return _rl_config(spec, s, wd, tokenizer, vocab, corpus)
@@ -354,7 +355,7 @@ def rl_available() -> str:
 
 
 def _rl_config(spec: RunSpec, s: Settings, wd: str, tokenizer: str, vocab: int,
-               corpus: stages.Corpus):
+               corpus: corpus_lib.Corpus):
   from configs import rl as rl_cfg  # pylint: disable=import-outside-toplevel
   c = rl_cfg.get_config("demo")
   c.model.vocab_size = vocab
@@ -446,7 +447,7 @@ def _copy_tokenizer(old: str, wd: str) -> tuple[str, object, int]:
   for ext in (".model", ".vocab"):
     if os.path.isfile(os.path.join(old, "tokenizer" + ext)):
       shutil.copy(os.path.join(old, "tokenizer" + ext), os.path.join(wd, "tokenizer" + ext))
-  return stages.load_tokenizer(os.path.join(wd, "tokenizer.model"))
+  return corpus_lib.load_tokenizer(os.path.join(wd, "tokenizer.model"))
 
 
 def _copy_run(old: str, wd: str, spec: RunSpec, row: dict[str, Any], c) -> dict[str, Any]:
@@ -535,7 +536,7 @@ def main(argv):
   wd = FLAGS.workdir
   shutil.rmtree(wd, ignore_errors=True)
   os.makedirs(wd)
-  corpus = stages.load_corpus(FLAGS.corpus)
+  corpus = corpus_lib.load_corpus(FLAGS.corpus)
   header = {"command": " ".join(sys.argv), "settings": dataclasses.asdict(s),
             "corpus": {"folder": corpus.folder, "sha256": corpus.digest(),
                        "train_trajectories": len(corpus.train),
@@ -561,14 +562,14 @@ def main(argv):
   more_jsonl = ""
   if s.more_worlds:
     more_jsonl = os.path.join(wd, "more_worlds.jsonl")
-    header["more_worlds"] = more = stages.more_worlds(s.more_worlds, corpus, more_jsonl)
+    header["more_worlds"] = more = corpus_lib.more_worlds(s.more_worlds, corpus, more_jsonl)
     print(f"more worlds ({s.more_worlds}): {more['trajectories']} episodes of {more['worlds']} "
           f"worlds ({more['worlds_new']} not in the corpus's training split) added to training; "
           f"{more['dropped_held_out_world']} dropped, their world being held out")
 
   if s.cpt_from:
     _banner(f"2. SentencePiece tokenizer of {s.cpt_from} (the CPT runs continue from it)")
-    _, _, given_vocab, _ = stages.given_start(s.cpt_from, "--cpt_from")
+    _, _, given_vocab, _ = corpus_lib.given_start(s.cpt_from, "--cpt_from")
     sp, tok, vocab = _copy_tokenizer(s.cpt_from, wd)
     if vocab != given_vocab:
       raise SystemExit(f"--cpt_from: {s.cpt_from}/config.json has vocab_size {given_vocab} but "
@@ -578,7 +579,7 @@ def main(argv):
     sp, tok, vocab = _copy_tokenizer(FLAGS.reuse_from, wd)
   else:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces)")
-    sp, tok, vocab = stages.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
+    sp, tok, vocab = corpus_lib.train_tokenizer(corpus.train, s.vocab, os.path.join(wd, "tokenizer"),
                                             extra_texts)
   print(f"{sp}: {tok.vocab_size} pieces")
   final = [r for r in runs if r.main][-1]   # the main pipeline's last model: always exported
@@ -624,11 +625,11 @@ def main(argv):
     _banner(f"Simulated terminal episodes ({runs[1].name} plays the environment)")
     lines: list[str] = []
     out = lambda text: (print(text), lines.append(text))
-    simulated = stages.simulated_terminal_episodes(main_sampler, corpus.test,
+    simulated = episodes_lib.simulated_terminal_episodes(main_sampler, corpus.test,
                                                    s.eval_max_new_tokens, out)
     simulated.update(model=runs[1].name, transcript="\n".join(lines))
 
-  import reproduce_report  # pylint: disable=import-outside-toplevel  (launch/reproduce_report.py)
+  from lwm_jax.eval import recipe_report as reproduce_report  # pylint: disable=import-outside-toplevel
   report = reproduce_report.build(header, rows, res, ablation_pairs(s, runs),
                                   round(time.time() - t0, 1), paths, simulated)
   reproduce_report.write(report, wd)

@@ -27,23 +27,20 @@ import logging
 import math
 import os
 import shutil
-import sys
 import time
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from configs import cpt as cpt_config, rl as rl_config, sft as sft_config  # noqa: E402
-from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib  # noqa: E402
-from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
-from lwm_jax.rl import pool as pool_lib, stage  # noqa: E402
-from lwm_jax.rl.heldout import HeldOut  # noqa: E402
-from lwm_jax.train import trainer  # noqa: E402
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import stages  # noqa: E402  (launch/stages.py)
+from configs import cpt as cpt_config, rl as rl_config, sft as sft_config
+from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib
+from lwm_jax.data.jsonl import iter_jsonl
+from lwm_jax.rl import pool as pool_lib, stage
+from lwm_jax.rl.heldout import HeldOut
+from lwm_jax.train import trainer
+from lwm_jax.data import corpus as corpus_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "gspo_vs_sft"), "run folder (replaced "
@@ -207,7 +204,7 @@ def main(_):
 
   # ------------------------------------------------------------------ the SFT start
   if FLAGS.start:
-    start_hf, sp, vocab, context = stages.given_start(FLAGS.start)
+    start_hf, sp, vocab, context = corpus_lib.given_start(FLAGS.start)
     tok = tok_lib.load_tokenizer(sp)
     per_step = _sft_target_tokens(pools["rl"], tok) * 8
   else:

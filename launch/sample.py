@@ -7,12 +7,10 @@
 of {"role", "content"} messages. Prints each choice, its reasoning and the parsed prediction.
 """
 import json
-import os
 import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_string("checkpoint", None, "workdir, step folder or Hugging Face folder")
 flags.DEFINE_string("tokenizer", None, "tokenizer file/folder (default: what the checkpoint names)")

@@ -15,12 +15,10 @@ Steps of concurrent episodes are decoded together on one engine (`lwm_jax/sim/se
 the endpoints and errors; `lwm_jax/sim/client.py` is the Python client).
 """
 import logging
-import os
 import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_string("checkpoint", None, "workdir, step folder or Hugging Face folder")
 flags.DEFINE_string("tokenizer", None, "tokenizer file/folder (default: what the checkpoint names)")

@@ -15,15 +15,13 @@ stderr naming it (with close matches) and exit status 2.
 """
 import json
 import logging
-import os
 import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import configs  # noqa: E402  pylint: disable=wrong-import-position
+import configs  # pylint: disable=wrong-import-position
 
 config_flags.DEFINE_config_file("config", None, "configs/<stage>.py:<preset>", lock_config=True)
 flags.DEFINE_string("workdir", None, "output folder (checkpoints, metrics, config.json)")

@@ -12,3 +12,12 @@ See docs/architecture.md for the map and what flows between the packages.
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+
+
+def child_pythonpath() -> str:
+  """PYTHONPATH for a child Python process that must import this same copy of lwm_jax (an
+  environment's tool server, an index builder): its folder first, then the caller's PYTHONPATH."""
+  root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+  return _os.pathsep.join(p for p in (root, _os.environ.get("PYTHONPATH", "")) if p)

@@ -1,19 +1,13 @@
-"""evals/fidelity.py: the per-kind detectors on crafted and on real perturbed observations, and
+"""lwm_jax/eval/fidelity.py (the library behind evals/fidelity.py): the per-kind detectors on crafted and on real perturbed observations, and
 the whole script on a tiny random checkpoint (few episodes, few tokens)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from lwm_jax.envs import perturb
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("fidelity", os.path.join(REPO, "evals", "fidelity.py"))
-fidelity = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fidelity)
+from lwm_jax.eval import fidelity
 
 SEARCH_OBS = ('Results 1-2 of 9 for "json" (page 1 of 5)\n\n1. [json] json: JSON encoder\n'
               '   score 3.10 | **JSON** (JavaScript Object Notation)\n\n2. [json.dumps] json.dumps: '

@@ -1,5 +1,5 @@
 """launch/reproduce.py's argument plumbing, without training: budgets and overrides, the runs an
-ablation adds, each run's config, and the simulated episode (launch/stages.py) on a stand-in
+ablation adds, each run's config, and the simulated episode (lwm_jax/eval/episodes.py) on a stand-in
 model."""
 import importlib.util
 import os
@@ -9,7 +9,10 @@ import types
 
 import pytest
 
+from configs import stages as config_stages
+from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.data.schema import Trajectory, Turn
+from lwm_jax.eval import episodes as episodes_lib
 from lwm_jax.sampling.params import Generation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,8 +153,7 @@ def test_sft_loss_switch_and_its_ablation(rp, tmp_path):
   assert rp.ablation_pairs(s, runs) == [
       ("thinking (SFT)", "sft_it_nothink_hist", "sft_it_think"),
       ("SFT loss on the history too (SFT)", "sft_it_nothink_hist", "sft_it_nothink")]
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   cfg = {r.name: rp.run_config(r, s, str(tmp_path), "tok.model", 1024, corpus, "", True)
          for r in runs}
   assert cfg["sft_it_nothink_hist"].data.pipeline.sft_history_loss
@@ -169,8 +171,7 @@ def test_sft_loss_switch_and_its_ablation(rp, tmp_path):
 
 
 def test_run_configs_carry_the_switches(rp, tmp_path):
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz", "b_train.jsonl.gz"], ["a_validation.jsonl.gz"],
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz", "b_train.jsonl.gz"], ["a_validation.jsonl.gz"],
                          [], [], [])
   s = rp.resolve({"budget": "tiny", "ablations": "masking,thinking", "cpt_steps": 5,
                   "sft_steps": 3, "knowledge": "search"})
@@ -198,7 +199,7 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
   c_lr = {r.stage: rp.run_config(r, lr, wd, "tok.model", 1024, corpus, "", True)
           for r in rp.plan(lr)}
   assert c_lr["sft"].optim.lr == 3e-4 and c_lr["cpt"].optim.lr == it.optim.lr
-  assert think.optim.lr == _load("stages").STAGE_CONFIGS["sft"].get_config("tiny").optim.lr
+  assert think.optim.lr == config_stages.STAGE_CONFIGS["sft"].get_config("tiny").optim.lr
   with pytest.raises(ValueError, match="sft_lr"):
     rp.resolve({"budget": "tiny", "sft_lr": -1.0})
   lr = rp.resolve({"budget": "tiny", "knowledge": "", "cpt_lr": 4e-3})
@@ -212,8 +213,7 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
 def test_sft_rows_and_the_models_context(rp):
   """SFT may train on other rows than CPT; every model's context is the longest row of the
   pipeline, so a sampler never feeds positions no row had and SFT keeps CPT's reach."""
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   s = rp.resolve({"budget": "tiny", "seq_len": 1024, "batch": 2, "sft_seq_len": 512,
                   "sft_batch": 8, "knowledge": ""})
   assert s.context == 1024
@@ -236,8 +236,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   written out, equals this plan's and its starting point is copied too; another corpus or
   tokenizer setting is refused."""
   import json
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   old, new = str(tmp_path / "old"), str(tmp_path / "new")
 
   def configs(wd, **over):
@@ -329,13 +328,12 @@ class _FakeSampler:
 
 
 def test_simulated_episode_prints_both_sides_and_the_mean():
-  stages = _load("stages")
   ep = Trajectory("t1", "terminal", "task", "bash", "~$", [Turn("cat a", "abc"),
                                                            Turn("cat b", "hello"),
                                                            Turn("cat c", "unused")])
   lines = []
   fake = _FakeSampler(["abd", "hello"])
-  sim = stages.simulated_episode(fake, ep, turns=2, out=lines.append)
+  sim = episodes_lib.simulated_episode(fake, ep, turns=2, out=lines.append)
   # "abd" vs "abc": one substitution in 3 characters -> 2/3; "hello" exact -> 1
   assert sim["edit_similarity"] == pytest.approx([2 / 3, 1.0])
   assert sim["mean_edit_similarity"] == pytest.approx(5 / 6) and sim["turns"] == 2
@@ -352,15 +350,16 @@ def test_rl_experiment_start_folder_is_checked(tmp_path):
   is named."""
   import json
   rx = _load("rl_experiment")
+  assert rx.corpus_lib.given_start is corpus_lib.given_start  # the script checks with this
   with pytest.raises(SystemExit, match="config.json is missing"):
-    rx.stages.given_start(str(tmp_path))
+    corpus_lib.given_start(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048}))
   (tmp_path / "tokenizer.model").write_bytes(b"x")
   with pytest.raises(SystemExit, match="'max_position_embeddings' is missing"):
-    rx.stages.given_start(str(tmp_path))
+    corpus_lib.given_start(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048,
                                                     "max_position_embeddings": 2048}))
-  assert rx.stages.given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
+  assert corpus_lib.given_start(str(tmp_path)) == (str(tmp_path), str(tmp_path / "tokenizer.model"),
                                             2048, 2048)
 
 
@@ -477,8 +476,7 @@ def test_perturb_experiment_paired_copy_adds_each_perturbed_episodes_plain_twin(
 def test_cpt_from_starts_every_cpt_run_from_the_given_model(rp, tmp_path):
   """--cpt_from: each CPT run (the masking ablation's too) loads the given folder; SFT runs still
   start from their own CPT run's export; without it CPT starts from random initialisation."""
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   given = tmp_path / "given"
   s = rp.resolve({"budget": "tiny", "ablations": "masking", "knowledge": "",
                   "cpt_from": str(given)})
@@ -507,21 +505,20 @@ class _ByAction:
 
 
 def test_played_episodes_advance_together_and_are_summarised():
-  stages = _load("stages")
   a = Trajectory("a", "terminal", "task", "bash", "~$", [Turn("pwd", "/home/user"),
                                                          Turn("whoami", "root")])
   b = Trajectory("b", "terminal", "task", "bash", "~$", [Turn("date", "Mon"),
                                                          Turn("pwd", "/home/user"),
                                                          Turn("ls", "never played")])
   fake = _ByAction({"pwd": "/home/user", "whoami": "rooX", "date": "Mon"})
-  played = stages.play_episodes(fake, [a, b], turns=3)
+  played = episodes_lib.play_episodes(fake, [a, b], turns=3)
   assert fake.batches == [2, 2, 1]       # one generation per turn; `a` has two turns only
   assert [p["turns"] for p in played] == [2, 3]
   assert played[0]["edit_similarity"] == pytest.approx([1.0, 0.75])
   assert played[1]["predicted"] == ["Mon", "/home/user", "?"]
   assert played[1]["mean_edit_similarity"] == pytest.approx(2 / 3)
   lines = []
-  summary = stages.summarise_episodes(played, out=lines.append)
+  summary = episodes_lib.summarise_episodes(played, out=lines.append)
   assert summary["episodes"] == 2 and summary["mean"] == pytest.approx((0.875 + 2 / 3) / 2)
   assert summary["at_least_0.6"] == 2 and summary["per_episode"] == {"a": 0.875, "b": 0.6667}
   assert "median 0.771" in lines[-1] and "2 of 2 at 0.6 or more" in lines[-1]
@@ -531,7 +528,6 @@ def test_played_episodes_advance_together_and_are_summarised():
 def test_the_demo_episode_is_the_most_knowable_one():
   """knowable_share counts the words of each real observation already shown before it; the demo
   plays the episode where that share is highest, whatever any model scores on it."""
-  stages = _load("stages")
   state = "Files under ~:\nnotes/todo.txt\nlogs/app.log"
   lucky = Trajectory("log", "terminal", "task", "bash", state,
                      [Turn("cat logs/app.log", "12:03 ERROR disk full\n12:04 INFO retry"),
@@ -539,16 +535,15 @@ def test_the_demo_episode_is_the_most_knowable_one():
   known = Trajectory("ls", "terminal", "task", "bash", state,
                      [Turn("ls notes", "todo.txt"), Turn("ls logs", "app.log")])
   other = Trajectory("mcp", "mcp", "task", "tools", state, [Turn("x", "y")])
-  assert stages.knowable_share(known) == 1.0
+  assert episodes_lib.knowable_share(known) == 1.0
   # the log's 7 words: only "12" reappears inside it, never before it; "todo.txt" was shown
-  assert stages.knowable_share(lucky) == pytest.approx((0 / 7 + 1.0) / 2)
-  assert stages.demo_episode([lucky, other, known]).id == "ls"
+  assert episodes_lib.knowable_share(lucky) == pytest.approx((0 / 7 + 1.0) / 2)
+  assert episodes_lib.demo_episode([lucky, other, known]).id == "ls"
   with pytest.raises(SystemExit, match="no terminal episode"):
-    stages.demo_episode([other])
+    episodes_lib.demo_episode([other])
 
 
 def test_simulated_terminal_episodes_show_the_demo_episode_and_summarise_all():
-  stages = _load("stages")
   state = "Files under ~:\nnotes/todo.txt"
   known = Trajectory("known", "terminal", "task", "bash", state, [Turn("ls notes", "todo.txt")])
   drawn = Trajectory("drawn", "terminal", "task", "bash", state,
@@ -556,7 +551,7 @@ def test_simulated_terminal_episodes_show_the_demo_episode_and_summarise_all():
   elsewhere = Trajectory("web", "web", "task", "click", state, [Turn("click 1", "page")])
   fake = _ByAction({"ls notes": "todo.txt", "cat log": "12:03 disk ok"})
   lines = []
-  sim = stages.simulated_terminal_episodes(fake, [drawn, elsewhere, known], 32, lines.append)
+  sim = episodes_lib.simulated_terminal_episodes(fake, [drawn, elsewhere, known], 32, lines.append)
   assert fake.batches == [2]                                   # both terminal episodes at once
   assert sim["trajectory"] == "known" and sim["mean_edit_similarity"] == 1.0
   every = sim["all_terminal_test_episodes"]
@@ -571,7 +566,6 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
   reusing an earlier run that trained on other extra episodes is refused."""
   import json
   from lwm_jax.data import schema
-  stages = _load("stages")
   traj = lambda i, world: Trajectory(id=f"t-{i}", domain="terminal", task="t", action_space="a",  # noqa: E731
                                      initial_state="", turns=[Turn("ls", "x")],
                                      meta={"world": world})
@@ -583,18 +577,18 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
   schema.write_jsonl(more / "terminal_train.jsonl.gz",
                      [traj(10, "w-new"), traj(11, "w-test"), traj(12, "w-train")])
   schema.write_jsonl(more / "terminal_test.jsonl.gz", [traj(13, "w-val"), traj(14, "w-new2")])
-  corpus = stages.load_corpus(str(base))
+  corpus = corpus_lib.load_corpus(str(base))
   out = str(tmp_path / "kept.jsonl")
-  info = stages.more_worlds(str(more), corpus, out)
+  info = corpus_lib.more_worlds(str(more), corpus, out)
   assert [t.id for t in schema.read_jsonl(out)] == ["t-14", "t-10", "t-12"]   # test file first
   assert (info["trajectories"], info["worlds"], info["worlds_new"],
           info["dropped_held_out_world"]) == (3, 3, 2, 2)
   with pytest.raises(SystemExit, match="no .*under"):
-    stages.more_worlds(str(tmp_path), corpus, out)
+    corpus_lib.more_worlds(str(tmp_path), corpus, out)
   other = tmp_path / "other"                                                  # two folders
   other.mkdir()
   schema.write_jsonl(other / "terminal_train.jsonl.gz", [traj(20, "w-other")])
-  two = stages.more_worlds(f"{more},{other}", corpus, str(tmp_path / "two.jsonl"))
+  two = corpus_lib.more_worlds(f"{more},{other}", corpus, str(tmp_path / "two.jsonl"))
   assert [t.id for t in schema.read_jsonl(tmp_path / "two.jsonl")] == ["t-14", "t-10", "t-12", "t-20"]
   assert two["files"][-1] == "other/terminal_train.jsonl.gz" and two["worlds_new"] == 3
   assert rp.resolve({"budget": "tiny", "knowledge": "",
@@ -620,8 +614,7 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
 def test_drill_flags_reach_the_cpt_config_only(rp, tmp_path):
   s = rp.resolve({"budget": "tiny", "knowledge": "", "drill_share": 0.6, "drill_rows": "64, 512"})
   assert (s.drill_share, s.drill_rows) == (0.6, "64,512")
-  stages = _load("stages")
-  corpus = stages.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
+  corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   cfg = {r.name: rp.run_config(r, s, str(tmp_path), "tok.model", 1024, corpus, "", True)
          for r in rp.plan(s)}
   assert (cfg["cpt_it"].data.pipeline.drill_share, cfg["cpt_it"].data.pipeline.drill_rows) == (

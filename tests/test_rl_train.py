@@ -104,7 +104,6 @@ def test_rl_run_logs_rollouts_evaluates_and_resumes_exactly(data, tmp_path):
 
 WORKER = textwrap.dedent("""
   import json, sys, pathlib
-  sys.path.insert(0, sys.argv[4])
   from tests.test_rl_train import config, run
   c = config(pathlib.Path(sys.argv[5]), steps=2, prompts=1, updates=1)
   c.train.batch_size = 4  # 2 rows from each process
@@ -143,7 +142,6 @@ def test_two_processes_agree_with_one(data, tmp_path):
 
 MESHES = textwrap.dedent("""
   import json, sys
-  sys.path.insert(0, sys.argv[1])
   from configs import rl
   from lwm_jax import sharding as shd
   out = {}

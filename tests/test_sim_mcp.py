@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import lwm_jax
 from lwm_jax.data.bench_records import format_action
 from lwm_jax.sampling import Generation
 from lwm_jax.sim.env import SimulatedEnv, World
@@ -81,7 +82,7 @@ def test_mcp_client_over_stdio_lists_calls_and_gets_errors(tmp_path):
       args=["-m", "lwm_jax.sim.mcp_sim", "--checkpoint", ckpt, "--world", str(world_file),
             "--max_tokens", "4", "--decode_layout", "model",
             "--perturb", "errors:rate=0.5,kind=timeout"],
-      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+      env={**os.environ, "PYTHONPATH": lwm_jax.child_pythonpath()})
 
   async def session():
     with open(tmp_path / "server.log", "w") as errlog:

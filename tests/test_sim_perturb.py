@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import lwm_jax
 from lwm_jax.data import prompts
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs import mcp_env, mcp_server
@@ -255,7 +256,7 @@ def test_mcp_server_perturb_flag_over_stdio(tmp_path):
   params = StdioServerParameters(
       command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db, "--perturb",
                                     json.dumps({"page_size": 2, "rate_limit": 2})],
-      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+      env={**os.environ, "PYTHONPATH": lwm_jax.child_pythonpath()})
 
   async def session():
     with open(tmp_path / "server.log", "w") as errlog:

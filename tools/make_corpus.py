@@ -32,9 +32,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lwm_jax.data import bench_records, hygiene, prompts, schema, splits  # noqa: E402
-from lwm_jax.envs import base, collect, perturb, sandbox  # noqa: E402
+from lwm_jax.data import bench_records, hygiene, prompts, schema, splits
+from lwm_jax.envs import base, collect, perturb, sandbox
 
 SPLITS = splits.SPLITS
 

@@ -26,11 +26,9 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tools"))
 
-import stand_in_judge  # noqa: E402
-from lwm_jax.sampling.background import free_port  # noqa: E402
+import stand_in_judge
+from lwm_jax.sampling.background import free_port
 
 DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
 CLI = os.path.join(REPO, "evals", "agentworldbench.py")

@@ -8,8 +8,8 @@ drill arm mixes 3,000 of them with the usual knowledge text at 30% of CPT tokens
 the knowledge text alone at 10%). Run from the repository root; writes runs/copy_drills_pilot/ARM.
 """
 import os, sys, json, random, time, shutil
-sys.path.insert(0, "launch")
-import stages
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
 from lwm_jax.data import documents
 from lwm_jax.data.documents import Document
 from lwm_jax.envs import knowledge
@@ -18,7 +18,7 @@ from lwm_jax.train import run_config as rc, sources as src, trainer
 arm, steps = sys.argv[1], int(sys.argv[2])
 wd = f"runs/copy_drills_pilot/{arm}"
 shutil.rmtree(wd, ignore_errors=True); os.makedirs(wd)
-corpus = stages.load_corpus("data/corpus")
+corpus = corpus_lib.load_corpus("data/corpus")
 docs = knowledge.knowledge_documents()
 share = 0.1
 if arm.startswith("drill"):

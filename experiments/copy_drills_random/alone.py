@@ -17,8 +17,7 @@ from lwm_jax import hf
 from lwm_jax.data.drills import induction_rows, segment_range
 from lwm_jax.model.transformer import Transformer
 from lwm_jax.train import run_config as rc
-sys.path.insert(0, "launch")
-import stages
+from configs import stages
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 50

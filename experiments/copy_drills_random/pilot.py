@@ -11,8 +11,8 @@ text (full loss) at SHARE of the CPT tokens (default 0.3). Checkpoints every 100
 for probe.py. Writes runs/copy_drills_random/ARM.
 """
 import os, sys, json, random, time, shutil
-sys.path.insert(0, "launch")
-import stages
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
 from lwm_jax.data import documents
 from lwm_jax.data.documents import Document
 from lwm_jax.data.tokenizer import load_tokenizer
@@ -52,7 +52,7 @@ if __name__ == "__main__":
   share = float(sys.argv[3]) if len(sys.argv) > 3 else 0.3
   wd = f"runs/copy_drills_random/{arm}"
   shutil.rmtree(wd, ignore_errors=True); os.makedirs(wd)
-  corpus = stages.load_corpus("data/corpus")
+  corpus = corpus_lib.load_corpus("data/corpus")
   docs = knowledge.knowledge_documents()
   if arm == "rand":
     docs += random_drills(6000)

@@ -34,9 +34,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
-import stages  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.eval import episodes as episodes_lib
+from configs import stages
 from departure_drill import pad, render, save, score, train_step, trainable  # noqa: E402
 from listing_probe import HELD_OUT, is_listing  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
@@ -132,13 +133,13 @@ def main():
   ap.add_argument("--held_out", type=int, default=96, help="held-out listing turns a naming")
   args = ap.parse_args()
   t0 = time.time()
-  start, sp, _, _ = stages.given_start(args.start)
+  start, sp, _, _ = corpus_lib.given_start(args.start)
   tok = load_tokenizer(sp)
   c = stages.STAGE_CONFIGS["sft"].get_config("demo")
   cfg = c.data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)
   listing = listing_turns(args.train.split(","), args.max_turn)
-  corpus = stages.load_corpus(args.mix)
+  corpus = corpus_lib.load_corpus(args.mix)
   ordinary = [(t, k) for t in corpus.train for k in range(len(t.turns))]
   held = {names: [render(t, k, tok, cfg) for t, k in listing_turns([path], 6)[:args.held_out]]
           for names, path in HELD_OUT.items()}
@@ -181,7 +182,7 @@ def main():
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
   hf_dir = save(model, args.out, start, sp, cfg.thinking)
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
-  sim = stages.simulated_terminal_episodes(Sampler.from_checkpoint(hf_dir), corpus.test,
+  sim = episodes_lib.simulated_terminal_episodes(Sampler.from_checkpoint(hf_dir), corpus.test,
                                            max_new_tokens=320)
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump({"command": " ".join(["python"] + sys.argv), "listing_turns": len(listing),

@@ -17,8 +17,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "launch"))
-import stages  # noqa: E402
+from lwm_jax.eval import episodes as episodes_lib
 from lwm_jax.data import schema  # noqa: E402
 from lwm_jax.sampling import Sampler  # noqa: E402
 
@@ -37,7 +36,7 @@ def main(out_dir: str, models: list[str]) -> None:
     sampler = Sampler.from_checkpoint(path)
     rows, played_all = [], {}
     for names, eps in episodes.items():
-      played = played_all[names] = stages.play_episodes(sampler, eps, turns=6, max_new_tokens=320)
+      played = played_all[names] = episodes_lib.play_episodes(sampler, eps, turns=6, max_new_tokens=320)
       sims = {"listing": [], "other": []}
       for p in played:
         for action, sim in zip(p["actions"], p["edit_similarity"]):

@@ -15,9 +15,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
-import stages  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
 from departure_drill import pad, render, score  # noqa: E402
 from listing_probe import HELD_OUT, is_listing  # noqa: E402
 from lwm_jax import hf  # noqa: E402
@@ -33,7 +33,7 @@ def main():
   ap.add_argument("--naming", choices=sorted(HELD_OUT), default="made_up")
   ap.add_argument("--seq_len", type=int, default=1024)
   args = ap.parse_args()
-  start, sp, _, _ = stages.given_start(args.model)
+  start, sp, _, _ = corpus_lib.given_start(args.model)
   tok = load_tokenizer(sp)
   cfg = stages.STAGE_CONFIGS["sft"].get_config("demo").data.pipeline
   cfg.seq_len, cfg.thinking = args.seq_len, recorded_thinking(start)

@@ -54,10 +54,9 @@ from flax import nnx
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
-sys.path.insert(0, os.path.join(ROOT, "evals"))
-import fidelity  # noqa: E402  pylint: disable=wrong-import-position
-import stages  # noqa: E402  pylint: disable=wrong-import-position
+from lwm_jax.eval import fidelity
+from lwm_jax.data import corpus as corpus_lib
+from configs import stages
 from lwm_jax import hf  # noqa: E402
 from lwm_jax.checkpoints import read_provenance, recorded_thinking  # noqa: E402
 from lwm_jax.data import lengths, pipeline, prompts  # noqa: E402
@@ -323,7 +322,7 @@ def main():
     ap.error("--out is required unless --eval_only")
   t0 = time.time()
   domains = args.domains.split(",")
-  start, sp, _, _ = stages.given_start(args.start)
+  start, sp, _, _ = corpus_lib.given_start(args.start)
   tok = load_tokenizer(sp)
   c = stages.STAGE_CONFIGS["sft"].get_config("demo")
   cfg = c.data.pipeline

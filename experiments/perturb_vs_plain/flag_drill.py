@@ -27,8 +27,7 @@ import numpy as np, jax, jax.numpy as jnp, optax
 from flax import nnx
 from lwm_jax.model.transformer import Transformer
 from lwm_jax.train import run_config as rc
-sys.path.insert(0, "launch")
-import stages
+from configs import stages
 
 PHASE_STEPS = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "300").split(",")]
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 25

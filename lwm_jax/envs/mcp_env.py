@@ -23,6 +23,7 @@ import tempfile
 import threading
 from typing import Any
 
+import lwm_jax
 from lwm_jax.envs import base, mcp_server
 from lwm_jax.envs.perturb import Perturbable
 
@@ -186,7 +187,7 @@ class _Client:
     started = threading.Event()
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db_path],
-        env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        env={"PYTHONPATH": lwm_jax.child_pythonpath()})
     self._devnull = open(os.devnull, "w")
 
     async def hold() -> None:

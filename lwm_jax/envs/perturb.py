@@ -338,7 +338,7 @@ class Perturbable:
 
 
 # The perturbations a corpus draws from, per domain with a real counterpart (tools/make_corpus.py
-# --perturb_share) and which the fidelity evaluation measures (evals/fidelity.py).
+# --perturb_share) and which the fidelity evaluation measures (lwm_jax/eval/fidelity.py).
 CORPUS_MENU = {
     "mcp": ("errors:rate=0.2,kind=timeout", "page_size:size=3", "withhold:fields=email",
             "rate_limit:limit=4,retry_after=30", "stale:refresh=0",

@@ -28,6 +28,7 @@ import tempfile
 import warnings
 from typing import Any
 
+import lwm_jax
 from lwm_jax.envs import base, search_worlds
 from lwm_jax.envs.perturb import Perturbable
 
@@ -101,7 +102,7 @@ def ensure_index(cache_dir: str | None = None) -> str:
   os.close(fd)
   # Built by a fresh interpreter: pydoc's text depends on what the process did before (a class
   # that was pickled or copied gains a `__slotnames__` attribute, which pydoc then lists).
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+  env = {**os.environ, "PYTHONPATH": lwm_jax.child_pythonpath()}
   proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.search", "--build", tmp], env=env,
                         capture_output=True, text=True)
   if proc.returncode:

@@ -122,7 +122,7 @@ def _simulated_lines(sim: dict[str, Any] | None) -> list[str]:
                  f"{every['at_least_0.6']} at 0.6 or more."] if every else [])
   return ["## Simulated terminal episodes", "",
           f"`{sim['model']}` plays the environment of test trajectory `{sim['trajectory']}` (the "
-          "demo's episode: the most knowable one, `stages.demo_episode`) for "
+          "demo's episode: the most knowable one, `episodes_lib.demo_episode`) for "
           f"{sim['turns']} turns (greedy, its own earlier answers as history): mean edit "
           f"similarity {sim['mean_edit_similarity']:.3f} to the real observations (per turn: "
           + ", ".join(f"{x:.3f}" for x in sim["edit_similarity"]) + ").", "", *every_line, "",
