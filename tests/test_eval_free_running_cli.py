@@ -35,7 +35,7 @@ def test_a_tiny_checkpoint_beside_the_baselines(tmp_path):
   """A tiny random model on two turns of one terminal trajectory: every selected turn has a
   prediction row, and the copy-previous row equals the metric computed here."""
   from lwm_jax.data import schema
-  from lwm_jax.eval import metrics
+  from lwm_jax import textsim
   from test_eval_checkpoint_e2e import save_tiny_checkpoint_for, shortest_terminal_test_trajectory
   traj = shortest_terminal_test_trajectory()
   corpus = tmp_path / "corpus"
@@ -51,7 +51,7 @@ def test_a_tiny_checkpoint_beside_the_baselines(tmp_path):
   assert len(rows) == 2 and all(isinstance(r["prediction"], str) for r in rows)
   assert res["systems"]["tiny"]["generation"]["cases"] == 2
   by_turn = {t: x for t, x in enumerate(traj.turns)}
-  want = sum(metrics.token_f1(by_turn[r["turn"] - 2].observation if r["turn"] > 1 else "",
+  want = sum(textsim.token_f1(by_turn[r["turn"] - 2].observation if r["turn"] > 1 else "",
                               r["truth"]) for r in rows) / 2
   got = res["systems"]["copy_previous"]["free"]["token_f1"]["overall"]
   assert got == pytest.approx(100.0 * want)

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from lwm_jax import judge
+from lwm_jax import judge, textsim
 from lwm_jax.eval import judge as eval_judge
 from lwm_jax.eval import metrics
 from lwm_jax.eval.metrics import aggregate
@@ -99,16 +99,16 @@ def test_judge_prompt_domain_and_injection():
 
 
 def test_text_metrics_hand_computed():
-  assert metrics.exact_match("a b  \r\nc\n\n", "a b\nc") == 1.0
-  assert metrics.exact_match("a", "b") == 0.0
+  assert textsim.exact_match("a b  \r\nc\n\n", "a b\nc") == 1.0
+  assert textsim.exact_match("a", "b") == 0.0
   # pred tokens {the, cat, sat}, truth {the, cat, the, mat}: common 2 -> P 2/3, R 2/4 -> F1 4/7
-  assert metrics.token_f1("The cat sat", "the cat the mat") == pytest.approx(4 / 7)
-  assert metrics.token_f1("", "") == 1.0 and metrics.token_f1("a", "") == 0.0
-  assert metrics.levenshtein("kitten", "sitting") == 3
-  assert metrics.edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
-  assert metrics.edit_similarity("", "") == 1.0 and metrics.edit_similarity("", "ab") == 0.0
+  assert textsim.token_f1("The cat sat", "the cat the mat") == pytest.approx(4 / 7)
+  assert textsim.token_f1("", "") == 1.0 and textsim.token_f1("a", "") == 0.0
+  assert textsim.levenshtein("kitten", "sitting") == 3
+  assert textsim.edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
+  assert textsim.edit_similarity("", "") == 1.0 and textsim.edit_similarity("", "ab") == 0.0
   # past the cap: exact prefix distance + the longer tail (an upper bound on the distance)
-  assert metrics.edit_similarity("abcXYZ", "abcQ", cap=3) == pytest.approx(1 - 3 / 6)
+  assert textsim.edit_similarity("abcXYZ", "abcQ", cap=3) == pytest.approx(1 - 3 / 6)
 
 
 def _dp_levenshtein(a, b):
@@ -126,7 +126,7 @@ def test_levenshtein_matches_textbook_dp():
   for _ in range(400):
     a = "".join(rng.choice("abc\n") for _ in range(rng.randint(0, 90)))
     b = "".join(rng.choice("abcd") for _ in range(rng.randint(0, 90)))
-    assert metrics.levenshtein(a, b) == _dp_levenshtein(a, b), (a, b)
+    assert textsim.levenshtein(a, b) == _dp_levenshtein(a, b), (a, b)
 
 
 def test_aggregate_free():

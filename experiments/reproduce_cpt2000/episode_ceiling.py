@@ -5,7 +5,7 @@ The log the episode reads is drawn at random by the terminal world generator
 one of two formats picked per world, and nothing in the initial state shows which. So a
 simulator can at best write *a* log of the right shape, not this one. This script scores such
 an "oracle" of the generator against the real observations with the episode's metric
-(`lwm_jax.eval.metrics.edit_similarity`): for each of 100 seeds it draws a log with the
+(`lwm_jax.textsim.edit_similarity`): for each of 100 seeds it draws a log with the
 generator's own function, in each format, with this world's user names (read off the real log,
 more than a model could know), and builds what `tail -f` (last ten lines, then the sandbox's
 kill message, taken from the real observation) and `head -n 5` would show. The middle turn,
@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 
 from lwm_jax.envs import terminal_worlds
-from lwm_jax.eval.metrics import edit_similarity
+from lwm_jax.textsim import edit_similarity
 
 ROOT = Path(__file__).resolve().parents[2]
 EPISODE = "terminal-s0-00002"

@@ -47,7 +47,7 @@ def play_episodes(sampler, episodes: Sequence[schema.Trajectory], turns: int = 3
   `turns` actions, greedily, its own earlier answers as history (`lwm_jax.sim.env.SimulatedEnv`);
   the episodes advance together, one batched generation per turn. Per episode: the trajectory
   id, its actions, the simulated and real observations, their edit similarities and the mean."""
-  from lwm_jax.eval.metrics import edit_similarity  # pylint: disable=import-outside-toplevel
+  from lwm_jax.textsim import edit_similarity  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling.params import SamplingParams  # pylint: disable=import-outside-toplevel
   from lwm_jax.sim.env import SimulatedBatch, World  # pylint: disable=import-outside-toplevel
   batch = SimulatedBatch(sampler, [World.from_trajectory(e) for e in episodes], variant=variant,

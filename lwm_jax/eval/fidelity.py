@@ -9,7 +9,7 @@ per perturbation kind says, turn by turn, whether an observation shows the instr
 (an error of the asked kind, at most `size` listed items, no withheld field, a partial failure, a
 rate-limit rejection, a stale read); the report gives its rate on the simulated observations with
 and without the instruction, and on the real ones (the detectors' own check), plus judge-free
-similarity (`lwm_jax.eval.metrics`: exact, token F1, edit similarity) of the simulated
+similarity (`lwm_jax.textsim`: exact, token F1, edit similarity) of the simulated
 observations to the real ones under the same perturbation. The stale detector needs the episode
 so far: a read is stale when it does not show what an earlier, acknowledged write of the same
 episode set; each observation sequence (real, simulated with and without the instruction) is
@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from lwm_jax.data import schema
 from lwm_jax.envs import base, perturb, recorder
-from lwm_jax.eval import metrics
+from lwm_jax import textsim
 
 DOMAINS = tuple(perturb.CORPUS_MENU)
 PARTS = ("generate", "likelihood")
@@ -406,8 +406,8 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
         for cond, obs in (("with", sw), ("without", so), ("real", real)):
           seen[cond].append((a, obs))
     for turn, sw, so in zip(t.turns, w_obs, o_obs):
-      row["sim"]["with"].append(metrics.free_metrics(sw, turn.observation))
-      row["sim"]["without"].append(metrics.free_metrics(so, turn.observation))
+      row["sim"]["with"].append(textsim.free_metrics(sw, turn.observation))
+      row["sim"]["without"].append(textsim.free_metrics(so, turn.observation))
   out = []
   for row in rows.values():
     checks = {}
@@ -426,7 +426,7 @@ def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]
     sim = {}
     for cond, ms in row["sim"].items():
       sim[cond] = {k: (sum(m[k] for m in ms) / len(ms) if ms else None)
-                   for k in metrics.FREE_METRICS}
+                   for k in textsim.FREE_METRICS}
     out.append({"domain": row["domain"], "spec": row["spec"], "episodes": row["episodes"],
                 "turns": row["turns"], "checks": checks, "similarity_to_real": sim})
   return out
@@ -546,7 +546,7 @@ def markdown(report: dict[str, Any]) -> str:
   for r in report["rows"]:
     s = r["similarity_to_real"]
     cells = " | ".join(f"{_pct(s['with'][k])} / {_pct(s['without'][k])}"
-                       for k in metrics.FREE_METRICS)
+                       for k in textsim.FREE_METRICS)
     lines.append(f"| {r['domain']} | `{r['spec']}` | {r['turns']} | {cells} |")
   if report.get("likelihood"):
     lines += [""] + likelihood_markdown(report["likelihood"])

@@ -3,7 +3,7 @@
 For every selected turn of the held-out trajectories (the corpus's test split) the model sees the
 system prompt (template variant 0, the evaluation template) and the TRUE history up to the action,
 and generates the next observation greedily. The prediction (`parse_prediction`, header removed) is
-compared with the real observation by the judge-free metrics of `lwm_jax/eval/metrics.py` (exact
+compared with the real observation by the judge-free metrics of `lwm_jax/textsim.py` (exact
 match, token F1, edit similarity), per domain, beside two baselines that need no model:
 `copy_previous` (the observation before the action, '' at the first turn) and `empty`.
 
@@ -33,7 +33,8 @@ from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import DOMAINS, Trajectory
 from lwm_jax.eval import records as R
 from lwm_jax.eval import report as report_lib
-from lwm_jax.eval.metrics import FREE_METRICS, aggregate_free, free_metrics
+from lwm_jax.eval.metrics import aggregate_free
+from lwm_jax.textsim import FREE_METRICS, free_metrics
 from lwm_jax.eval.teacher_forced import world_coverage
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import fit_chat

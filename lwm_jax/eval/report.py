@@ -16,7 +16,8 @@ from lwm_jax.data import schema
 from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
-from lwm_jax.eval.metrics import FREE_METRICS, aggregate, aggregate_free, free_metrics
+from lwm_jax.eval.metrics import aggregate, aggregate_free
+from lwm_jax.textsim import FREE_METRICS, free_metrics
 
 DISPLAY = {"mcp": "MCP", "search": "Search", "terminal": "Term.", "swe": "SWE",
            "android": "Android", "web": "Web", "os": "OS"}

@@ -7,5 +7,5 @@ from a config (`stage`), with held-out evaluation (`heldout`); rejection samplin
 reasoning traces (`rejection`); agents trained by behaviour cloning and multi-turn GSPO against
 real or simulated environments (`agent_episodes`, `agent_envs`, `agent_stage`). May import train,
 sampling, data, envs (replay, verifiers), sim (simulated episodes for Sim RL), lwm_jax.judge and
-lwm_jax.eval.metrics (the judge-free similarities). Nothing imports rl.
+lwm_jax.textsim (the judge-free similarities). Nothing imports rl.
 """

@@ -5,7 +5,7 @@ The prompts are those of an RL pool built from held-out trajectories (the test s
 mini benchmark's source trajectories), at most `limit` of them, evenly spaced so every domain
 keeps its share. Metrics (`evaluate`): the reward mix's mean total and components, the mean
 token F1, edit similarity and exact match of the sanitized prediction against the real
-observation (as `lwm_jax.eval.metrics` computes them for the benchmark), the share of replies
+observation (as `lwm_jax.textsim` computes them for the benchmark), the share of replies
 that parse as one observation block, the mean reply length, and token F1 per domain.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lwm_jax.eval import metrics as metrics_lib
+from lwm_jax import textsim
 from lwm_jax.rl import guard
 from lwm_jax.rl.pool import PoolItem, RlPool
 from lwm_jax.rl.rewards import MixedReward, RewardInput, prediction_of, reply_parses
@@ -34,7 +34,7 @@ def similarity(domain: str, reply: str, reference: str) -> dict[str, float]:
   """Token F1 / edit similarity / exact match of a reply's sanitized prediction."""
   pred, _ = prediction_of(domain, reply)
   ref = guard.classify(domain, reference).clean
-  return metrics_lib.free_metrics(metrics_lib.normalise(pred), metrics_lib.normalise(ref))
+  return textsim.free_metrics(textsim.normalise(pred), textsim.normalise(ref))
 
 
 class HeldOut:

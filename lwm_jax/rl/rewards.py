@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from lwm_jax import judge as judge_lib
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, parse_prediction, strip_reasoning
-from lwm_jax.eval import metrics
+from lwm_jax import textsim
 from lwm_jax.rl import guard
 
 MAX_REWARD = 25.0
@@ -112,7 +112,7 @@ def mask_volatile(text: str) -> str:
   blank lines around)."""
   for rx, sub in _VOLATILE:
     text = rx.sub(sub, text)
-  return metrics.normalise(text)
+  return textsim.normalise(text)
 
 
 def reply_parses(reply: str) -> bool:
@@ -258,9 +258,9 @@ class ReferenceReward(Reward):
     out = []
     for x in inputs:
       pred, c = prediction_of(x.domain, x.reply)
-      pred = metrics.normalise(pred)
-      ref = metrics.normalise(guard.classify(x.domain, x.reference).clean)
-      f1, es = metrics.token_f1(pred, ref), metrics.edit_similarity(pred, ref)
+      pred = textsim.normalise(pred)
+      ref = textsim.normalise(guard.classify(x.domain, x.reference).clean)
+      f1, es = textsim.token_f1(pred, ref), textsim.edit_similarity(pred, ref)
       sim = {"mean": (f1 + es) / 2, "token_f1": f1, "edit_sim": es}[self.similarity]
       value = 0.0 if c.flagged and self.flagged == "zero" else MAX_REWARD * sim
       out.append(Score(value, {"token_f1": f1, "edit_sim": es, "flagged": len(c.flagged)}))
