@@ -218,7 +218,11 @@ class DuplicateFilter:
     self._owner: dict[tuple[str, str], tuple[str, set[str]]] = {}
 
   def admit(self, traj: Trajectory, world: str, split: str) -> bool:
-    key = (traj.domain, action_digest(traj))
+    return self.admit_key((traj.domain, action_digest(traj)), world, split)
+
+  def admit_key(self, key: tuple[str, str], world: str, split: str) -> bool:
+    """`admit` for a trajectory known by its key (domain, action digest): a distributed build
+    groups trajectories by key and feeds each group, in collection order, to its own filter."""
     owner = self._owner.get(key)
     if owner is None:
       self._owner[key] = (split, {world})
