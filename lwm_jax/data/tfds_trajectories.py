@@ -240,7 +240,15 @@ def build(jsonl_paths: Sequence[str], data_dir: str, build_path: str = "memory",
     if builder.is_prepared():
       manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
     else:
-      builder.download_and_prepare(download_config=dl)
+      try:
+        builder.download_and_prepare(download_config=dl)
+      except Exception as e:  # pylint: disable=broad-except
+        if build_path == "beam" and "total number of generated examples is 0" in str(e):
+          raise ValueError(
+              f"the Beam build writes all of {', '.join(SPLITS)} and one of them got no "
+              f"trajectories ({str(e).splitlines()[0][:200]}); choose split fractions that give "
+              "every split some, or build with build_path='stream'") from None
+        raise
       manifest = builder._finish()  # pylint: disable=protected-access
       manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
   finally:
