@@ -90,7 +90,15 @@ flags.DEFINE_integer("rl_max_prompt_tokens", 0, "pools: RL prompts longer than t
 def input_files() -> list[str]:
   files = []
   for p in FLAGS.inputs:
-    if os.path.isdir(p):
+    if "://" in p:  # an object store (gs://...): a folder's *.jsonl[.gz], or one file
+      from etils import epath
+      path = epath.Path(p)
+      if path.is_dir():
+        files += sorted(os.fspath(x) for x in path.rglob("*.jsonl"))
+        files += sorted(os.fspath(x) for x in path.rglob("*.jsonl.gz"))
+      else:
+        files.append(p)
+    elif os.path.isdir(p):
       files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
       files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl.gz"), recursive=True))
     else:

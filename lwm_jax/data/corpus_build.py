@@ -13,7 +13,8 @@ The stream and Beam paths share the parts defined here:
    trajectory format that is larger than `shard_bytes`, one per byte range that starts at a line
    start (the planner counts the lines before each cut, so error messages and quarantine entries
    keep their file line numbers). AgentWorldBench files (merged per trajectory id within a file)
-   and chat files (ids numbered per file) are always one shard.
+   and chat files (ids numbered per file) are always one shard, and so is a file on an object
+   store (gs://..., read through etils.epath), which is not cut into ranges.
 2. `read_shard` validates (strict/skip, quarantine entries), applies the hygiene filters, draws the
    split (by id hash, or by world hash) and yields one `Rec` per kept trajectory, then a `Summary`
    (load counts per file and hygiene counts), which merges with `merge_summaries` in any order.
@@ -145,16 +146,24 @@ def _cuts(path: str, shard_bytes: int) -> list[tuple[int, int]]:
   return [c for c in cuts if c[0] < pos] or [(0, 0)]
 
 
+def _isfile(path: str) -> bool:
+  if "://" in path:
+    from etils import epath  # pylint: disable=import-outside-toplevel
+    return epath.Path(path).is_file()
+  return os.path.isfile(path)
+
+
 def plan_shards(paths: Sequence[str], fmt: str = "auto",
                 shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[Shard]:
   """Shards of the inputs in collection order (see the module docstring)."""
   shards = []
   for i, path in enumerate(paths):
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not _isfile(path):
       raise FileNotFoundError(f"{path}: no such input file")
     f = importers.sniff_format(path) if fmt == "auto" else fmt
-    if f == "trajectory" and not path.endswith(".gz") and os.path.getsize(path) > shard_bytes:
+    if (f == "trajectory" and not path.endswith(".gz") and "://" not in path
+        and os.path.getsize(path) > shard_bytes):
       cuts = _cuts(path, shard_bytes)
       for k, (start, before) in enumerate(cuts):
         end = cuts[k + 1][0] if k + 1 < len(cuts) else None
@@ -376,7 +385,8 @@ def nothing_to_build(paths: Sequence[str], summary: dict[str, Any]) -> ValueErro
 # --- the streaming local build ------------------------------------------------------------------
 def partitions_for(paths: Sequence[str]) -> int:
   """Hash partitions of the key spill: about one per 256 MB of (uncompressed) input, 4..256."""
-  est = sum(os.path.getsize(p) * (8 if os.fspath(p).endswith(".gz") else 1) for p in paths)
+  est = sum(os.path.getsize(p) * (8 if os.fspath(p).endswith(".gz") else 1) for p in paths
+            if "://" not in os.fspath(p))
   return int(min(256, max(4, -(-est // (256 << 20)))))
 
 

@@ -56,6 +56,10 @@ def open_text(path: str | os.PathLike, mode: str) -> io.TextIOBase:
 
 
 def _open_bytes(path: str) -> io.BufferedIOBase:
+  if "://" in path:  # an object store (gs://, s3://, ...): read through etils.epath (needs its
+    from etils import epath  # backend, e.g. gcsfs, where the build runs)
+    raw = epath.Path(path).open("rb")
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
   return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
