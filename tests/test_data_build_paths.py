@@ -139,8 +139,9 @@ def test_memory_and_stream_agree_on_crafted_inputs(crafted, tmp_path):
   kept_ids = {json.loads(t)["id"] for v in ref[1].values() for t in v}
   assert "b-other-world" in kept_ids and not {"a-same-world", "b-across", "c-dup-b"} & kept_ids
   assert m["kept"] == 12 + 8 + 10 + 1 == sum(ref[0].split_sizes.values())
+  # write_buffer_mb=0: TFDS's writer spills its shuffle to disk at once (as at 1M trajectories)
   got = _build(tmp_path, "s", crafted, "stream", quarantine_dir=str(tmp_path / "qs"),
-               shard_bytes=600, **kw)
+               shard_bytes=600, write_buffer_mb=0, **kw)
   _same(ref, got)
   assert _quarantine(str(tmp_path / "qs")) == _quarantine(str(tmp_path / "qm"))
   assert sum(len(v.splitlines()) for v in _quarantine(str(tmp_path / "qm")).values()) == 4
@@ -196,7 +197,7 @@ def test_bundled_corpus_memory_and_stream(tmp_path):
   files = sorted(glob.glob(os.path.join(CORPUS, "*.jsonl.gz")))
   kw = dict(split_by="world", dedup=True)
   ref = _build(tmp_path, "m", files, "memory", **kw)
-  got = _build(tmp_path, "s", files, "stream", **kw)
+  got = _build(tmp_path, "s", files, "stream", write_buffer_mb=1, **kw)
   _same(ref, got)
   man = ref[2]
   # Independent figures: the corpus files already name each trajectory's split (by world), and

@@ -215,13 +215,45 @@ class BuildResult:
 MANIFEST = "MANIFEST.json"
 
 
+def _have_tensorflow() -> bool:
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return importlib.util.find_spec("tensorflow") is not None
+
+
+class _BucketFiles:
+  """The four file calls TFDS's writer makes through TensorFlow when its shuffle buffer spills to
+  bucket files on disk (past `MAX_MEM_BUFFER_SIZE`), made through etils.epath instead: without
+  TensorFlow (not a dependency of ours) a build of more than about 1 GB of examples would fail."""
+
+  class errors:  # noqa: N801  pylint: disable=invalid-name
+    class ResourceExhaustedError(Exception):
+      pass
+
+  class io:  # noqa: N801  pylint: disable=invalid-name
+    class gfile:  # noqa: N801  pylint: disable=invalid-name
+      @staticmethod
+      def GFile(path, mode="r"):  # noqa: N802  pylint: disable=invalid-name
+        return epath.Path(path).open(mode)
+
+      @staticmethod
+      def exists(path) -> bool:
+        return epath.Path(path).exists()
+
+      @staticmethod
+      def remove(path) -> None:
+        epath.Path(path).unlink()
+
+
 def build(jsonl_paths: Sequence[str], data_dir: str, build_path: str = "memory",
-          beam_options: Any = None, beam_runner: Any = None, **kwargs: Any) -> BuildResult:
+          beam_options: Any = None, beam_runner: Any = None, write_buffer_mb: int = 256,
+          **kwargs: Any) -> BuildResult:
   """Builds the ArrayRecord dataset under `data_dir/lwm_trajectories/1.0.0`, and its MANIFEST.json.
 
   `build_path`: 'memory', 'stream' or 'beam' (same result; see `corpus_build`). With 'beam',
   `beam_options` are Beam pipeline flags (a list, or one string: "--runner=DataflowRunner,...";
-  none: the DirectRunner) and `beam_runner` an optional runner object.
+  none: the DirectRunner) and `beam_runner` an optional runner object. With 'stream', the TFDS
+  writer's shuffle buffer is held to `write_buffer_mb` (TFDS's own default is 1 GB) before it
+  spills to disk; the written order is the same either way (sorted by key hash).
   """
   if build_path == "beam":
     from lwm_jax.data import build_beam  # pylint: disable=import-outside-toplevel
@@ -240,6 +272,12 @@ def build(jsonl_paths: Sequence[str], data_dir: str, build_path: str = "memory",
     if builder.is_prepared():
       manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
     else:
+      from tensorflow_datasets.core import shuffle as tfds_shuffle  # pylint: disable=import-outside-toplevel
+      buffer, tf_module = tfds_shuffle.MAX_MEM_BUFFER_SIZE, tfds_shuffle.tf
+      if build_path == "stream":
+        tfds_shuffle.MAX_MEM_BUFFER_SIZE = int(write_buffer_mb) << 20
+      if build_path != "beam" and not _have_tensorflow():
+        tfds_shuffle.tf = _BucketFiles  # see _BucketFiles
       try:
         builder.download_and_prepare(download_config=dl)
       except Exception as e:  # pylint: disable=broad-except
@@ -249,6 +287,8 @@ def build(jsonl_paths: Sequence[str], data_dir: str, build_path: str = "memory",
               f"trajectories ({str(e).splitlines()[0][:200]}); choose split fractions that give "
               "every split some, or build with build_path='stream'") from None
         raise
+      finally:
+        tfds_shuffle.MAX_MEM_BUFFER_SIZE, tfds_shuffle.tf = buffer, tf_module
       manifest = builder._finish()  # pylint: disable=protected-access
       manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
   finally:
