@@ -239,3 +239,19 @@ def test_duplicate_filter_by_key_equals_by_trajectory():
     dropped |= set(corpus_build.resolve_duplicates(key, entries)[0])
   assert [(0, i) not in dropped for i in range(len(trajs))] == ref
   assert not all(ref) and any(ref)
+
+
+@pytest.mark.slow  # a fresh process importing the launcher's stack: tens of seconds on busy cores
+def test_cli_stream_build_prints_the_manifest_figures(crafted, tmp_path):
+  import subprocess
+  import sys
+  out = tmp_path / "cli"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "data.py"), "build",
+       f"--inputs={','.join(crafted)}", f"--out={out}", "--build_path=stream", "--split_by=world",
+       "--dedup", "--mode=skip", "--shard_mb=1"],
+      capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "duplicates dropped: duplicate_across_splits=1, duplicate_same_world=2" in proc.stdout
+  man = tfds_trajectories.read_manifest(str(out))
+  assert man["kept"] == 31 and man["config"]["split_by"] == "world"
