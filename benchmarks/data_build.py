@@ -77,17 +77,23 @@ def tree_rss(proc: psutil.Process) -> int:
 
 
 def run_measured(cmd: list[str]) -> tuple[dict, float, str]:
-  """(the JSON the command prints last, peak RSS of its process tree in MB, stderr tail)."""
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=ROOT)
-  ps, peak = psutil.Process(proc.pid), 0
-  while proc.poll() is None:
-    try:
-      peak = max(peak, tree_rss(ps))
-    except psutil.Error:
-      pass
-    time.sleep(0.1)
-  out, err = proc.communicate()
+  """(the JSON the command prints last, peak RSS of its process tree in MB, stderr tail).
+
+  Output goes to temporary files, not pipes: a build's progress bars fill a pipe that nobody reads
+  while we poll, and the build then blocks on its next write."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+    proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, cwd=ROOT)
+    ps, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+      try:
+        peak = max(peak, tree_rss(ps))
+      except psutil.Error:
+        pass
+      time.sleep(0.1)
+    fo.seek(0)
+    fe.seek(0)
+    out, err = fo.read(), fe.read()
   if proc.returncode:
     raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}): {err[-3000:]}")
   return json.loads(out.strip().splitlines()[-1]), peak / 2**20, err[-500:]
