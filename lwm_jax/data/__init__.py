@@ -12,5 +12,7 @@
   lengths      fitting samples into seq_len (CPT windows, over-long SFT/RL policy)
   pipeline     Grain pipelines for cpt, sft and rl-prompts with exact resume
   documents    plain documents (knowledge text) for CPT with full loss, mixed in at a token share
-  tfds_trajectories  the ArrayRecord dataset built by `launch/data.py build`
+  tfds_trajectories  the ArrayRecord dataset built by `launch/data.py build` (memory, stream or beam)
+  corpus_build the build's corpus-wide steps as per-shard and per-key parts; the streaming build
+  build_beam   the same build as an Apache Beam pipeline (the optional `.[beam]` extra)
 """

@@ -46,6 +46,10 @@ _BROKEN_RE = re.compile(
     r"captcha|verify you are (a )?human|\bHTTP(?:/\d(?:\.\d)?)?\s+(?:error\s+)?[45]\d\d\b"
     r"|\b(?:403 Forbidden|404 Not Found|500 Internal Server Error|502 Bad Gateway|"
     r"503 Service Unavailable)\b", re.I)
+# Every match of _BROKEN_RE holds one of these (lower-cased): an ASCII text without any of them
+# cannot match, which skips the expensive search on almost every GUI screen.
+_BROKEN_NEEDLES = ("captcha", "verify you are", "http", "403 forbidden", "404 not found",
+                   "500 internal server error", "502 bad gateway", "503 service unavailable")
 
 
 @dataclasses.dataclass
@@ -149,7 +153,15 @@ def is_broken_gui(traj: Trajectory) -> bool:
     return False
   if traj.meta.get("broken"):
     return True
-  return any(_BROKEN_RE.search(t.observation) for t in traj.turns)
+  return any(_looks_broken(t.observation) for t in traj.turns)
+
+
+def _looks_broken(text: str) -> bool:
+  if text.isascii():
+    low = text.lower()
+    if not any(n in low for n in _BROKEN_NEEDLES):
+      return False
+  return bool(_BROKEN_RE.search(text))
 
 
 def drop_unchanged_gui_turns(traj: Trajectory) -> tuple[Trajectory, int]:
@@ -218,7 +230,11 @@ class DuplicateFilter:
     self._owner: dict[tuple[str, str], tuple[str, set[str]]] = {}
 
   def admit(self, traj: Trajectory, world: str, split: str) -> bool:
-    key = (traj.domain, action_digest(traj))
+    return self.admit_key((traj.domain, action_digest(traj)), world, split)
+
+  def admit_key(self, key: tuple[str, str], world: str, split: str) -> bool:
+    """`admit` for a trajectory known by its key (domain, action digest): a distributed build
+    groups trajectories by key and feeds each group, in collection order, to its own filter."""
     owner = self._owner.get(key)
     if owner is None:
       self._owner[key] = (split, {world})

@@ -12,6 +12,11 @@ used is never a crash and never silently lost:
 
 With `strict=True` (the default) the first bad line raises `ValueError("path:line: why")`
 instead of being yielded.
+
+`byte_range=(start, end, lines_before)` reads only the lines that start in [start, end) of a plain
+(not gzip) file, numbering them from `lines_before + 1`; `start` must be a line start (see
+`lwm_jax.data.corpus_build.plan_shards`, which cuts big files into such ranges). `end=None` reads
+to the end of the file.
 """
 from __future__ import annotations
 
@@ -51,6 +56,10 @@ def open_text(path: str | os.PathLike, mode: str) -> io.TextIOBase:
 
 
 def _open_bytes(path: str) -> io.BufferedIOBase:
+  if "://" in path:  # an object store (gs://, s3://, ...): read through etils.epath (needs its
+    from etils import epath  # backend, e.g. gcsfs, where the build runs)
+    raw = epath.Path(path).open("rb")
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
   return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
@@ -95,13 +104,24 @@ def parse_line(raw: bytes, lineno: int) -> Any:
   return value
 
 
-def iter_jsonl(path: str | os.PathLike, strict: bool = True) -> Iterator[tuple[int, Any]]:
+def iter_jsonl(path: str | os.PathLike, strict: bool = True,
+               byte_range: tuple[int, int | None, int] | None = None
+               ) -> Iterator[tuple[int, Any]]:
   """Yields (line number, value) per non-blank line; see the module docstring for bad lines."""
   name = os.fspath(path)
   lineno = 0
+  pos, end = 0, None
+  if byte_range is not None:
+    if name.endswith(".gz"):
+      raise ValueError(f"{name}: a byte range needs a plain file, not gzip")
+    pos, end, lineno = byte_range
   with _open_bytes(name) as f:
+    if pos:
+      f.seek(pos)
     lines = iter(f)
     while True:
+      if end is not None and pos >= end:
+        return
       try:
         raw = next(lines)
       except StopIteration:
@@ -118,6 +138,7 @@ def iter_jsonl(path: str | os.PathLike, strict: bool = True) -> Iterator[tuple[i
         yield bad.lineno, bad
         return
       lineno += 1
+      pos += len(raw)
       if not raw.strip():
         continue
       try:

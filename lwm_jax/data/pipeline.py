@@ -262,13 +262,24 @@ def shard_source(source: Sequence[Trajectory], process_index: int, process_count
 
 def trajectory_dataset(source: Sequence[Trajectory], cfg: ml_collections.ConfigDict,
                        process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-  ds = shard_source(source, process_index, process_count)
-  if len(ds) == 0:
+  """This process's trajectories: positions process_index, +process_count, ... of ONE global
+  stream (the whole split, shuffled by `seed` with a fresh order each epoch, repeated).
+
+  Every process computes the same global order and reads (random access) only its own positions,
+  so the processes' streams are disjoint, an epoch covers every trajectory exactly once across
+  them, and the trajectories of global step t (process batch = global batch / process_count) are
+  the same whatever the process count: for unpacked batches (rl-prompts) the global batch holds
+  the same trajectories for 1 or N processes; packed stages (cpt, sft) pack each process's stream
+  into its own rows. With one process this is the plain shuffled stream.
+  """
+  if len(shard_source(source, process_index, process_count)) == 0:
     raise ValueError(f"process {process_index} of {process_count} has no data "
                      f"({len(source)} trajectories in the split)")
+  ds = grain.MapDataset.source(source)
   if cfg.shuffle:
     ds = ds.shuffle(seed=cfg.seed)
-  return ds.repeat(None if cfg.num_epochs < 0 else cfg.num_epochs)
+  ds = ds.repeat(None if cfg.num_epochs < 0 else cfg.num_epochs)
+  return ds[process_index::process_count] if process_count > 1 else ds
 
 
 def sample_dataset(source: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.ConfigDict,

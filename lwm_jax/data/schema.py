@@ -150,7 +150,10 @@ class LoadReport:
 
 def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str = "strict",
                  report: LoadReport | None = None,
-                 quarantine: str | os.PathLike | None = None) -> Iterator[tuple[int, Any]]:
+                 quarantine: str | os.PathLike | None = None,
+                 byte_range: tuple[int, int | None, int] | None = None,
+                 quarantine_sink: Callable[[int, str], None] | None = None
+                 ) -> Iterator[tuple[int, Any]]:
   """Yields (line number, parse(json)) for each non-blank line.
 
   mode='strict' raises `ValueError('path:line: why')` at the first bad line. mode='skip' counts
@@ -159,13 +162,16 @@ def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str
   what an earlier load put there). `parse` raises ValueError (RecordError to name a reason) for a
   record it rejects. Unreadable bytes, bad JSON and broken gzip are `jsonl.iter_jsonl`'s cases:
   in skip mode a broken gzip keeps every record before the break and counts `truncated_file`.
+  `byte_range` reads part of a plain file (`jsonl.iter_jsonl`). `quarantine_sink(line, text)`,
+  when given, receives each quarantine line (without its newline) instead of `quarantine`'s file:
+  a distributed build gathers them and writes each input's quarantine file in line order.
   """
   if mode not in ("strict", "skip"):
     raise ValueError(f"mode must be 'strict' or 'skip', got '{mode}'")
   name = os.fspath(path)
   qf = None
   try:
-    for lineno, value in jsonl.iter_jsonl(path, strict=False):
+    for lineno, value in jsonl.iter_jsonl(path, strict=False, byte_range=byte_range):
       text = ""
       if isinstance(value, jsonl.BadLine):
         err: ValueError = value
@@ -188,7 +194,10 @@ def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str
         report.bad[reason] += 1
         if len(report.examples) < MAX_EXAMPLES:
           report.examples.append(f"{name}:{lineno}: {err}")
-      if quarantine is not None:
+      if quarantine_sink is not None:
+        quarantine_sink(lineno, json.dumps({"path": name, "line": lineno, "reason": reason,
+                                            "error": str(err), "text": text}, ensure_ascii=True))
+      elif quarantine is not None:
         if qf is None:
           os.makedirs(os.path.dirname(os.path.abspath(os.fspath(quarantine))), exist_ok=True)
           qf = _open_text(quarantine, "a")
