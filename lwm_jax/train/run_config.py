@@ -70,7 +70,10 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
   if c.stage in POLICY_STAGES:
     need(c.rl.algo in ("gspo", "gspo_token", "grpo"), "rl.algo",
          f"'{c.rl.algo}' is not gspo, gspo_token or grpo")
-    need(0 < c.rl.eps_low < 1 and c.rl.eps_high > 0, "rl.eps_low", "clip bounds out of range")
+    need(c.rl.eps_low == -1 or 0 < c.rl.eps_low < 1, "rl.eps_low",
+         f"{c.rl.eps_low} is out of range (0, 1); -1 takes the algorithm's own")
+    need(c.rl.eps_high == -1 or c.rl.eps_high > 0, "rl.eps_high",
+         f"{c.rl.eps_high} must be > 0; -1 takes the algorithm's own")
     need(c.rl.group_size >= 2 and t.batch_size % c.rl.group_size == 0, "rl.group_size",
          f"{c.rl.group_size} must be >= 2 and divide train.batch_size={t.batch_size}")
     if c.data.source == "synthetic":
