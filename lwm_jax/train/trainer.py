@@ -107,6 +107,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   kind = STEPS[c.stage]
   if c.stage == "rl" and c.rl.kl_coef > 0:
     kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
+  if token_advantages(c):  # agent RL with per-turn credit: advantages per token, [B, S]
+    kind = dataclasses.replace(kind, per_row=())
   step_fn = kind.compile(graphdef, tx, schedule, _step_config(c, model_cfg), mesh, shardings,
                          kind.shapes(t.batch_size, t.seq_len))
   # a source that evaluates the policy itself (RL: greedy held-out replies) every eval_every
@@ -296,6 +298,12 @@ def _log_stage(c: ml_collections.ConfigDict) -> None:
       logging.warning("SFT in thinking mode: <think> holds each trajectory's meta['think'] for "
                       "the target turn, and is empty where a trajectory has none "
                       "(data.thinking_target='recorded')")
+
+
+def token_advantages(c) -> bool:
+  """Whether the run's batches carry advantages per token ([B, S]) rather than per row: agent RL
+  with `agent.credit="turn"` (lwm_jax/rl/agent_episodes.py)."""
+  return c.stage == "agent-rl" and "agent" in c and c.agent.get("credit", "episode") == "turn"
 
 
 def _step_config(c, model_cfg) -> steps_lib.StepConfig:
