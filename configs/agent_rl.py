@@ -6,7 +6,8 @@ Stage "agent-rl" (lwm_jax/rl/agent_episodes.py): each batch is `agent.tasks_per_
 tasks x `rl.group_size` episodes played by the live policy, in the real environment
 (agent.arm="real", in `agent.workers` processes) or in the world model (agent.arm="sim",
 `agent.world_model` a checkpoint), scored by the task verifier at the end, with GSPO on the
-agent's tokens only. Held-out tasks are played greedily in the REAL environment every
+agent's tokens only, in `rl.updates_per_batch` (4) updates per rollout. Held-out tasks are
+played greedily in the REAL environment every
 `train.eval_every` steps. Presets: tiny (tiny model, seconds per step on CPU), demo (the demo
 model), small, and the released sizes on pods.
 """
@@ -26,13 +27,14 @@ def get_config(arg: str | None = None):
   c.data.source = "rollouts"
   c.rl.algo = "gspo"
   c.rl.group_size = group
-  c.rl.updates_per_batch = 1
+  # 4 optimizer updates per rollout batch, as world-model RL: the ratio moves, the clip acts
+  c.rl.updates_per_batch = 4
   c.rl.filter_zero_variance = True
   c.optim.lr = c.optim.lr / 10
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
   c.train.seq_len = seq_len
-  c.train.batch_size = tasks * group
+  c.train.batch_size = tasks * group // c.rl.updates_per_batch
   c.train.micro_batches = 1
   c.train.eval_every = 5
   c.agent = ml_collections.ConfigDict(dict(
@@ -47,5 +49,11 @@ def get_config(arg: str | None = None):
       tasks_per_batch=tasks,
       max_turns=turns,
       max_new_tokens=new,     # per action
-      reward="credit"))       # credit (partial credit, 1 on success) | success (0/1)
+      reward="credit",        # credit (partial credit, 1 on success) | success (0/1)
+      # who gets the episode's reward: "episode" (every turn shares the group-normalised
+      # episode advantage) or "turn" (turn t of an episode of T turns gets the discounted return
+      # gamma^(T-1-t) x reward, normalised over all turns of the task's group; needs a per-token
+      # loss: --config.rl.algo=gspo_token)
+      credit="episode",
+      gamma=0.9))
   return c

@@ -96,8 +96,10 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
       thinking_target="empty",
       pipeline=_pipeline_defaults()))
   c.rl = ml_collections.ConfigDict(dict(
-      # the loss (lwm_jax/train/losses.py): GSPO's clip band and an optional KL to the start
-      algo="gspo", eps_low=3e-4, eps_high=4e-4, log_ratio_cap=10.0, kl_coef=0.0,
+      # the loss (lwm_jax/train/losses.py) and an optional KL to the start; the clip band's
+      # -1 means the algorithm's own (losses.CLIP_BANDS: gspo / gspo_token 3e-4 / 4e-4, grpo
+      # 0.2 / 0.27); set both to override; the trainer logs the band it uses
+      algo="gspo", eps_low=-1.0, eps_high=-1.0, log_ratio_cap=10.0, kl_coef=0.0,
       # rollouts (data.source="rollouts", lwm_jax/rl/rollout.py): prompts_per_batch prompts per
       # process, group_size replies each, split into updates_per_batch optimizer updates, so
       # train.batch_size = prompts_per_batch x group_size / updates_per_batch x processes
@@ -106,6 +108,12 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
       # rewards (lwm_jax/rl/rewards.py): weights of rule / rubric / reference; the rubric's judge
       reward="rubric=0.9,rule=0.1", similarity="mean", flagged="strip",
       judge_endpoint="", judge_model="", judge_checkpoint="",
+      # the judge (lwm_jax/rl/stage.py): a reasoning judge thinks before it scores, so its token
+      # budget must hold the thinking; `judge_thinking` is sent as the chat template's
+      # enable_thinking; a failed, unparseable or cut-off reply is asked again up to
+      # `judge_tries` calls in all, then the reply's reward is invalid (excluded, never 0)
+      judge_max_tokens=16384, judge_thinking=True, judge_timeout_s=900.0, judge_tries=3,
+      judge_concurrency=8,
       # the RL share of data.pipeline.jsonl's trajectories (a split by trajectory id)
       pool_fractions="cpt=0.6,sft=0.3,rl=0.1", pool_seed=0,
       # greedy held-out evaluation every train.eval_every steps (and before the first step)

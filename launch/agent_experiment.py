@@ -1,26 +1,35 @@
-"""Agents trained inside the world model: BC only, Real RL, Sim RL and warm-up, scored on held-out
-tasks in the REAL environment.
+"""Agents trained inside the world model: BC only, Real RL, Sim RL, the paper's warm-up and BC from
+the world model, scored on held-out tasks in the REAL environment.
 
   python launch/agent_experiment.py --budget=tiny [--out=runs/agent_tiny]
   python launch/agent_experiment.py --budget=full --world_model=WM_HF --tokenizer=WM_HF/... \
-      [--base=BASE_HF] [--seeds=3] [--arms=bc,real,sim,warmup]
+      [--base=BASE_HF] [--seeds=3] [--arms=bc,real,sim,warmup,bc_from_wm]
 
 Per seed (the run's seed: BC data order, rollouts, parameter init of a fresh base):
-1. BC: the agent learns the scripted agents' actions of the domain's corpus split
-   (configs/agent_bc.py) from the base (`--base`, or a fresh model of the preset).
-2. Real RL: GSPO on multi-turn episodes in the real environment (configs/agent_rl.py,
+1. bc: the agent learns the scripted agents' actions of the domain's corpus split
+   (configs/agent_bc.py) from the base (`--base`, or a fresh model of the preset): the policy
+   model every other arm but bc_from_wm starts from.
+2. real: GSPO on multi-turn episodes in the real environment (configs/agent_rl.py,
    agent.arm="real"), from the BC checkpoint.
-3. Sim RL: the same, with episodes in `SimulatedEnv` backed by the world model (`--world_model`);
+3. sim: the same, with episodes in `SimulatedEnv` backed by the world model (`--world_model`);
    its reward is the transcript verifier (`verify_transcript.check_transcript`) applied to the
    simulated episode, i.e. the world model's observations judged by the same rules the real
    checks use.
-4. warm-up: BC from the world-model checkpoint (after its RL) instead of the base, then the
-   agent RL of `--warmup_rl` (real by default).
-Every RL arm gets the same episode budget (`--episodes`). Every arm is evaluated with greedy
-episodes on `verify.task_seeds("heldout", n)` in the real environment: at the start of RL and
-every few steps (success vs episodes), and at the end. Outputs in --out: results.json,
-results.md (success with a 95% CI over seeds, or the Wilson interval over tasks with one seed;
-wall-clock per arm), success_vs_episodes.png.
+4. warmup (the paper's LWM warm-up): the policy model (the BC checkpoint) gets single-turn
+   WORLD-MODEL RL first: GSPO on next-observation prediction over the corpus's RL pool
+   (configs/rl.py, rewards rule + reference, no tool calls, no agent reward); that model is
+   evaluated as an agent with no further tuning (`zero_shot` in its record), then gets the agent
+   RL of `--warmup_rl` (real by default) and is evaluated again.
+5. bc_from_wm (the arm called "warm-up" before issue 64): BC from the world-model checkpoint
+   instead of the base, then the agent RL of `--warmup_rl`.
+Every agent-RL arm gets the same episode budget (`--episodes`). Every arm is evaluated with
+greedy episodes on `verify.task_seeds("heldout", n)` in the real environment: at the start of RL
+and every few steps (success vs episodes), and at the end. Every run's record holds the sha256 of
+each model folder it started from (`start`, and `wm_rl_start` for the warm-up's world-model RL)
+and its own resolved settings (`settings`: the budget it ran with, and the agent-RL config), so a
+report merged from several sittings shows each run's own learning rate, episodes and eval
+cadence. Outputs in --out: results.json, results.md (success with a 95% CI over seeds, or the
+Wilson interval over tasks with one seed; wall-clock per arm), success_vs_episodes.png.
 
 `--budget=tiny` trains its own tokenizer and a tiny world model (a few SFT steps on the corpus)
 when none is given, and runs end to end in minutes on a CPU; its numbers only show the machinery.
@@ -50,6 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from lwm_jax.data import corpus as corpus_lib
 from configs import stages
 from configs import agent_bc, agent_rl
+from lwm_jax import checkpoints
 from lwm_jax.data import agent_targets, schema
 from lwm_jax.envs import verify
 from lwm_jax.rl import agent_stage
@@ -59,7 +69,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("budget", "tiny", ["tiny", "full"], "tiny: minutes on CPU; full: the experiment")
 flags.DEFINE_string("out", "", "run folder (default runs/agent_<budget>; replaced)")
 flags.DEFINE_string("domain", "search", "environment domain")
-flags.DEFINE_list("arms", ["bc", "real", "sim", "warmup"], "arms to run")
+ARMS = ("bc", "real", "sim", "warmup", "bc_from_wm")
+flags.DEFINE_list("arms", ["bc", "real", "sim", "warmup"], f"arms to run, of {', '.join(ARMS)}")
 flags.DEFINE_integer("seeds", 0, "seeds per arm (0: the budget's)")
 flags.DEFINE_integer("episodes", 0, "RL episodes per arm (0: the budget's)")
 flags.DEFINE_integer("eval_tasks", 0, "held-out tasks (0: the budget's)")
@@ -73,7 +84,11 @@ flags.DEFINE_enum("bc_layout", "", ["", "turns", "trajectory"], "BC sample layou
 flags.DEFINE_string("world_model", "", "world-model checkpoint (HF folder) for sim and warm-up")
 flags.DEFINE_string("tokenizer", "", "the agent's tokenizer (the world model's for warm-up)")
 flags.DEFINE_string("base", "", "base checkpoint (HF folder) of the agent; empty: a fresh model")
-flags.DEFINE_enum("warmup_rl", "real", ["real", "sim"], "the agent RL after the warm-up's BC")
+flags.DEFINE_enum("warmup_rl", "real", ["real", "sim"], "the agent RL of the warmup and "
+                  "bc_from_wm arms")
+flags.DEFINE_integer("wm_rl_steps", 0, "warmup: world-model GSPO steps (4 per rollout; 0: the "
+                     "budget's)")
+flags.DEFINE_float("wm_rl_lr", 0.0, "warmup: world-model GSPO learning rate (0: the budget's)")
 flags.DEFINE_integer("workers", 2, "processes stepping the real envs")
 flags.DEFINE_string("bc_from", "", "an earlier --out of this script whose BC runs (bc_SEED, and "
                     "bc_warm_SEED when there) are copied instead of trained again; their recorded "
@@ -91,17 +106,27 @@ BUDGETS = {
     "tiny": dict(preset="tiny", vocab=1024, bc_steps=30, wm_steps=30, episodes=16, seeds=1,
                  eval_tasks=6, train_tasks=8, max_turns=3, max_new_tokens=32, seq_len=2048,
                  bc_seq_len=1024, bc_tasks=0,
-                 wm_max_new_tokens=48, eval_every=1, rl_lr=1e-4),
+                 wm_max_new_tokens=48, eval_every=1, rl_lr=1e-4,
+                 # warmup: world-model GSPO on the RL pool (the agent's domain only on tiny)
+                 wm_rl_steps=4, wm_rl_lr=1e-4, wm_rl_max_new_tokens=32, wm_rl_domains="domain"),
     "full": dict(preset="demo", vocab=2048, bc_steps=400, wm_steps=300, episodes=512, seeds=3,
                  eval_tasks=64, train_tasks=256, max_turns=6, max_new_tokens=48, seq_len=2048,
                  bc_seq_len=2048, bc_tasks=0,
-                 wm_max_new_tokens=384, eval_every=8, rl_lr=3e-5),
+                 wm_max_new_tokens=384, eval_every=8, rl_lr=3e-5,
+                 wm_rl_steps=48, wm_rl_lr=1e-4, wm_rl_max_new_tokens=160, wm_rl_domains="all"),
 }
+
+
+def _budget_record(b: dict) -> dict:
+  """The settings a run used, recorded in its own record (a merged report shows each run's)."""
+  return dict(b, domain=FLAGS.domain, warmup_rl=FLAGS.warmup_rl, workers=FLAGS.workers,
+              bc_layout=FLAGS.bc_layout, base=checkpoints.start_record(FLAGS.base))
 
 
 def _budget() -> dict:
   b = dict(BUDGETS[FLAGS.budget])
-  for k in ("seeds", "episodes", "eval_tasks", "bc_steps", "rl_lr", "eval_every"):
+  for k in ("seeds", "episodes", "eval_tasks", "bc_steps", "rl_lr", "eval_every", "wm_rl_steps",
+            "wm_rl_lr"):
     if getattr(FLAGS, k):
       b[k] = getattr(FLAGS, k)
   if FLAGS.bc_tasks >= 0:
@@ -141,18 +166,21 @@ def train_world_model(out: str, tok: str, vocab: int, b: dict) -> str:
 
 
 def reused_bc(wd: str, seed: int, arm: str) -> dict | None:
-  """The BC run `bc_SEED` (arm "bc") or `bc_warm_SEED` (arm "warmup") of --bc_from, copied to
-  `wd`, with its BC time and loss from that run's results.json; None without --bc_from, or for a
-  warm-up BC the earlier run did not make."""
+  """The BC run `bc_SEED` (arm "bc") or `bc_warm_SEED` (arm "bc_from_wm", which results
+  written before issue 64 call "warmup") of --bc_from, copied to `wd`, with its BC time and loss
+  from that run's results.json; None without --bc_from, or for a BC from the world model the
+  earlier run did not make."""
   if not FLAGS.bc_from:
     return None
   src = os.path.join(FLAGS.bc_from, os.path.basename(wd))
   results = os.path.join(FLAGS.bc_from, "results.json")
-  if arm == "warmup" and not os.path.isdir(src):
+  if arm == "bc_from_wm" and not os.path.isdir(src):
     return None
   try:
     with open(results) as f:
-      recs = [r for r in _seeded(json.load(f)["runs"][arm]) if r["seed"] == seed]
+      saved = json.load(f)["runs"]
+    key = "warmup" if arm == "bc_from_wm" and arm not in saved else arm
+    recs = [r for r in _seeded(saved[key]) if r["seed"] == seed]
   except (OSError, KeyError, ValueError) as e:
     raise SystemExit(f"--bc_from: {results} has no {arm} runs ({e!r})") from None
   if not recs:
@@ -251,6 +279,46 @@ def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str
   return {"hf": s["export_hf"], "bc_s": time.perf_counter() - t0, "bc_loss": s["losses"][-1]}
 
 
+def wm_rl_data(b: dict) -> str:
+  """The trajectories whose RL share is the warm-up's pool: the corpus's training split of every
+  domain (or, on the tiny budget, of the agent's domain), as `data.pipeline.jsonl`."""
+  from lwm_jax.data.schema import DOMAINS  # pylint: disable=import-outside-toplevel
+  domains = [FLAGS.domain] if b["wm_rl_domains"] == "domain" else list(DOMAINS)
+  return ",".join(os.path.join(ROOT, "data", "corpus", f"{d}_train.jsonl.gz") for d in domains)
+
+
+def world_model_rl(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str) -> dict:
+  """The paper's warm-up: single-turn world-model RL of the policy model `init` (GSPO on
+  next-observation prediction over the RL pool; configs/rl.py's demo rollouts and rewards, no
+  judge on a CPU), through the trainer as launch/train.py runs it. Returns its export and time."""
+  from configs import rl as rl_cfg  # pylint: disable=import-outside-toplevel
+  from lwm_jax.rl import stage  # pylint: disable=import-outside-toplevel
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  c = rl_cfg.get_config("demo")
+  c.model = agent_bc.get_config(b["preset"]).model  # the policy's own shape
+  c.model.vocab_size = vocab
+  c.seed, c.data.tokenizer, c.data.pipeline.jsonl = seed, tok, wm_rl_data(b)
+  c.rl.max_new_tokens = b["wm_rl_max_new_tokens"]
+  c.rl.eval_jsonl = ""
+  per_update = c.rl.prompts_per_batch * c.rl.group_size // c.rl.updates_per_batch
+  c.train.update(dict(num_steps=b["wm_rl_steps"], seq_len=b["seq_len"], batch_size=per_update,
+                      eval_every=0, progress=False, log_every=1))
+  c.checkpoint.every = b["wm_rl_steps"]
+  c.optim.lr = b["wm_rl_lr"]
+  c.init_from_hf, c.export_hf, c.export_hf_dir = init, True, os.path.join(wd, "hf")
+  t0 = time.perf_counter()
+  src = stage.rollout_source(c)
+  s = trainer.train(c, wd, source=src)
+  return {"hf": s["export_hf"], "wm_rl_s": time.perf_counter() - t0,
+          "wm_rl_steps": b["wm_rl_steps"], "wm_rl_prompts": len(src.pool),
+          "wm_rl_start": checkpoints.start_record(init), "wm_rl_settings": _settings(c)}
+
+
+def _settings(c) -> dict:
+  """A run's resolved config as plain JSON (what it actually ran with)."""
+  return json.loads(c.to_json_best_effort())
+
+
 def rl_config(b: dict, tok: str, vocab: int, seed: int, init: str, arm: str, wm: str):
   c = agent_rl.get_config(b["preset"])
   a = c.agent
@@ -282,7 +350,7 @@ def agent_rl_run(wd: str, c) -> dict:
   final = src.history[-1]
   return {"rl_s": time.perf_counter() - t0, "curve": curve, "success": final["success"],
           "credit": final["credit"], "tasks": int(final["tasks"]),
-          "episodes": src.episodes_played}
+          "episodes": src.episodes_played, "rl_settings": _settings(c)}
 
 
 def evaluate_checkpoint(hf: str, b: dict) -> dict:
@@ -382,10 +450,16 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
       n = rs[0]["tasks"]
       lo, hi = wilson(round(mean * n), n)
       how = f"Wilson over {n} tasks"
-    wall = [r.get("bc_s", 0) + r.get("rl_s", 0) + (r.get("eval_s", 0) if arm == "bc" else 0)
-            for r in rs]
+    wall = [r.get("bc_s", 0) + r.get("rl_s", 0) + r.get("wm_rl_s", 0)
+            + (r.get("eval_s", 0) if arm == "bc" else 0) for r in rs]
     credit = sum(r["credit"] for r in rs) / len(rs)
-    out[arm] = {"success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
+    sets = [r.get("settings") or {} for r in rs]
+    own = {k: sorted({str(x.get(k, "?")) for x in sets}) for k in ("episodes", "rl_lr",
+                                                                    "eval_every")}
+    zero = [r["zero_shot"]["success"] for r in rs if r.get("zero_shot")]
+    out[arm] = {"zero_shot": sum(zero) / len(zero) if zero else None,
+                "settings": {k: ",".join(v) for k, v in own.items()},
+                "success": mean, "ci95": [max(0.0, lo), min(1.0, hi)], "ci_over": how,
                 "credit": credit, "bc_seeds": sorted({r.get("bc_seed", r["seed"]) for r in rs}),
                 "seeds": len(xs), "wall_s": sum(wall) / len(wall),
                 "episodes": rs[0].get("episodes", 0)}
@@ -401,17 +475,23 @@ def write_report(out: str, own: dict, runs: dict, merged: dict, table: dict, met
   lines = [f"# Agent RL on {FLAGS.domain}: held-out success in the real environment", "",
            f"budget={FLAGS.budget}; held-out tasks={meta['eval_tasks']}; RL episodes per arm="
            f"{meta['episodes']}; world model: {meta['world_model']}", "",
-           "| arm | success | 95% CI | CI over | mean credit | seeds | BC seeds | RL episodes | "
-           "wall-clock (s) |", "|---|---|---|---|---|---|---|---|---|"]
+           "| arm | success | 95% CI | CI over | mean credit | zero-shot | seeds | BC seeds | "
+           "RL episodes | RL lr (runs) | eval every (runs) | wall-clock (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for arm, s in table.items():
+    zs = f"{s['zero_shot']:.3f}" if s.get("zero_shot") is not None else "-"
+    st = s.get("settings") or {}
     lines.append(f"| {arm} | {s['success']:.3f} | {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f} | "
-                 f"{s['ci_over']} | {s['credit']:.3f} | {s['seeds']} | "
+                 f"{s['ci_over']} | {s['credit']:.3f} | {zs} | {s['seeds']} | "
                  f"{','.join(map(str, s['bc_seeds']))} | {s['episodes']} | "
-                 f"{s['wall_s']:.0f} |")
+                 f"{st.get('rl_lr', '?')} | {st.get('eval_every', '?')} | {s['wall_s']:.0f} |")
   lines += ["", "Wall-clock per seed: bc = BC from the base and its evaluation (shared by real and "
-            "sim); real / sim = their RL with its periodic held-out evaluations; warmup = its own "
-            "BC plus its RL. Compilation falls on the first arm that needs each shape.",
-            f"Total: {meta['total_s']:.0f} s."]
+            "sim); real / sim = their RL with its periodic held-out evaluations; warmup = its "
+            "world-model RL and zero-shot evaluation plus its agent RL (zero-shot: held-out "
+            "success after the world-model RL, before any agent RL); bc_from_wm = its own BC "
+            "plus its RL. Compilation falls on the first arm that needs each shape. Learning "
+            "rate and eval cadence are each run's own (from its record; '?' for runs recorded "
+            "before issue 64).", f"Total: {meta['total_s']:.0f} s."]
   lines += ["", "| arm | seed | BC seed | success | mean credit |", "|---|---|---|---|---|"]
   lines += [f"| {arm} | {r['seed']} | {r.get('bc_seed', r['seed'])} | {r['success']:.3f} | "
             f"{r['credit']:.3f} |" for arm, rs in runs.items() for r in rs]
@@ -465,55 +545,88 @@ def main(argv):
     _banner("tokenizer")
     tok, vocab = tokenizer(out, b)
     b["bc_data"] = demonstrations(out, b)
+  unknown = sorted(set(FLAGS.arms) - set(ARMS))
+  if unknown:
+    raise SystemExit(f"--arms: unknown arm(s) {unknown} (known: {', '.join(ARMS)})")
   wm = FLAGS.world_model
-  if not wm and {"sim", "warmup"} & set(FLAGS.arms):
+  if not wm and {"sim", "bc_from_wm"} & set(FLAGS.arms):
     if FLAGS.budget != "tiny":
-      raise SystemExit("--world_model is required for the sim and warmup arms (a trained LWM "
-                       "checkpoint, after its RL)")
+      raise SystemExit("--world_model is required for the sim and bc_from_wm arms (a trained "
+                       "LWM checkpoint, after its RL)")
     _banner("a tiny stand-in world model (SFT on the corpus)")
     wm = train_world_model(out, tok, vocab, b)
   runs: dict[str, list[dict]] = {a: [] for a in FLAGS.arms}
-  starts: dict[tuple[str, int], dict] = {}  # (bc | warmup, BC seed) -> its checkpoint and time
+  starts: dict[tuple[str, int], dict] = {}  # (bc | bc_from_wm | wm_rl, BC seed) -> made once
 
   def start_of(arm: str, seed: int) -> dict:
-    """The BC checkpoint an arm of `seed` starts from, made (or reused) once per BC seed."""
+    """The checkpoint an arm of `seed` starts from, made (or reused) once per BC seed: the BC
+    from the base (bc), from the world model (bc_from_wm), or the BC after world-model RL
+    (wm_rl, the warm-up)."""
     bc_seed = FLAGS.bc_seed if FLAGS.bc_seed >= 0 else seed
     if (arm, bc_seed) not in starts:
+      if arm == "wm_rl":
+        bc = start_of("bc", seed)
+        _banner(f"seed {bc_seed}: warm-up, world-model RL of the policy model")
+        r = world_model_rl(os.path.join(out, f"wm_rl_{bc_seed}"), tok, vocab, b, bc_seed,
+                           bc["hf"])
+        t0 = time.perf_counter()
+        zero = evaluate_checkpoint(r["hf"], b)
+        zero["eval_s"] = time.perf_counter() - t0
+        print(f"warm-up, zero-shot (no agent training after the world-model RL): success "
+              f"{zero['success']:.3f}", flush=True)
+        starts[arm, bc_seed] = dict(r, bc_s=bc["bc_s"], bc_seed=bc_seed, zero_shot=zero,
+                                    policy_start=checkpoints.start_record(bc["hf"]))
+        return starts[arm, bc_seed]
       name, init = ("bc", FLAGS.base) if arm == "bc" else ("bc_warm", wm)
-      _banner(f"seed {bc_seed}: BC from the {'base' if arm == 'bc' else 'world model (warm-up)'}")
+      _banner(f"seed {bc_seed}: BC from the {'base' if arm == 'bc' else 'world model'}")
       wd = os.path.join(out, f"{name}_{bc_seed}")
-      starts[arm, bc_seed] = dict(reused_bc(wd, bc_seed, arm)
-                                  or behaviour_clone(wd, tok, vocab, b, bc_seed, init),
-                                  bc_seed=bc_seed)
+      rec = (reused_bc(wd, bc_seed, "bc" if arm == "bc" else "bc_from_wm")
+             or behaviour_clone(wd, tok, vocab, b, bc_seed, init))
+      starts[arm, bc_seed] = dict(rec, bc_seed=bc_seed, bc_start=checkpoints.start_record(init))
     return starts[arm, bc_seed]
 
   for seed in range(FLAGS.first_seed, FLAGS.first_seed + b["seeds"]) if FLAGS.arms else ():
-    # The BC from the base is made only for the arms that use it (a warm-up-only run skips it).
-    bc = start_of("bc", seed) if {"bc", "real", "sim"} & set(runs) else {}
+    # The BC from the base is made only for the arms that use it.
+    bc = start_of("bc", seed) if {"bc", "real", "sim", "warmup"} & set(runs) else {}
     if "bc" in runs and all(r["seed"] != bc["bc_seed"] for r in runs["bc"]):  # once per BC
       t0 = time.perf_counter()
       m = evaluate_checkpoint(bc["hf"], b)
       m["eval_s"] = time.perf_counter() - t0  # with the checkpoint load and env start
-      runs["bc"].append(dict(bc, **m, curve=[], seed=bc["bc_seed"]))
+      runs["bc"].append(dict(bc, **m, curve=[], seed=bc["bc_seed"], settings=_budget_record(b)))
       print(f"BC only: success {m['success']:.3f} on {int(m['tasks'])} held-out tasks", flush=True)
-    for arm in ("real", "sim", "warmup"):
+    for arm in ("real", "sim", "warmup", "bc_from_wm"):
       if arm not in runs:
         continue
       start, env_arm, extra = bc, arm, {}
-      if arm == "warmup":
-        start = start_of("warmup", seed)
+      if arm == "bc_from_wm":
+        start = start_of("bc_from_wm", seed)
         env_arm, extra = FLAGS.warmup_rl, {"bc_s": start["bc_s"]}
+      elif arm == "warmup":
+        start = start_of("wm_rl", seed)
+        env_arm = FLAGS.warmup_rl
+        extra = {k: start[k] for k in ("wm_rl_s", "wm_rl_steps", "wm_rl_prompts",
+                                       "wm_rl_start", "wm_rl_settings", "zero_shot",
+                                       "policy_start")}
       _banner(f"seed {seed}: agent RL, arm {arm} ({env_arm} episodes)")
       c = rl_config(b, tok, vocab, seed, start["hf"], env_arm, wm)
       r = agent_rl_run(os.path.join(out, f"{arm}_{seed}"), c)
-      runs[arm].append(dict(r, **extra, seed=seed, bc_seed=start["bc_seed"]))
+      runs[arm].append(dict(r, **extra, seed=seed, bc_seed=start["bc_seed"],
+                            start=checkpoints.start_record(start["hf"]),
+                            world_model=(checkpoints.start_record(wm) if env_arm == "sim"
+                                         else None),
+                            settings=_budget_record(b)))
       with open(os.path.join(out, "results.json"), "w") as f:  # so far (--merge can read it)
         json.dump({"partial": True, "runs": runs}, f, indent=2, default=str)
       print(f"{arm}: success {r['success']:.3f} after {r['episodes']} episodes "
             f"({r['rl_s']:.0f} s)", flush=True)
   everything, merged = merged_runs(runs, FLAGS.merge)
   table = summarize(everything)
-  meta = {"budget": b, "domain": FLAGS.domain, "world_model": wm or "(none)",
+  # A report of merged folders alone ran nothing: its budget is not any run's; each run's own
+  # settings are in its record ("settings").
+  meta = {"budget": b if FLAGS.arms else "(report only: see each run's settings)",
+          "domain": FLAGS.domain, "world_model": wm or "(none)",
+          "world_model_sha256": (checkpoints.start_record(wm)["sha256"]
+                                 if wm and os.path.exists(wm) else ""),
           "eval_tasks": b["eval_tasks"],
           # a report of merged folders alone: the RL episodes its runs had, not the budget's
           "episodes": b["episodes"] if FLAGS.arms else ",".join(sorted(

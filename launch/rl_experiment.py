@@ -18,7 +18,9 @@ the rows are as long as the start's context.
 
 5. Free-running (greedy) evaluation of the three models on the same test-split prompts: the
    reward mix, token F1, edit similarity and the share of replies that parse. The table goes to
-   results.md / results.json, GSPO's reward curve to reward.png (both in the run folder).
+   results.md / results.json (with the start folder's sha256, the flags and both runs' resolved
+   configs), GSPO's reward curve to reward.png, the per-step curves to curves.csv. A write-up's
+   figures come from these files: `python experiments/figures.py gspo RUN_DIR`.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from absl import logging as absl_logging
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from configs import cpt as cpt_config, rl as rl_config, sft as sft_config
+from lwm_jax import checkpoints
 from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib
 from lwm_jax.data.jsonl import iter_jsonl
 from lwm_jax.rl import pool as pool_lib, stage
@@ -212,6 +215,8 @@ def main(_):
     context = SEQ_LEN
     per_step = _target_tokens_per_step(os.path.join(wd, "sft"))
 
+  start_record = checkpoints.start_record(start_hf)  # before anything trains from it
+
   # ------------------------------------------------------------------ GSPO
   c = rl_config.get_config("demo")
   c.model.vocab_size = vocab
@@ -260,7 +265,16 @@ def main(_):
              "control_steps": ctl_steps, "control_target_tokens": ctl_tokens,
              "reward": c.rl.reward, "max_new_tokens": FLAGS.max_new_tokens,
              "gspo_seconds": gspo_s, "seconds": time.time() - t_start, "table": table,
-             "reward_png": gspo.get("reward_png")}
+             "reward_png": gspo.get("reward_png"),
+             # what a reader needs to rerun it: the start folder's sha256, the flags and the
+             # resolved configs of the GSPO run and of the control
+             "start_folder": start_record,
+             "settings": {"flags": {f: getattr(FLAGS, f) for f in (
+                 "workdir", "corpus", "fractions", "vocab", "cpt_steps", "sft_steps", "rl_steps",
+                 "max_new_tokens", "eval_prompts", "curve_prompts", "rl_lr", "start",
+                 "reuse_start")},
+                 "gspo": json.loads(c.to_json_best_effort()),
+                 "sft_control": json.loads(ctl.to_json_best_effort())}}
   with open(os.path.join(wd, "results.json"), "w") as f:
     json.dump(summary, f, indent=2)
   lines = ["| model | reward (0-25) | reward rule | reward reference | token F1 | edit sim | "

@@ -294,3 +294,29 @@ def recorded_thinking(folder: str, default: bool = True) -> bool:
     raise CheckpointError(f"{os.path.join(folder, 'provenance.json')}: settings.thinking is "
                           f"{recorded!r}, not 'on' or 'off'")
   return recorded == "on"
+
+
+def folder_sha256(path: str) -> str:
+  """sha256 over a model folder (or one file): every file's relative path and bytes, in path
+  order. What an experiment records of each model it starts from, so a later reader can tell
+  whether the folder a write-up names is still the one the run used."""
+  if os.path.isfile(path):
+    return _sha256(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path}: no such model folder")
+  h = hashlib.sha256()
+  rels = sorted(os.path.relpath(os.path.join(d, f), path)
+                for d, _, fs in os.walk(path) for f in fs)
+  for rel in rels:
+    h.update(rel.encode("utf-8") + b"\0")
+    h.update(_sha256(os.path.join(path, rel)).encode("ascii") + b"\n")
+  return h.hexdigest()
+
+
+def start_record(path: str) -> dict[str, str]:
+  """`{"path", "sha256"}` of a model folder an experiment starts from ("" for a fresh model)."""
+  if not path:
+    return {"path": "", "sha256": "", "note": "a fresh model (no start folder)"}
+  if not os.path.exists(path):
+    return {"path": path, "sha256": "", "note": "missing when recorded"}
+  return {"path": path, "sha256": folder_sha256(path)}

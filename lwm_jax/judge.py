@@ -292,21 +292,31 @@ def parse_judge_reply(text: str) -> dict[str, Any] | None:
   return None
 
 
-def rubric_reward(scores: Mapping[str, Any] | str | None) -> float:
-  """RL rubric reward: the sum of the five dimensions (5..25); 0 when the judge's output cannot
-  be parsed or any dimension is missing or out of range. Accepts scores or the raw reply."""
+def rubric_reward(scores: Mapping[str, Any] | str | None) -> float | None:
+  """RL rubric reward on the 5-25 scale: 5 x the mean of the valid dimensions, which is the sum of
+  the five when all are valid. A partial judgement (some dimensions missing or out of range) is
+  scored by the rule the evaluation uses (`lwm_jax.eval.metrics.sample_score`: the mean of its
+  valid dimensions); None when no dimension is valid or the reply cannot be parsed: a failed
+  judgement, which RL excludes (never 0). Accepts scores or the raw reply."""
   if isinstance(scores, str):
     parsed = parse_judge_reply(scores)
     scores = parsed["scores"] if parsed else None
   if not isinstance(scores, Mapping):
-    return 0.0
-  total = 0.0
+    return None
+  vals = []
   for d in DIMENSIONS:
     v = _to_number(scores.get(d))
-    if v is None or not 1.0 <= v <= 5.0:
-      return 0.0
-    total += v
-  return total
+    if v is not None and 1.0 <= v <= 5.0:
+      vals.append(v)
+  return 5.0 * sum(vals) / len(vals) if vals else None
+
+
+def valid_dimensions(scores: Mapping[str, Any] | None) -> int:
+  """How many of the five dimensions hold a valid 1-5 score (5: a whole judgement)."""
+  if not isinstance(scores, Mapping):
+    return 0
+  return sum(1 for d in DIMENSIONS
+             if (v := _to_number(scores.get(d))) is not None and 1.0 <= v <= 5.0)
 
 
 # ------------------------------------------------------------------------- official style

@@ -30,7 +30,7 @@ def test_bc_from_copies_the_checkpoint_and_its_time(ae, tmp_path):
   assert got == {"hf": str(tmp_path / "new" / "bc_0" / "hf"), "bc_s": 1170.5, "bc_loss": 1.5}
   assert (tmp_path / "new" / "bc_0" / "hf" / "config.json").exists()
   # no warm-up BC in the earlier run: the warm-up arm trains its own
-  assert ae.reused_bc(str(tmp_path / "new" / "bc_warm_0"), 0, "warmup") is None
+  assert ae.reused_bc(str(tmp_path / "new" / "bc_warm_0"), 0, "bc_from_wm") is None
   with pytest.raises(SystemExit, match="has no bc run of seed 1"):
     ae.reused_bc(str(tmp_path / "new" / "bc_1"), 1, "bc")
   ae.FLAGS.unparse_flags()
@@ -149,8 +149,9 @@ def test_merge_reads_what_a_report_folder_had_merged(ae, tmp_path):
     ae.merged_runs({}, [str(rep), str(src)])
 
 
-def test_a_warmup_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypatch):
-  """--arms=warmup needs only the BC from the world model: the BC from the base is not made."""
+def test_a_bc_from_wm_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypatch):
+  """--arms=bc_from_wm (the arm called warm-up before issue 64) needs only the BC from the world
+  model: the BC from the base is not made."""
   made, rl = [], []
   monkeypatch.setattr(ae, "tokenizer", lambda out, b: ("tok.model", 64))
   monkeypatch.setattr(ae, "demonstrations", lambda out, b: "bc.jsonl.gz")
@@ -168,10 +169,89 @@ def test_a_warmup_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypatch)
   monkeypatch.setattr(ae, "rl_config", lambda *a: None)
   monkeypatch.setattr(ae, "agent_rl_run", run)
   monkeypatch.setattr(ae, "evaluate_checkpoint", lambda hf, b: pytest.fail("BC evaluated"))
-  ae.FLAGS(["agent_experiment.py", "--arms=warmup", "--seeds=2", "--bc_seed=0",
+  ae.FLAGS(["agent_experiment.py", "--arms=bc_from_wm", "--seeds=2", "--bc_seed=0",
             "--world_model=wm_dir", f"--out={tmp_path / 'out'}"])
   ae.main([])
-  assert made == [("bc_warm_0", "wm_dir")]  # one warm-up BC, from the world model, shared
-  assert rl == ["warmup_0", "warmup_1"]
+  assert made == [("bc_warm_0", "wm_dir")]  # one BC from the world model, shared
+  assert rl == ["bc_from_wm_0", "bc_from_wm_1"]
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
-  assert [r["bc_seed"] for r in saved["runs"]["warmup"]] == [0, 0]
+  assert [r["bc_seed"] for r in saved["runs"]["bc_from_wm"]] == [0, 0]
+
+
+def test_the_warmup_arm_is_the_papers_protocol(ae, tmp_path, monkeypatch):
+  """--arms=warmup: the policy model (BC from the base) -> world-model GSPO -> zero-shot agent
+  evaluation of that model -> agent RL from it -> evaluation; each record names the sha256 of the
+  folders it started from and its own settings."""
+  calls = []
+  monkeypatch.setattr(ae, "tokenizer", lambda out, b: ("tok.model", 64))
+  monkeypatch.setattr(ae, "demonstrations", lambda out, b: "bc.jsonl.gz")
+
+  def folder(path):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+      f.write(path)
+    return path
+
+  def clone(wd, tok, vocab, b, seed, init):
+    calls.append(("bc", os.path.basename(wd), init))
+    return {"hf": folder(os.path.join(wd, "hf")), "bc_s": 1.0, "bc_loss": 0.5}
+
+  def wm_rl(wd, tok, vocab, b, seed, init):
+    calls.append(("wm_rl", os.path.basename(wd), init))
+    return {"hf": folder(os.path.join(wd, "hf")), "wm_rl_s": 3.0, "wm_rl_steps": b["wm_rl_steps"],
+            "wm_rl_prompts": 7, "wm_rl_start": {"path": init, "sha256": "x"},
+            "wm_rl_settings": {"stage": "rl"}}
+
+  def evaluate(hf, b):
+    calls.append(("eval", hf))
+    return {"success": 0.5, "tasks": 4, "credit": 0.6}
+
+  def rl_cfg(b, tok, vocab, seed, init, arm, wm):
+    calls.append(("agent_rl_from", init, arm))
+    return init
+
+  def run(wd, c):
+    calls.append(("agent_rl", os.path.basename(wd)))
+    return {"success": 0.75, "tasks": 4, "credit": 0.8, "rl_s": 2.0, "curve": [[0, 0.5]],
+            "episodes": 8, "rl_settings": {"optim": {"lr": 1e-4}}}
+
+  monkeypatch.setattr(ae, "behaviour_clone", clone)
+  monkeypatch.setattr(ae, "world_model_rl", wm_rl)
+  monkeypatch.setattr(ae, "evaluate_checkpoint", evaluate)
+  monkeypatch.setattr(ae, "rl_config", rl_cfg)
+  monkeypatch.setattr(ae, "agent_rl_run", run)
+  out = tmp_path / "out"
+  ae.FLAGS(["agent_experiment.py", "--arms=warmup", "--seeds=1", "--wm_rl_steps=3",
+            "--rl_lr=0.0002", f"--out={out}"])
+  ae.main([])
+  bc_hf, wm_hf = str(out / "bc_0" / "hf"), str(out / "wm_rl_0" / "hf")
+  assert calls == [("bc", "bc_0", ""), ("wm_rl", "wm_rl_0", bc_hf), ("eval", wm_hf),
+                   ("agent_rl_from", wm_hf, "real"), ("agent_rl", "warmup_0")]
+  saved = json.loads((out / "results.json").read_text())
+  r = saved["runs"]["warmup"][0]
+  assert r["zero_shot"]["success"] == 0.5 and r["success"] == 0.75
+  from lwm_jax.checkpoints import folder_sha256
+  assert r["start"] == {"path": wm_hf, "sha256": folder_sha256(wm_hf)}
+  assert r["policy_start"]["sha256"] == folder_sha256(bc_hf)
+  assert r["settings"]["wm_rl_steps"] == 3 and r["settings"]["rl_lr"] == 0.0002
+  assert saved["summary"]["warmup"]["zero_shot"] == 0.5
+  assert saved["summary"]["warmup"]["settings"]["rl_lr"] == "0.0002"
+  assert "| warmup | 0.750 |" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_warmup_pipeline_runs_end_to_end_on_a_tiny_model(ae, tmp_path):
+  """The warm-up arm for real on the tiny budget, shrunk: tokenizer, BC, world-model GSPO on the
+  RL pool, zero-shot evaluation, agent RL, evaluation (16 minutes on 2 busy cores, most of it
+  compiling)."""
+  out = tmp_path / "out"
+  ae.FLAGS(["agent_experiment.py", "--budget=tiny", "--arms=warmup", "--bc_steps=2",
+            "--wm_rl_steps=2", "--episodes=4", "--eval_tasks=2", "--eval_every=4", "--workers=0",
+            f"--out={out}"])
+  ae.main([])
+  r = json.loads((out / "results.json").read_text())["runs"]["warmup"][0]
+  # one rollout of 2 tasks x 4 episodes feeds the 4 updates of the (at least) 4-episode budget
+  assert r["wm_rl_steps"] == 2 and r["wm_rl_prompts"] > 0 and r["episodes"] == 8
+  assert 0 <= r["zero_shot"]["success"] <= 1 and 0 <= r["success"] <= 1
+  assert len(r["start"]["sha256"]) == 64 and r["start"]["path"].endswith("wm_rl_0/hf")
+  assert r["wm_rl_settings"]["stage"] == "rl" and r["rl_settings"]["stage"] == "agent-rl"

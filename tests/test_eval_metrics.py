@@ -81,10 +81,13 @@ def test_rubric_reward():
                                   quality=5)) == 15.0
   assert judge.rubric_reward('{"format": "1", "factuality": 1, "consistency": 1, '
                              '"realism": 1, "quality": 1}') == 5.0
-  assert judge.rubric_reward("garbage") == 0.0
-  assert judge.rubric_reward(None) == 0.0
-  assert judge.rubric_reward(dict(FULL5, quality=6)) == 0.0  # any invalid dimension -> 0
-  assert judge.rubric_reward({k: v for k, v in FULL5.items() if k != "realism"}) == 0.0
+  # a failed judgement is None (excluded), never 0
+  assert judge.rubric_reward("garbage") is None
+  assert judge.rubric_reward(None) is None
+  # a partial one follows the evaluation's rule: 5 x the mean of the valid dimensions
+  part = dict(format=1, factuality=2, consistency=3, realism=4, quality=6)
+  assert judge.rubric_reward(part) == pytest.approx(5 * metrics.sample_score(part)) == 12.5
+  assert judge.rubric_reward({k: v for k, v in FULL5.items() if k != "realism"}) == 25.0
 
 
 def test_judge_prompt_domain_and_injection():

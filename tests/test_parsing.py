@@ -19,8 +19,9 @@ CASES = [
     ("", ""),
     # cut off while thinking: nothing to predict
     ("<think>I believe the output is 42", ""),
-    # cut off while thinking, but a complete block was written inside the reasoning
-    ("<think>hmm <predicted_observation>42</predicted_observation> done?", "42"),
+    # cut off while thinking, a complete block written inside the reasoning is still reasoning
+    # (the official rule; issue 64: it paid truncated replies)
+    ("<think>hmm <predicted_observation>42</predicted_observation> done?", ""),
     # an unfinished block inside unfinished reasoning is not trusted
     ("<think>hmm <predicted_observation>4", ""),
     # cut off while answering: the unclosed final block is tolerated

@@ -86,13 +86,14 @@ def test_stages_and_agent_rl_config_checks(sp):
   c.model.vocab_size = 768
   assert isinstance(run_config.validate_config(c), ModelConfig)  # no corpus needed
   ac = agent_stage.agent_config(c)
-  assert ac.domain == "search" and ac.batch_size == c.train.batch_size
+  assert ac.domain == "search" and ac.minibatch_size == c.train.batch_size
+  assert ac.batch_size == 4 * c.train.batch_size  # 4 updates per rollout (issue 64)
   c.agent.arm = "dream"
   with pytest.raises(ValueError, match="config.agent.arm"):
     agent_stage.agent_config(c)
   c.agent.arm, c.train.batch_size = "real", 3
   with pytest.raises(ValueError, match="config.train.batch_size"):
     agent_stage.agent_config(c)
-  c.train.batch_size, c.agent.arm, c.agent.world_model = 8, "sim", "/nonexistent"
+  c.train.batch_size, c.agent.arm, c.agent.world_model = 2, "sim", "/nonexistent"
   with pytest.raises(ValueError, match="config.agent.world_model"):
     agent_stage.agent_source(c)

@@ -113,7 +113,7 @@ def policy_batch(tok):
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   acfg = AgentConfig(domain="terminal", tasks=(5, 6), tasks_per_batch=2, group_size=2,
                      max_turns=2, seq_len=512, max_new_tokens=8, seed=3,
-                     filter_zero_variance=False)
+                     filter_zero_variance=False, updates_per_batch=1)
   envs = agent_envs.LocalEnvs(lambda seed: FakeShell(), fake_verdict)
   src = AgentEpisodeSource(tok, envs, acfg, **ENGINE)
   src.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=512, batch_size=4,
@@ -331,3 +331,66 @@ def test_a_batch_without_policy_signal_leaves_the_weights_alone(policy_batch):
   moved, m = step(state, b)
   assert float(m["skipped"]) == 0.0
   assert any(np.any(a != c) for a, c in zip(leaves(moved.params), leaves(state.params)))
+
+
+# ------------------------------------------------------------ issue 64: updates and turn credit
+
+
+def test_agent_rl_takes_four_updates_per_rollout_like_world_model_rl():
+  from configs import agent_rl, rl
+  for preset in ("tiny", "demo"):
+    c = agent_rl.get_config(preset)
+    assert c.rl.updates_per_batch == rl.get_config("demo").rl.updates_per_batch == 4
+    assert c.train.batch_size * 4 == c.agent.tasks_per_batch * c.rl.group_size
+  assert AgentConfig(tasks=(1,)).updates_per_batch == 4
+
+
+def test_per_turn_credit_is_the_discounted_return_normalised_over_the_group():
+  from lwm_jax.rl.agent_episodes import Episode, turn_advantages, turn_spans
+
+  def ep(replies):  # context 3 tokens, then per reply: n agent tokens and 2 context tokens
+    e = Episode(0, 0)
+    e.add([1, 2, 3], 0.0)
+    for n in replies:
+      e.add([5] * n, 1.0)
+      e.add([6, 7], 0.0)
+    return e
+  eps = [ep([2, 3]), ep([1, 1, 2]), ep([4]), ep([2, 2])]
+  rewards = np.array([1.0, 0.0, 0.5, 0.0])
+  gamma = 0.5
+  adv, flat = turn_advantages(eps, rewards, 4, 64, gamma)
+  # returns by hand: ep0 turns (0.5, 1); ep1 (0, 0, 0); ep2 (0.5); ep3 (0, 0)
+  g = np.array([0.5, 1.0, 0, 0, 0, 0.5, 0, 0])
+  want = (g - g.mean()) / (g.std(ddof=1) + 1e-6)
+  got = [adv[i, a] for i, e in enumerate(eps) for a, _ in turn_spans(e)]
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert turn_spans(eps[0]) == [(3, 5), (7, 10)] and not flat.any()
+  for i, e in enumerate(eps):  # only the agent's tokens carry a value
+    assert np.all(adv[i][np.array(e.agent + [0.0] * (64 - len(e.agent))) == 0] == 0)
+  # every episode failed: no signal
+  _, flat = turn_advantages(eps, np.zeros(4), 4, 64, gamma)
+  assert flat.all()
+
+
+def test_per_turn_advantages_train_with_a_per_token_loss(policy_batch):
+  """[B, S] advantages equal on every token of a row give the [B] step's loss (gspo_token); a
+  sequence-level GSPO run with per-turn credit is refused by the config check."""
+  graphdef, params, batch, _, _ = policy_batch
+  b = dict(batch)
+  rows = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
+  tx = optax.sgd(1e-3)
+  state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(steps.gspo_step, graphdef, tx, lambda _: 1e-3,
+                                   steps.StepConfig(algo="gspo_token")))
+  _, m_rows = step(state, dict(b, advantages=rows))
+  state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+  per_token = (rows[:, None] * np.ones_like(b["response_mask"])).astype(np.float32)
+  _, m_tok = step(state, dict(b, advantages=per_token))
+  np.testing.assert_allclose(float(m_tok["pg_loss"]), float(m_rows["pg_loss"]), rtol=1e-5)
+  from configs import agent_rl
+  from lwm_jax.train.run_config import validate_config
+  c = agent_rl.get_config("tiny")
+  c.agent.credit, c.data.tokenizer = "turn", __file__
+  assert trainer.token_advantages(c)
+  with pytest.raises(ValueError, match="rl.algo"):
+    validate_config(c)

@@ -142,15 +142,16 @@ def test_rubric_sums_scores_and_never_shows_thinking():
   assert s.value == 18.0 and s.details["scores"]["factuality"] == 3
   text = json.dumps(seen)
   assert "SECRET-CHAIN-OF-THOUGHT" not in text and "hello" in text
-  # Unparseable replies are asked again, then score 0; a failing backend scores 0.
+  # Unparseable replies are asked again, then the judgement is invalid (excluded, never 0);
+  # a failing backend too (issue 64).
   calls = []
   rw = R.RubricReward(backend=FunctionBackend(lambda m: calls.append(1) or "no idea"), tries=3)
-  assert rw.score([x])[0].value == 0.0 and len(calls) == 3
+  assert not rw.score([x])[0].valid and len(calls) == 3
 
   def boom(_):
     raise RuntimeError("endpoint down")
   s = R.RubricReward(backend=FunctionBackend(boom)).score([x])[0]
-  assert s.value == 0.0 and "endpoint down" in s.details["error"]
+  assert not s.valid and "endpoint down" in s.details["error"]
   with pytest.raises(ValueError, match="judge backend"):
     R.RubricReward()
 
@@ -234,5 +235,5 @@ def test_praise_on_a_right_prediction_fails_the_rule():
   assert _rule("terminal", obs, obs).value == 25.0
   s = _rule("terminal", obs + "\n" + PRAISE, obs)
   assert s.value == 0.0 and not s.details["clean"]
-  # the praise is stripped before the similarity: the right content still scores full
-  assert R.ReferenceReward().score([_x("terminal", obs + "\n" + PRAISE, obs)])[0].value == 25.0
+  # self-praise earns 0 from the similarity too, also under "strip" (issue 64)
+  assert R.ReferenceReward().score([_x("terminal", obs + "\n" + PRAISE, obs)])[0].value == 0.0

@@ -23,11 +23,12 @@ The rules, applied in this order:
    tag, the whole content, stripped, is the prediction. A prediction that starts with the
    observation header of the history turns (a model trained without thinking answers the way those
    turns read) loses the header: it belongs to the prompt's format, not to the world.
-3. Unclosed reasoning with an answer inside. When rule 1 found an unclosed `<think>` and the
-   content holds no tag, the last COMPLETE block written inside that unfinished reasoning is the
-   prediction (some models open `<think>` and answer without closing it). An unfinished block
-   inside unfinished reasoning is not trusted: the prediction is then empty. Reasoning text itself
-   never becomes a prediction, so thinking never reaches a judge.
+3. Unclosed reasoning is all reasoning. When rule 1 found an unclosed `<think>`, a block written
+   inside that unfinished reasoning is NOT a prediction (the official parser treats the whole
+   tail as reasoning): the prediction is what rule 2 finds in the content before the `<think>`,
+   usually nothing. A reply cut off at the token limit while thinking therefore predicts nothing
+   and is never paid for a draft. The same rule serves RL rewards, evaluation and the simulator.
+   Reasoning text itself never becomes a prediction, so thinking never reaches a judge.
 """
 from __future__ import annotations
 
@@ -133,9 +134,6 @@ def _prediction(text: str, keep_spaces: bool = False) -> str:
   found = _last_block(content, allow_unclosed=True, keep_spaces=keep_spaces)
   if found is not None:
     return found
-  if unclosed is not None:
-    found = _last_block(unclosed, allow_unclosed=False, keep_spaces=keep_spaces)
-    return found if found is not None else _strip(content, keep_spaces)
   close_at = content.rfind(OBS_CLOSE)
   if close_at != -1:  # the opening tag sat in the prompt: the answer ends at the closing tag
     return _strip(content[:close_at], keep_spaces)

@@ -23,7 +23,11 @@ A batch row is one whole episode: `tokens` (prompt, every reply, every observati
 `response_mask` 1 only on the tokens the agent generated (observations and chat markup are
 context with zero weight), `old_logprobs` the sampling log-probs on those tokens, and
 `advantages` per row, normalised within each task's group: the layout of `gspo_step`, whose
-sequence ratio is then the geometric mean over all the agent's tokens of the episode.
+sequence ratio is then the geometric mean over all the agent's tokens of the episode. With
+`credit="turn"` the advantages are per token instead ([B, seq_len]): each turn's reply carries
+its own discounted return, normalised over the group's turns (`turn_advantages`), trained with
+a per-token loss (gspo_token or grpo). A rollout batch is handed out in `updates_per_batch`
+slices (4 by default, as in world-model RL), one optimizer update each.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 
 REWARDS = ("credit", "success")
+CREDITS = ("episode", "turn")
 END_REASONS = ("finish", "turn_limit", "context", "no_room")
 
 
@@ -65,7 +70,9 @@ class AgentConfig:
   reward: str = "credit"
   filter_zero_variance: bool = True
   adv_eps: float = 1e-6
-  updates_per_batch: int = 1
+  updates_per_batch: int = 4
+  credit: str = "episode"        # episode | turn (see turn_advantages)
+  gamma: float = 0.9             # the per-turn credit's discount
 
   def validate(self) -> "AgentConfig":
     def need(cond: bool, field: str, why: str):
@@ -77,6 +84,8 @@ class AgentConfig:
     need(self.max_turns >= 1, "max_turns", "must be >= 1")
     need(0 < self.max_new_tokens < self.seq_len, "max_new_tokens", "must be in (0, seq_len)")
     need(self.reward in REWARDS, "reward", f"'{self.reward}' is not one of {REWARDS}")
+    need(self.credit in CREDITS, "credit", f"'{self.credit}' is not one of {CREDITS}")
+    need(0 < self.gamma <= 1, "gamma", f"{self.gamma} must be in (0, 1]")
     need(self.updates_per_batch >= 1 and self.batch_size % self.updates_per_batch == 0,
          "updates_per_batch", f"{self.updates_per_batch} must divide tasks_per_batch x "
          f"group_size = {self.batch_size}")
@@ -232,6 +241,45 @@ def episode_rows(eps: Sequence[Episode], advantages: np.ndarray, seq_len: int, p
           "old_logprobs": old, "advantages": np.asarray(advantages, np.float32)}
 
 
+def turn_spans(e: Episode) -> list[tuple[int, int]]:
+  """[start, end) token spans of the episode's replies: the runs of agent tokens, one per turn."""
+  spans, start = [], None
+  for i, a in enumerate(e.agent + [0.0]):
+    if a > 0 and start is None:
+      start = i
+    elif a <= 0 and start is not None:
+      spans.append((start, i))
+      start = None
+  return spans
+
+
+def turn_advantages(eps: Sequence[Episode], rewards: np.ndarray, group_size: int, seq_len: int,
+                    gamma: float, adv_eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+  """Per-turn credit: (advantages [B, seq_len] on each reply's tokens, flat groups [G]).
+
+  The verifier scores the episode at its end, so turn t of an episode with T replies and reward
+  R gets the discounted return `G_t = gamma^(T-1-t) R` (the last turn R, earlier turns less);
+  the returns of all turns of a task's group are normalised together, `(G - mean) / (std + eps)`
+  (unbiased std), and each reply's tokens carry its turn's value. A group whose returns are all
+  equal has no signal (flat). With gamma = 1 every turn of an episode shares one value, as the
+  episode credit does, but normalised over turns rather than episodes."""
+  adv = np.zeros((len(eps), seq_len), np.float32)
+  flat = np.zeros(len(eps) // group_size, bool)
+  for g in range(len(eps) // group_size):
+    rows = range(g * group_size, (g + 1) * group_size)
+    per = {i: [gamma ** (len(sp) - 1 - t) * rewards[i] for t in range(len(sp))]
+           for i in rows for sp in [turn_spans(eps[i])]}
+    allg = np.array([x for i in rows for x in per[i]], np.float64)
+    if len(allg) < 2 or np.ptp(allg) == 0:
+      flat[g] = True
+      continue
+    mean, std = allg.mean(), allg.std(ddof=1)
+    for i in rows:
+      for (a, b), ret in zip(turn_spans(eps[i]), per[i]):
+        adv[i, a:min(b, seq_len)] = (ret - mean) / (std + adv_eps)
+  return adv, flat
+
+
 def rewards_of(eps: Sequence[Episode], kind: str) -> np.ndarray:
   return np.array([e.credit if kind == "credit" else float(e.success) for e in eps], np.float64)
 
@@ -345,8 +393,11 @@ class AgentEpisodeSource:
                               first_eid=self.calls * c.batch_size,
                               rng_key=(c.seed, "train", self.calls))
     rewards = rewards_of(eps, c.reward)
-    adv = group_advantages_np(rewards, c.group_size, c.adv_eps)
-    flat = np.ptp(rewards.reshape(-1, c.group_size), axis=1) == 0
+    if c.credit == "turn":
+      adv, flat = turn_advantages(eps, rewards, c.group_size, c.seq_len, c.gamma, c.adv_eps)
+    else:
+      adv = group_advantages_np(rewards, c.group_size, c.adv_eps)
+      flat = np.ptp(rewards.reshape(-1, c.group_size), axis=1) == 0
     keep = [not (c.filter_zero_variance and flat[i // c.group_size]) for i in range(len(eps))]
     batch = episode_rows(eps, adv, c.seq_len, self.tok.pad_id, keep)
     self.calls += 1

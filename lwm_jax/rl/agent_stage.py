@@ -44,7 +44,8 @@ def agent_config(c: ml_collections.ConfigDict) -> AgentConfig:
         max_turns=int(a.max_turns), max_new_tokens=int(a.max_new_tokens),
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=c.seed, reward=a.reward,
         filter_zero_variance=r.filter_zero_variance,
-        updates_per_batch=int(r.updates_per_batch)).validate()
+        updates_per_batch=int(r.updates_per_batch), credit=str(a.get("credit", "episode")),
+        gamma=float(a.get("gamma", 0.9))).validate()
   except ValueError as e:
     raise ValueError(f"config.{e}") from None
   if t.batch_size != ac.minibatch_size:

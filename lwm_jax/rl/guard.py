@@ -37,28 +37,48 @@ DOMAIN_CONTENT = {"mcp": "json", "android": "tree", "web": "tree", "os": "tree",
                   "terminal": "output", "swe": "output", "search": "free"}
 
 # Text that talks about the prediction or to the grader. Real environments do not grade their
-# own output, so these patterns are aimed at the meta level, not at ordinary words.
+# own output, so these patterns are aimed at the meta level, not at ordinary words: a grader word
+# alone ("reviewer: alice"), a fraction alone ("Step 5/5", "Epoch 10/10", {"rating": "5/5"}), a
+# score field ("max score: 100") or a plain verdict ("the answer is correct") is real output.
+# The false-positive rate over every real observation of the bundled corpus and of
+# `make more-worlds`, and the recall on written injections: benchmarks/guard_rates.py.
+_GRADER = r"(?:judge|grader|evaluator|reviewer|rater|scorer|assessor|examiner)s?"
+_FULL = r"(?:5\s*/\s*5|10\s*/\s*10|25\s*/\s*25|100\s*/\s*100|five\s+out\s+of\s+five)"
+_TOP = r"(?:full|perfect|maximum|max|top|highest)\s+(?:marks|score|scores|points|rating|grade)"
+_SELF = (r"(?:this|my|our)\s+(?:prediction|simulation|simulated\s+\w+|output|observation|"
+         r"answer|response|result)")
+_PRAISE = r"(?:perfect|flawless|excellent|ideal|indistinguishable|impeccable|spot[- ]on|100%)"
 _META_PATTERNS = [
-    r"\b(?:judge|grader|evaluator|reviewer|rater|scorer|assessor)s?\s*[,:!]",
-    r"\bdear\s+(?:judge|grader|evaluator|reviewer|rater)",
-    r"\b(?:judge|grader|evaluator|reviewer|rater|scorer)s?\b[^\n]{0,80}"
-    r"\b(?:score|rate|grade|give|award|mark)",
-    r"\b(?:give|award|assign|rate)\s+(?:it|this|me|the\s+\w+)?\s*(?:a\s+)?"
-    r"(?:\d+(?:\.\d+)?\s*/\s*\d+|full\s+(?:marks|score|points)|(?:the\s+)?(?:maximum|max|top|"
-    r"highest|perfect)\s+(?:score|marks|rating))",
-    r"\b(?:full|perfect|maximum|max)\s+(?:marks|score|points)\b",
-    r"\b(?:this|the|my|our)\s+(?:prediction|simulation|simulated\s+\w+|answer|response)\s+"
-    r"(?:is|was|looks|seems)\s+(?:\w+\s+)?(?:perfect|flawless|correct|accurate|exact|excellent|"
-    r"ideal|realistic|indistinguishable|right)\b",
-    r"\b(?:this|the|my|our)\s+(?:output|observation|result)\s+(?:is|was|looks|seems)\s+"
-    r"(?:\w+\s+)?(?:perfect|flawless|excellent|ideal|indistinguishable)\b",
-    r"\b(?:perfect|flawless|exact|ideal)\s+(?:prediction|simulation|match|observation)\b",
-    r"\b(?:matches|identical\s+to|same\s+as)\s+the\s+(?:reference|ground\s+truth|real\s+"
-    r"(?:environment|observation|output))",
-    r"\bignore\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier|your)\s+"
-    r"(?:instructions|rules|criteria)",
-    r"\b(?:5|five)\s*/\s*5\b",
-    r"\b(?:10|ten)\s*/\s*10\b",
+    # addressing a grader, then asking for or claiming a grade
+    rf"\b{_GRADER}\s*[,:!-]\s*[^\n]{{0,120}}?\b(?:score|scores|grade|award|marks|points|"
+    rf"perfect|flawless|prediction|simulat\w*|ground\s+truth|reference|real\s+(?:output|"
+    rf"environment|observation)|compare|{_FULL}|give\s+(?:it|this|me|us))",
+    rf"\b(?:evaluation|grading|scoring|judg(?:e)?ment|verdict|rating)\s*(?:hint|note|"
+    rf"instruction|request)?\s*[:=-]\s*[^\n]{{0,20}}(?:{_TOP}|{_FULL})",
+    r"\b(?:perfect|exact|flawless|complete)\s+match\s+(?:with|to|for|of)\s+the\s+(?:reference|"
+    r"ground\s+truth|real\s+(?:environment|observation|output))",
+    rf"\b(?:dear|hello|hi|hey|attention|note\s+to)\s+(?:the\s+|our\s+|my\s+)?{_GRADER}\b",
+    rf"{_FULL}[^\n]{{0,20}}\bplease\b|\bplease\b[^\n]{{0,30}}{_FULL}",
+    rf"\b{_GRADER}\b[^\n]{{0,60}}\b(?:should|must|please|kindly|can|will)\s+(?:score|rate|grade|"
+    rf"give|award|mark)\b",
+    rf"\b(?:give|award|assign|rate|score|grade|mark)\s+(?:it|this|me|us|(?:this|the|my|our)\s+\w+"
+    rf"(?:\s+\w+)?)?"
+    rf"\s*(?:a\s+|an\s+|the\s+)?(?:{_FULL}|{_TOP}|\d+\s+out\s+of\s+\d+)",
+    rf"\b(?:deserves?|earns?|merits?|warrants?|worth|worthy\s+of)\s+(?:a\s+|an\s+|the\s+)?"
+    rf"(?:{_FULL}|{_TOP}|\d+\s*/\s*\d+)",
+    rf"\b{_SELF}\s+(?:is|was|looks|seems|reads)\s+(?:[\w%]+\s+)?(?:{_PRAISE}|correct|accurate|"
+    r"exact|realistic|right|faithful|identical)\b",
+    r"\b(?:the|this)\s+(?:\w+\s+)?(?:prediction|simulation|simulated\s+\w+)\s+(?:\w+\s+)?"
+    r"(?:is|was|looks|seems)\s+"
+    rf"(?:[\w%]+\s+)?(?:{_PRAISE}|correct|accurate|exact|realistic|right)\b",
+    r"\b(?:perfect|flawless|ideal|impeccable)\s+(?:prediction|simulation)\b",
+    r"\b(?:this|it|my\s+\w+)\s+(?:exactly\s+|perfectly\s+)?(?:matches|is\s+identical\s+to|is\s+"
+    r"the\s+same\s+as|reproduces)\s+the\s+(?:reference|ground\s+truth|real\s+(?:environment|"
+    r"observation|output))",
+    r"\bignore\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier|your|other)\s+"
+    r"(?:instructions|rules|criteria|guidelines)",
+    r"\b(?:as\s+an?\s+)?(?:ai|language\s+model|world\s+model|simulator)\b[^\n]{0,40}\b(?:i\s+"
+    r"(?:am\s+confident|guarantee)|this\s+is\s+(?:the\s+)?(?:exact|correct))",
 ]
 META_RE = re.compile("|".join(f"(?:{p})" for p in _META_PATTERNS), re.I)
 
@@ -108,40 +128,68 @@ def _strip_header(text: str) -> str:
   return text
 
 
-def _by_lines(text: str, kind: str) -> list[Region]:
-  """Every line is `kind` unless it is meta."""
+def real_texts(reference: str | None) -> frozenset[str]:
+  """What a real observation holds: its stripped lines and, when it is JSON, every key and string
+  value inside. A prediction's text found here is real content, never flagged."""
+  if not reference:
+    return frozenset()
+  out = {ln.strip() for ln in reference.split("\n") if ln.strip()}
+  try:
+    value = json.loads(_strip_header(reference))
+  except (json.JSONDecodeError, TypeError, ValueError):
+    return frozenset(out)
+  stack = [value]
+  while stack:
+    v = stack.pop()
+    if isinstance(v, dict):
+      for k, x in v.items():
+        out.add(str(k))
+        stack.append(x)
+    elif isinstance(v, list):
+      stack.extend(v)
+    elif isinstance(v, str):
+      out.add(v)
+  return frozenset(out)
+
+
+def _meta(text: str, allow: frozenset[str]) -> bool:
+  return text.strip() not in allow and is_meta(text)
+
+
+def _by_lines(text: str, kind: str, allow: frozenset[str] = frozenset()) -> list[Region]:
+  """Every line is `kind` unless it is meta (and not real text in `allow`)."""
   out: list[Region] = []
   for line in text.split("\n"):
-    out.append(Region("meta" if is_meta(line) else kind, line))
+    out.append(Region("meta" if _meta(line, allow) else kind, line))
   return out
 
 
-def _drop_meta(value: Any, found: list[str]) -> Any:
+def _drop_meta(value: Any, found: list[str], allow: frozenset[str] = frozenset()) -> Any:
   """The JSON value without meta strings: an object member whose key or string value is meta,
   and a meta string in an array, are removed (so the rest is as if they had never been there)."""
   if isinstance(value, list):
     out = []
     for v in value:
-      if isinstance(v, str) and is_meta(v):
+      if isinstance(v, str) and _meta(v, allow):
         found.append(v)
       else:
-        out.append(_drop_meta(v, found))
+        out.append(_drop_meta(v, found, allow))
     return out
   if isinstance(value, dict):
     kept = {}
     for k, v in value.items():
-      if is_meta(k) or (isinstance(v, str) and is_meta(v)):
+      if _meta(k, allow) or (isinstance(v, str) and _meta(v, allow)):
         found.append(f"{k}: {v}" if isinstance(v, str) else k)
         continue
-      kept[k] = _drop_meta(v, found)
+      kept[k] = _drop_meta(v, found, allow)
     return kept
-  if isinstance(value, str) and is_meta(value):
+  if isinstance(value, str) and _meta(value, allow):
     found.append(value)
     return ""
   return value
 
 
-def _json_regions(text: str) -> list[Region]:
+def _json_regions(text: str, allow: frozenset[str] = frozenset()) -> list[Region]:
   """One JSON value (the first that decodes at a `{` or `[`); what surrounds it is foreign."""
   stripped = text.strip()
   starts = [m.start() for m in re.finditer(r"[\[{]", stripped)]
@@ -152,18 +200,18 @@ def _json_regions(text: str) -> list[Region]:
     except json.JSONDecodeError:
       continue
     found: list[str] = []
-    cleaned = _drop_meta(value, found)
+    cleaned = _drop_meta(value, found, allow)
     raw = stripped[at:end]
     regions = []
     if stripped[:at].strip():
-      regions += _by_lines(stripped[:at].strip(), "foreign")
+      regions += _by_lines(stripped[:at].strip(), "foreign", allow)
     regions.append(Region("json", raw if not found else json.dumps(cleaned, ensure_ascii=False)))
     regions += [Region("meta", s) for s in found]
     if stripped[end:].strip():
-      regions += _by_lines(stripped[end:].strip(), "foreign")
+      regions += _by_lines(stripped[end:].strip(), "foreign", allow)
     return regions
   # No JSON value at all: plain text. It is not the domain's content type.
-  return _by_lines(stripped, "foreign") if stripped else []
+  return _by_lines(stripped, "foreign", allow) if stripped else []
 
 
 _XML_LINE_RE = re.compile(r"^\s*(?:<[^<>]+>\s*)+$")
@@ -178,44 +226,48 @@ def is_tree_line(line: str) -> bool:
   return bool(_XML_LINE_RE.match(line) or _A11Y_LINE_RE.match(line))
 
 
-def _tree_regions(text: str) -> list[Region]:
+def _tree_regions(text: str, allow: frozenset[str] = frozenset()) -> list[Region]:
   lines = text.strip("\n").split("\n")
   out: list[Region] = []
   i = 0
   if lines and lines[0].startswith("Error: "):  # the environment's report of a bad action
-    out.append(Region("meta" if is_meta(lines[0]) else "tree", lines[0]))
+    out.append(Region("meta" if _meta(lines[0], allow) else "tree", lines[0]))
     i = 1
   if i < len(lines):  # the header line: a page, window or hierarchy title
-    out.append(Region("meta" if is_meta(lines[i]) else "tree", lines[i]))
+    out.append(Region("meta" if _meta(lines[i], allow) else "tree", lines[i]))
     i += 1
   for line in lines[i:]:
     if not line.strip():
       continue
-    if is_meta(line):
+    if _meta(line, allow):
       out.append(Region("meta", line))
     else:
-      out.append(Region("tree" if is_tree_line(line) else "foreign", line))
+      real = is_tree_line(line) or line.strip() in allow
+      out.append(Region("tree" if real else "foreign", line))
   return out
 
 
-def classify(domain: str, text: str) -> Classified:
-  """The regions of a predicted (or real) observation of `domain` (see the module docstring)."""
+def classify(domain: str, text: str, allow: frozenset[str] = frozenset()) -> Classified:
+  """The regions of a predicted (or real) observation of `domain` (see the module docstring).
+  Text in `allow` (`real_texts(reference)`: what the real observation holds) is never flagged."""
   if domain not in DOMAIN_CONTENT:
     raise ValueError(f"domain '{domain}': no content type (known: {', '.join(DOMAIN_CONTENT)})")
   body = _strip_header(text)
   kind = DOMAIN_CONTENT[domain]
   if kind == "json":
-    regions = _json_regions(body)
+    regions = _json_regions(body, allow)
   elif kind == "tree":
-    regions = _tree_regions(body)
+    regions = _tree_regions(body, allow)
   else:
-    regions = _by_lines(body, kind)
+    regions = _by_lines(body, kind, allow)
   return Classified(domain, regions)
 
 
-def sanitize(domain: str, text: str) -> tuple[str, Classified]:
-  """(the prediction without foreign and meta text, its classification)."""
-  c = classify(domain, text)
+def sanitize(domain: str, text: str, allow: frozenset[str] = frozenset()
+             ) -> tuple[str, Classified]:
+  """(the prediction without foreign and meta text, its classification); `allow` as in
+  `classify`."""
+  c = classify(domain, text, allow)
   return c.clean, c
 
 

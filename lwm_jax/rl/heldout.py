@@ -59,9 +59,12 @@ class HeldOut:
       sim = similarity(it.domain, g.text, it.reference)
       per_domain[it.domain].append(sim["token_f1"])
       rows.append({"id": it.id, "domain": it.domain, "reply": g.text, "reward": s["total"],
+                   "valid": s.get("valid", True), "failures": s.get("failures", {}),
                    "components": s["components"], "parses": reply_parses(g.text),
                    "tokens": len(g.token_ids), **sim})
-    m = {"reward_mean": float(np.mean([r["reward"] for r in rows])),
+    # a failed judgement is excluded from the means and counted (never scored 0)
+    m = {"reward_mean": _mean([r["reward"] for r in rows]),
+         "invalid_rewards": float(sum(not r["valid"] for r in rows)),
          "token_f1": float(np.mean([r["token_f1"] for r in rows])),
          "edit_sim": float(np.mean([r["edit_sim"] for r in rows])),
          "exact": float(np.mean([r["exact"] for r in rows])),
@@ -69,7 +72,12 @@ class HeldOut:
          "response_len": float(np.mean([r["tokens"] for r in rows])),
          "prompts": float(len(rows))}
     for k in reward.weights:
-      m[f"reward_{k}"] = float(np.mean([r["components"][k] for r in rows]))
+      m[f"reward_{k}"] = _mean([r["components"][k] for r in rows])
     for d, v in sorted(per_domain.items()):
       m[f"token_f1_{d}"] = float(np.mean(v))
     return m, rows
+
+
+def _mean(xs) -> float:
+  ok = [x for x in xs if np.isfinite(x)]
+  return float(np.mean(ok)) if ok else float("nan")

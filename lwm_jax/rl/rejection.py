@@ -5,7 +5,10 @@ For each SFT trajectory, the target turn is the data pipeline's seeded choice
 `variant_for("sft", id, seed)`, which asks for `<think>` then `<predicted_observation>`). The
 teacher answers it `n` times in thinking mode; each answer is scored by the configured reward
 (`lwm_jax.rl.rewards`) against the real observation; the best answer whose reward reaches
-`threshold` is kept (ties: the earliest), and a trajectory without one is left out and counted.
+`threshold` is kept (ties: the earliest), and a trajectory without one is left out and counted:
+as `rejected` when its answers were judged and none was good enough, as `judge_failed` when no
+answer could be judged (the reward's judge failed after its retries; `judge_failures` counts the
+answers), so a judge outage is never read as low quality.
 
 A kept trajectory is written whole, with the teacher's reasoning for the target turn in
 `meta["think"]` (`{"<turn>": reasoning}`, which the SFT pipeline's `think_text` reads into the
@@ -41,6 +44,7 @@ class Candidate:
   reward: float = 0.0
   components: dict[str, float] = dataclasses.field(default_factory=dict)
   error: str = ""
+  judge_failed: str = ""   # the reward's judgement failed (after its retries): not scored
 
 
 def teacher_messages(traj: Trajectory, seed: int) -> tuple[int, list[dict[str, str]]]:
@@ -92,10 +96,10 @@ def draw(backend: Backend, convs: Sequence[list[dict[str, str]]], n: int, *,
 
 def select(cands: Sequence[Candidate], threshold: float) -> int | None:
   """Index of the best usable candidate whose reward reaches `threshold` (the earliest on ties);
-  a candidate with an error, no prediction or no reasoning is not usable."""
+  a candidate with an error, a failed judgement, no prediction or no reasoning is not usable."""
   best = None
   for i, c in enumerate(cands):
-    if c.error or not c.prediction.strip() or not c.reasoning.strip() or c.reward < threshold:
+    if c.error or c.judge_failed or not c.prediction.strip() or not c.reasoning.strip() or c.reward < threshold:
       continue
     if best is None or c.reward > cands[best].reward:
       best = i
@@ -145,6 +149,8 @@ def rejection_sample(trajs: Sequence[Trajectory], backend: Backend, reward: Mixe
     cands.append(row)
   for (i, j), s in zip(where, reward.score(inputs)):
     cands[i][j].reward, cands[i][j].components = s["total"], s["components"]
+    if not s.get("valid", True):
+      cands[i][j].judge_failed = ",".join(f"{k}: {v}" for k, v in s["failures"].items())
   kept: list[Trajectory] = []
   per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   best_sum: dict[str, float] = collections.defaultdict(float)
@@ -156,11 +162,17 @@ def rejection_sample(trajs: Sequence[Trajectory], backend: Backend, reward: Mixe
     st["errors"] += sum(1 for c in row if c.error)
     st["no_prediction"] += sum(1 for c in row if not c.error and not c.prediction.strip())
     st["no_reasoning"] += sum(1 for c in row if not c.error and not c.reasoning.strip())
-    usable = [c.reward for c in row if not c.error]
+    st["judge_failures"] += sum(1 for c in row if c.judge_failed)
+    usable = [c.reward for c in row if not c.error and not c.judge_failed]
     best_sum[traj.domain] += max(usable) if usable else 0.0
     k = select(row, threshold)
     if k is None:
-      st["rejected"] += 1
+      # no answer could be judged: skipped and counted apart, not a quality rejection
+      if row and all(c.error or c.judge_failed for c in row) and any(c.judge_failed
+                                                                     for c in row):
+        st["judge_failed"] += 1
+      else:
+        st["rejected"] += 1
       continue
     st["kept"] += 1
     kept_sum[traj.domain] += row[k].reward
@@ -183,10 +195,11 @@ def _stats(per, best_sum, kept_sum, n, threshold) -> dict[str, Any]:
 def format_stats(stats: dict[str, Any]) -> str:
   """A small table of retention per domain."""
   lines = [f"{'domain':<10} {'prompts':>7} {'kept':>5} {'retention':>9} {'best r':>7} "
-           f"{'errors':>6}"]
+           f"{'errors':>6} {'judge failed':>12}"]
   for d, s in stats["domains"].items():
     lines.append(f"{d:<10} {s['prompts']:>7} {s.get('kept', 0):>5} {100 * s['retention']:>8.1f}% "
-                 f"{s['mean_best_reward']:>7.2f} {s.get('errors', 0):>6}")
+                 f"{s['mean_best_reward']:>7.2f} {s.get('errors', 0):>6} "
+                 f"{s.get('judge_failures', 0):>12}")
   o = stats["overall"]
   lines.append(f"{'overall':<10} {o.get('prompts', 0):>7} {o.get('kept', 0):>5} "
                f"{100 * o['retention']:>8.1f}%")

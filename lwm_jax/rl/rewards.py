@@ -22,19 +22,31 @@ Components:
      -> the header line (page, window or screen) after masking volatile spans; search -> no
      deterministic part (results of a live engine).
 - `rubric`: the five-dimension judge (`lwm_jax.judge`) through any backend
-  (`lwm_jax.sampling.backends`): the sum of the five 1-5 scores, 5-25, and 0 when the judge's
-  reply cannot be parsed or the backend fails. The judge sees the parsed, sanitized prediction
-  only: the policy's thinking never reaches it.
+  (`lwm_jax.sampling.backends`): 5 x the mean of the valid 1-5 dimensions, 5-25 (the sum of the
+  five when all are valid; a partial judgement follows the evaluation's rule and is counted as
+  partial). A judge call that fails, a reply that cannot be parsed or that the judge's token
+  limit cut off is asked again up to `tries` times; after that the judgement is INVALID, never
+  0: the score carries `valid=False` and the failure kind (`error`, `unparseable`,
+  `truncated`), and RL leaves the reply out of its group's advantages (see docs/recipe.md). The
+  judge sees the parsed, sanitized prediction and the reference under the same transformation;
+  the policy's thinking never reaches it.
 - `reference`: judge-free similarity of the sanitized prediction to the reference, 25 x the mean
   of token F1 and edit similarity (or either alone), for runs without a judge model.
 - `replay` (`lwm_jax.rl.replay`, registered when that module is imported, as the RL stage does):
   the prediction against what the bundled real environment prints when the trajectory's actions
   are replayed from its seed.
 
-Each component scores the sanitized prediction, so text added to sway a grader earns nothing
-(`flagged="strip"`, the default: the rest is scored on its merits); with `flagged="zero"` the
-reference and rubric rewards give 0 to a prediction holding any foreign or meta text, as the rule
-reward always does.
+Each component scores the sanitized prediction. A prediction holding self-praise or text
+addressed to a grader (`meta`, `lwm_jax.rl.guard`) earns 0 from every component; text outside the
+domain's content (`foreign`, e.g. prose after a JSON result) is stripped and the rest scored
+(`flagged="strip"`, the default) or earns 0 (`flagged="zero"`); the rule reward fails on either.
+A line the real observation itself holds is real content, never flagged (a prediction that
+copies the reference is never penalised for what the environment printed).
+
+The mix `r = sum_k w_k r_k` runs over the components that apply to the input: the rule reward
+does not apply to search (no deterministic part, no verifier), so `rubric=0.9,rule=0.1` gives
+`r = rubric` there (the weights are renormalised over the components that apply). A mix whose
+applicable, weighted component is invalid is invalid as a whole (`valid: False`, total NaN).
 """
 from __future__ import annotations
 
@@ -63,8 +75,12 @@ class RewardInput:
 
 @dataclasses.dataclass
 class Score:
+  """A component's score: `valid=False` marks a judgement that failed (excluded, never 0);
+  `applies=False` a component with nothing to check for this input (the rule on search)."""
   value: float
   details: dict[str, Any] = dataclasses.field(default_factory=dict)
+  valid: bool = True
+  applies: bool = True
 
 
 class Reward:
@@ -86,9 +102,22 @@ def register(name: str):
   return deco
 
 
-def prediction_of(domain: str, reply: str) -> tuple[str, guard.Classified]:
-  """The sanitized prediction in a reply (reasoning removed, last complete block) and its regions."""
-  return guard.sanitize(domain, parse_prediction(reply))
+def prediction_of(domain: str, reply: str, reference: str | None = None
+                  ) -> tuple[str, guard.Classified]:
+  """The sanitized prediction in a reply (reasoning removed, last complete block) and its regions;
+  with the `reference`, text the real observation holds is never flagged."""
+  allow = guard.real_texts(reference) if reference is not None else frozenset()
+  return guard.sanitize(domain, parse_prediction(reply), allow)
+
+
+def reference_of(domain: str, reference: str) -> str:
+  """The reference under the transformation its prediction gets (header removed, all of its own
+  text allowed): what every component compares a prediction with."""
+  return guard.sanitize(domain, reference, guard.real_texts(reference))[0]
+
+
+def _self_praise(c: guard.Classified) -> bool:
+  return c.count("meta") > 0
 
 
 # -------------------------------------------------------------------------------------- rule
@@ -185,11 +214,11 @@ def _header(text: str) -> str:
 def rule_checks(domain: str, reply: str, reference: str) -> dict[str, Any]:
   """Each check of the rule reward (see the module docstring) and which deterministic part was
   compared; `passed` is their conjunction."""
-  pred, c = prediction_of(domain, reply)
+  pred, c = prediction_of(domain, reply, reference)
   out: dict[str, Any] = {"parses": reply_parses(reply), "clean": c.ok,
                          "flagged": len(c.flagged)}
   kind = guard.DOMAIN_CONTENT[domain]
-  ref_body = guard.classify(domain, reference).clean
+  ref_body = reference_of(domain, reference)
   if kind == "json":
     value = _load_json(pred)
     status = tool_result_status(value) if value is not _BAD else None
@@ -229,7 +258,9 @@ class RuleReward(Reward):
     out = []
     for x in inputs:
       d = rule_checks(x.domain, x.reply, x.reference)
-      out.append(Score(MAX_REWARD if d["passed"] else 0.0, d))
+      # search has no deterministic part and no verifier: the rule does not apply (r = rubric)
+      applies = guard.DOMAIN_CONTENT[x.domain] in guard.DETERMINISTIC
+      out.append(Score(MAX_REWARD if d["passed"] else 0.0, d, applies=applies))
     return out
 
 
@@ -245,6 +276,11 @@ def _check_flagged(mode: str) -> str:
   return mode
 
 
+def _flag_zero(c: guard.Classified, mode: str) -> bool:
+  """Whether a prediction earns 0: self-praise always; foreign text only in "zero" mode."""
+  return _self_praise(c) or (bool(c.flagged) and mode == "zero")
+
+
 @register("reference")
 class ReferenceReward(Reward):
   """25 x similarity of the sanitized prediction to the reference (no judge needed)."""
@@ -257,13 +293,14 @@ class ReferenceReward(Reward):
   def score(self, inputs: Sequence[RewardInput]) -> list[Score]:
     out = []
     for x in inputs:
-      pred, c = prediction_of(x.domain, x.reply)
+      pred, c = prediction_of(x.domain, x.reply, x.reference)
       pred = textsim.normalise(pred)
-      ref = textsim.normalise(guard.classify(x.domain, x.reference).clean)
+      ref = textsim.normalise(reference_of(x.domain, x.reference))
       f1, es = textsim.token_f1(pred, ref), textsim.edit_similarity(pred, ref)
       sim = {"mean": (f1 + es) / 2, "token_f1": f1, "edit_sim": es}[self.similarity]
-      value = 0.0 if c.flagged and self.flagged == "zero" else MAX_REWARD * sim
-      out.append(Score(value, {"token_f1": f1, "edit_sim": es, "flagged": len(c.flagged)}))
+      value = 0.0 if _flag_zero(c, self.flagged) else MAX_REWARD * sim
+      out.append(Score(value, {"token_f1": f1, "edit_sim": es, "flagged": len(c.flagged),
+                               "self_praise": _self_praise(c)}))
     return out
 
 
@@ -272,54 +309,85 @@ class ReferenceReward(Reward):
 
 @register("rubric")
 class RubricReward(Reward):
-  """The judge's five scores summed (5-25); 0 when unparseable or the backend fails.
+  """The judge's 5-25 score (5 x the mean of the valid dimensions); invalid when the judge fails.
 
   `backend` is any `lwm_jax.sampling.backends.Backend`; `style` a `lwm_jax.judge.JudgeStyle`
-  (default: our rubric). A reply that gives no usable scores is asked again up to `tries` times.
+  (default: our rubric). A call that raises, a reply that gives no valid dimension or one cut off
+  by the judge's token limit is asked again, up to `tries` calls in all; then the score is
+  invalid (`valid=False`, `details["failure"]` = error | unparseable | truncated). A reply with
+  some but not all dimensions valid is partial (`details["partial"]`). A self-praising prediction
+  earns 0 without a judge call.
   """
 
   def __init__(self, backend: Any = None, style: judge_lib.JudgeStyle | None = None,
-               tries: int = 2, flagged: str = "strip", **_: Any):
+               tries: int = 3, flagged: str = "strip", **_: Any):
     if backend is None:
       raise ValueError("reward 'rubric' needs a judge backend (an OpenAI-compatible endpoint or a "
                        "local checkpoint); use 'reference' for runs without a judge")
-    self.backend, self.style, self.tries = backend, style or judge_lib.rubric_style(), tries
+    if int(tries) < 1:
+      raise ValueError(f"reward 'rubric': tries must be >= 1, got {tries}")
+    self.backend, self.style, self.tries = backend, style or judge_lib.rubric_style(), int(tries)
     self.flagged = _check_flagged(flagged)
 
   def score(self, inputs: Sequence[RewardInput]) -> list[Score]:
-    preds = [prediction_of(x.domain, x.reply) for x in inputs]
-    convs = [self.style.messages(x.domain, list(x.context), x.action, p, x.reference)
-             for x, (p, _) in zip(inputs, preds)]
+    preds = [prediction_of(x.domain, x.reply, x.reference) for x in inputs]
     results: list[Score | None] = [None] * len(inputs)
-    todo = list(range(len(inputs)))
-    for attempt in range(max(1, self.tries)):
+    todo = []
+    for i, (x, (_, c)) in enumerate(zip(inputs, preds)):
+      if _flag_zero(c, self.flagged):  # self-praise (or foreign text in "zero" mode) earns 0
+        results[i] = Score(0.0, {"flagged": len(c.flagged), "self_praise": _self_praise(c),
+                                 "attempts": 0})
+      else:
+        todo.append(i)
+    convs = {i: self.style.messages(inputs[i].domain, list(inputs[i].context), inputs[i].action,
+                                    preds[i][0], reference_of(inputs[i].domain,
+                                                              inputs[i].reference))
+             for i in todo}
+    last: dict[int, dict[str, Any]] = {}
+    truncated: dict[int, int] = {i: 0 for i in todo}
+    for attempt in range(self.tries):
       retry = []
       for j, res in self.backend.complete_many([convs[i] for i in todo]):
         i = todo[j]
         if isinstance(res, Exception):
-          results[i] = Score(0.0, {"error": f"{type(res).__name__}: {res}"})
+          last[i] = {"failure": "error", "error": f"{type(res).__name__}: {res}"}
+          retry.append(i)
           continue
+        cut = getattr(res, "finish_reason", None) == "length"
+        truncated[i] += int(cut)
         parsed = self.style.parse(res.text)
         scores = parsed["scores"] if parsed else None
-        value = judge_lib.rubric_reward(scores)
-        if preds[i][1].flagged and self.flagged == "zero":
-          value = 0.0
-        results[i] = Score(value, {"scores": scores, "flagged": len(preds[i][1].flagged),
-                                   "attempts": attempt + 1})
-        if not self.style.usable(parsed):
+        value = judge_lib.rubric_reward(scores) if self.style.usable(parsed) else None
+        if value is None:
+          last[i] = {"failure": "truncated" if cut else "unparseable", "scores": scores}
           retry.append(i)
-      todo = retry
+          continue
+        n_valid = judge_lib.valid_dimensions(scores)
+        results[i] = Score(value, {"scores": scores, "flagged": len(preds[i][1].flagged),
+                                   "attempts": attempt + 1, "partial": n_valid < 5,
+                                   "valid_dimensions": n_valid, "truncated": truncated[i]})
+      todo = sorted(retry)
       if not todo:
         break
-    return [r if r is not None else Score(0.0, {"error": "no reply"}) for r in results]
+    for i in todo:
+      results[i] = Score(0.0, dict(last.get(i, {"failure": "error", "error": "no reply"}),
+                                   attempts=self.tries, truncated=truncated.get(i, 0)),
+                         valid=False)
+    return [r if r is not None else Score(0.0, {"failure": "error", "error": "no reply"},
+                                          valid=False) for r in results]
 
 
 # ---------------------------------------------------------------------------------------- mix
 
 
 class MixedReward:
-  """`r = sum_k w_k r_k` over named components; `score` returns per-input
-  `{"total", "components": {name: value}, "details": {name: details}}`."""
+  """`r = sum_k w_k r_k` over the named components that apply to an input, renormalised to the
+  whole weight (the rule does not apply to search: there `rubric=0.9,rule=0.1` is `r = rubric`).
+
+  `score` returns per input `{"total", "valid", "components": {name: value}, "applied": [names],
+  "failures": {name: failure kind}, "details": {name: details}}`; an invalid applicable
+  component (a failed judgement) makes the input invalid: `valid` False and `total` NaN, to be
+  excluded, never scored."""
 
   def __init__(self, weights: Mapping[str, float], components: Mapping[str, Reward]):
     self.weights = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
@@ -327,11 +395,23 @@ class MixedReward:
 
   def score(self, inputs: Sequence[RewardInput]) -> list[dict[str, Any]]:
     per = {k: c.score(inputs) for k, c in self.components.items()}
+    whole = sum(self.weights.values())
     out = []
     for i in range(len(inputs)):
-      comps = {k: per[k][i].value for k in self.components}
-      out.append({"total": sum(self.weights[k] * v for k, v in comps.items()),
-                  "components": comps, "details": {k: per[k][i].details for k in per}})
+      got = {k: per[k][i] for k in self.components}
+      applied = [k for k, s in got.items() if s.applies] or list(got)
+      failures = {k: got[k].details.get("failure", "invalid") for k in applied
+                  if not got[k].valid}
+      w_applied = sum(self.weights[k] for k in applied)
+      if failures:
+        total = float("nan")
+      else:
+        total = sum(self.weights[k] * got[k].value for k in applied) * (whole / w_applied)
+      out.append({"total": total, "valid": not failures,
+                  "components": {k: (s.value if s.valid else float("nan"))
+                                 for k, s in got.items()},
+                  "applied": applied, "failures": failures,
+                  "details": {k: s.details for k, s in got.items()}})
     return out
 
 

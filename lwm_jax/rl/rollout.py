@@ -9,9 +9,11 @@ Each call (`source.next_batch(train_state)`, or `next(source)` after `set_params
    engine decodes with the model itself in fp32 (decode layout "model"), so the recorded
    log-probabilities are those of the policy being trained, the "old" log-probabilities of GSPO;
 3. scores every response with the configured reward mix (`lwm_jax.rl.rewards`) and computes
-   group advantages `(r - mean) / (std + eps)` over each prompt's group; a group whose rewards
-   are all equal carries no signal: it is counted and, with `filter_zero_variance`, its rows get
-   an empty response mask (they then take no part in the loss);
+   group advantages `(r - mean) / (std + eps)` over each prompt's group, on its VALID rewards
+   only: a reply whose judgement failed (after the judge's retries) is excluded, never scored 0
+   (empty response mask, advantage 0), and a group with fewer than 2 valid replies is skipped
+   (`groups_skipped`); a group whose valid rewards are all equal carries no signal: it is counted
+   and, with `filter_zero_variance`, its rows get an empty response mask;
 4. returns a batch of fixed shape `[B = prompts_per_batch * group_size, seq_len]`: `tokens`
    (prompt then response, right-padded with the pad id), `positions`, `segment_ids` (1 on real
    tokens, 0 on padding), `response_mask` (1 on response tokens), `old_logprobs` (log p of token
@@ -22,9 +24,10 @@ Each call (`source.next_batch(train_state)`, or `next(source)` after `set_params
    the importance ratio departs from 1 and the clip acts. A new rollout starts when the slices
    are used up.
 
-`metrics` holds the last call's figures: rollout and reward seconds, reward mean/std overall and
-per component (and per judge dimension when the rubric runs), response length, truncated share,
-zero-variance groups. `get_state` / `set_state` hold the prompt order's position and the rollout
+`metrics` holds the last call's figures: rollout and reward seconds, reward mean/std over the
+valid rewards overall and per component (and per judge dimension when the rubric runs), response
+length, truncated share, zero-variance groups, and the reward's health: `invalid_rewards`,
+`judge_failures`, `judge_partial`, `judge_truncated`, `groups_skipped`. `get_state` / `set_state` hold the prompt order's position and the rollout
 RNG (a counter: the seeds of call k are a hash of the seed, k, the process and the prompt), so a
 resumed run draws the same prompts and, with the same parameters, the same responses.
 
@@ -109,6 +112,27 @@ def group_advantages_np(rewards_N: np.ndarray, group_size: int, eps: float = 1e-
   mean = r.mean(axis=1, keepdims=True)
   std = r.std(axis=1, ddof=1, keepdims=True)
   return ((r - mean) / (std + eps)).reshape(-1).astype(np.float32)
+
+
+def group_advantages_valid(rewards_N: np.ndarray, group_size: int, eps: float = 1e-6
+                           ) -> tuple[np.ndarray, np.ndarray, int]:
+  """(advantages, keep, groups skipped): group advantages over each group's VALID rewards only
+  (NaN marks an invalid reward: a failed judgement, excluded and never scored). Invalid rows get
+  advantage 0 and `keep` False; a group with fewer than 2 valid rewards is skipped (all its rows
+  `keep` False) and counted. With every reward valid this is `group_advantages_np`."""
+  r = np.asarray(rewards_N, np.float64).reshape(-1, group_size)
+  valid = np.isfinite(r)
+  adv = np.zeros_like(r)
+  keep = valid.copy()
+  skipped = 0
+  for g in range(r.shape[0]):
+    v = r[g][valid[g]]
+    if len(v) < 2:
+      keep[g] = False
+      skipped += 1
+      continue
+    adv[g][valid[g]] = (v - v.mean()) / (v.std(ddof=1) + eps)
+  return adv.reshape(-1).astype(np.float32), keep.reshape(-1), skipped
 
 
 def _seed(*parts: Any) -> int:
@@ -259,20 +283,23 @@ class RolloutSource:
               for it, g in zip(owners, gens)]
     scores = self.reward.score(inputs)
     t2 = time.perf_counter()
-    rewards = np.array([s["total"] for s in scores], np.float64)
-    adv = group_advantages_np(rewards, c.group_size, c.adv_eps)
-    flat = np.ptp(rewards.reshape(-1, c.group_size), axis=1) == 0
-    batch = self._layout(owners, gens, adv, flat)
+    rewards = np.array([s["total"] if s.get("valid", True) else np.nan for s in scores],
+                       np.float64)
+    adv, keep, skipped = group_advantages_valid(rewards, c.group_size, c.adv_eps)
+    flat = np.array([np.ptp(g[np.isfinite(g)]) == 0 if np.isfinite(g).sum() >= 2 else False
+                     for g in rewards.reshape(-1, c.group_size)])
+    batch = self._layout(owners, gens, adv, flat, keep)
     if self.kl:
       batch["ref_logprobs"] = self._ref_logprobs(batch)
     self.calls += 1
     self.metrics = self._metrics(scores, gens, rewards, flat, t1 - t0, t2 - t1)
+    self.metrics["groups_skipped"] = float(skipped)
     self.last = {"ids": [it.id for it in owners], "domains": [it.domain for it in owners],
                  "texts": [g.text for g in gens], "rewards": rewards, "scores": scores}
     return batch
 
-  def _layout(self, owners, gens, adv: np.ndarray, flat_groups: np.ndarray
-              ) -> dict[str, np.ndarray]:
+  def _layout(self, owners, gens, adv: np.ndarray, flat_groups: np.ndarray,
+              keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
     c = self.cfg
     b, s = len(gens), c.seq_len
     tokens = np.full((b, s), self.tok.pad_id, np.int32)
@@ -286,7 +313,8 @@ class RolloutSource:
       tokens[i, :p] = it.prompt_ids
       tokens[i, p:p + r] = g.token_ids
       seg[i, :p + r] = 1
-      if not (c.filter_zero_variance and flat_groups[i // c.group_size]):
+      if (keep is None or keep[i]) and not (c.filter_zero_variance
+                                            and flat_groups[i // c.group_size]):
         mask[i, p:p + r] = 1.0
       old[i, p:p + r] = g.logprobs
     positions = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy()
@@ -295,18 +323,23 @@ class RolloutSource:
 
   def _metrics(self, scores, gens, rewards, flat, rollout_s, reward_s) -> dict[str, float]:
     lens = np.array([len(g.token_ids) for g in gens], np.float64)
-    m = {"rollout_s": rollout_s, "reward_s": reward_s, "reward_mean": float(rewards.mean()),
-         "reward_std": float(rewards.std()), "response_len": float(lens.mean()),
+    ok = rewards[np.isfinite(rewards)]
+    m = {"rollout_s": rollout_s, "reward_s": reward_s,
+         "reward_mean": float(ok.mean()) if len(ok) else float("nan"),
+         "reward_std": float(ok.std()) if len(ok) else float("nan"),
+         "response_len": float(lens.mean()),
          "response_len_max": float(lens.max()),
          "truncated": float(np.mean([g.finish_reason == "length" for g in gens])),
          "zero_variance_groups": float(flat.sum()),
          "filtered_groups": float(flat.sum()) if self.cfg.filter_zero_variance else 0.0,
          "samples": float(len(gens))}
+    m.update(reward_health(scores))
     comps: dict[str, list[float]] = collections.defaultdict(list)
     dims: dict[str, list[float]] = collections.defaultdict(list)
     for s in scores:
       for k, v in s["components"].items():
-        comps[k].append(v)
+        if np.isfinite(v):
+          comps[k].append(v)
       judged = s["details"].get("rubric", {}).get("scores") or {}
       for d in DIMENSIONS:
         if isinstance(judged.get(d), (int, float)):
@@ -371,6 +404,27 @@ class RolloutSource:
     self.order.set_state(state["order"])
     self.calls = int(state["calls"])
     self._pending = [_unpack(b) for b in state.get("pending", [])]
+
+
+def reward_health(scores) -> dict[str, float]:
+  """Counts over a batch of mixed scores: invalid rewards (excluded), and of the judge's replies
+  those that failed (error or unparseable after the retries), were partial (some dimensions
+  invalid: scored by the evaluation's rule) or were cut off by the judge's token limit."""
+  m = {"invalid_rewards": 0.0, "judge_failures": 0.0, "judge_partial": 0.0,
+       "judge_truncated": 0.0}
+  for s in scores:
+    if not s.get("valid", True):
+      m["invalid_rewards"] += 1
+    d = s.get("details", {}).get("rubric")
+    if not d:
+      continue
+    if d.get("failure"):
+      m["judge_failures"] += 1
+    if d.get("partial"):
+      m["judge_partial"] += 1
+    if d.get("truncated"):
+      m["judge_truncated"] += 1
+  return m
 
 
 def _pack(batch: Mapping[str, np.ndarray]) -> str:

@@ -88,24 +88,37 @@ def rollout_config(c: ml_collections.ConfigDict, process_count: int | None = Non
 
 def make_reward(c: ml_collections.ConfigDict) -> rewards_lib.MixedReward:
   """The configured mix; a rubric term gets its judge backend from `rl.judge_endpoint` (an
-  OpenAI-compatible server) or `rl.judge_checkpoint` (a local checkpoint through our Sampler)."""
+  OpenAI-compatible server) or `rl.judge_checkpoint` (a local checkpoint through our Sampler),
+  and `rl.judge_tries` calls per reply before its reward is invalid."""
   r = c.rl
   weights = rewards_lib.parse_weights(r.reward)
   opts: dict[str, Any] = {"similarity": r.similarity, "flagged": r.flagged}
   if weights.get("rubric"):
     opts["backend"] = judge_backend(c)
+    opts["tries"] = int(r.get("judge_tries", 3))
   return rewards_lib.make_reward(weights, **opts)
 
 
 def judge_backend(c: ml_collections.ConfigDict):
+  """The RL judge: greedy, with `rl.judge_max_tokens` new tokens (room for a reasoning judge's
+  thinking), `rl.judge_thinking` as the chat template's `enable_thinking`, and
+  `rl.judge_timeout_s` per request. A reply cut off by the budget is counted apart
+  (`judge_truncated`)."""
   from lwm_jax.sampling import backends  # pylint: disable=import-outside-toplevel
   r = c.rl
+  max_tokens = int(r.get("judge_max_tokens", 16384))
+  thinking = bool(r.get("judge_thinking", True))
+  if max_tokens < 1:
+    raise ValueError(f"config.rl.judge_max_tokens: must be >= 1, got {max_tokens}")
   if r.judge_endpoint:
-    return backends.OpenAIBackend(r.judge_endpoint, r.judge_model or "judge",
-                                  temperature=0.0, max_tokens=512)
+    return backends.OpenAIBackend(
+        r.judge_endpoint, r.judge_model or "judge", temperature=0.0, max_tokens=max_tokens,
+        timeout_s=float(r.get("judge_timeout_s", 900.0)),
+        concurrency=int(r.get("judge_concurrency", 8)),
+        extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
   if r.judge_checkpoint:
     return backends.SamplerBackend.from_checkpoint(r.judge_checkpoint, temperature=0.0,
-                                                   max_new_tokens=512)
+                                                   max_new_tokens=max_tokens)
   raise ValueError("config.rl.reward has a 'rubric' term: set config.rl.judge_endpoint (an "
                    "OpenAI-compatible server) or config.rl.judge_checkpoint, or use "
                    "'rule' / 'reference' for a run without a judge")

@@ -283,6 +283,21 @@ def _ratio_metrics(s_B, clip_B, valid_B) -> Metrics:
 
 POLICY_LOSSES = {"gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss}
 
+# Each algorithm's own clip band (eps_low, eps_high): GSPO's paper uses 3e-4 / 4e-4 on its
+# sequence ratio; GRPO's token ratios use 0.2 / 0.27 (a band of 3e-4 would clip nearly every
+# token at ratios of 1.01).
+CLIP_BANDS = {"gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4), "grpo": (0.2, 0.27)}
+
+
+def clip_band(algo: str, eps_low: float = -1.0, eps_high: float = -1.0) -> tuple[float, float]:
+  """The clip band of `algo`: each bound set (> 0) is kept, a negative one (the configs' -1) takes
+  the algorithm's own from CLIP_BANDS."""
+  if algo not in CLIP_BANDS:
+    raise ValueError(f"rl.algo: '{algo}' is not one of {sorted(CLIP_BANDS)}")
+  lo, hi = CLIP_BANDS[algo]
+  return (float(eps_low) if eps_low is not None and eps_low >= 0 else lo,
+          float(eps_high) if eps_high is not None and eps_high >= 0 else hi)
+
 
 def policy_loss(algo: str, logp_BxT, old_logp_BxT, advantages, mask_BxT, **kw: Any):
   """Dispatches to one of POLICY_LOSSES by name."""

@@ -67,12 +67,23 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
          "data.pipeline.jsonl", "set data.pipeline.jsonl or data.pipeline.tfds_dir")
   if c.stage == "agent-rl":
     need(c.rl.kl_coef == 0, "rl.kl_coef", "agent-rl has no reference policy term (set 0)")
+    if "agent" in c and c.agent.get("credit", "episode") == "turn":
+      need(c.rl.algo in ("gspo_token", "grpo"), "rl.algo",
+           f"agent.credit='turn' gives each turn its own advantage, which needs a per-token "
+           f"loss: gspo_token or grpo, not '{c.rl.algo}'")
   if c.stage in POLICY_STAGES:
     need(c.rl.algo in ("gspo", "gspo_token", "grpo"), "rl.algo",
          f"'{c.rl.algo}' is not gspo, gspo_token or grpo")
-    need(0 < c.rl.eps_low < 1 and c.rl.eps_high > 0, "rl.eps_low", "clip bounds out of range")
-    need(c.rl.group_size >= 2 and t.batch_size % c.rl.group_size == 0, "rl.group_size",
-         f"{c.rl.group_size} must be >= 2 and divide train.batch_size={t.batch_size}")
+    need(c.rl.eps_low == -1 or 0 < c.rl.eps_low < 1, "rl.eps_low",
+         f"{c.rl.eps_low} is out of range (0, 1); -1 takes the algorithm's own")
+    need(c.rl.eps_high == -1 or c.rl.eps_high > 0, "rl.eps_high",
+         f"{c.rl.eps_high} must be > 0; -1 takes the algorithm's own")
+    # the rollout batch (train.batch_size x rl.updates_per_batch rows) holds whole groups
+    rollout_rows = t.batch_size * (int(c.rl.get("updates_per_batch", 1))
+                                   if c.data.source == "rollouts" else 1)
+    need(c.rl.group_size >= 2 and rollout_rows % c.rl.group_size == 0, "rl.group_size",
+         f"{c.rl.group_size} must be >= 2 and divide the rollout batch's {rollout_rows} rows "
+         f"(train.batch_size x rl.updates_per_batch)")
     if c.data.source == "synthetic":
       need(0 < c.rl.response_len < t.seq_len, "rl.response_len", "must be in (0, train.seq_len)")
       need(c.rl.kl_coef == 0, "rl.kl_coef", "the KL term needs reference log-probs, which the "

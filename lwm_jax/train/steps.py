@@ -195,7 +195,10 @@ def gspo_step(graphdef, tx, schedule, cfg: StepConfig, state: TrainState, batch:
     logp, logits, out = _response_logp(graphdef, params, mb)
     mask = mb["response_mask"][:, 1:].astype(jnp.float32)
     ref = mb["ref_logprobs"][:, 1:] if "ref_logprobs" in mb else None
-    pl, m = losses.policy_loss(cfg.algo, logp, mb["old_logprobs"][:, 1:], mb["advantages"], mask,
+    adv = mb["advantages"]
+    if adv.ndim == 2:  # per token ([B, S], aligned with tokens: agent RL's per-turn credit)
+      adv = adv[:, 1:]
+    pl, m = losses.policy_loss(cfg.algo, logp, mb["old_logprobs"][:, 1:], adv, mask,
                                ref_logp_BxT=ref, **kw)
     share = jnp.sum((jnp.sum(mask, axis=1) > 0).astype(jnp.float32)) / n_valid
     loss = pl * share + cfg.aux_loss_coef * out.aux_loss / n

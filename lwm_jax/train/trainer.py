@@ -26,14 +26,15 @@ import numpy as np
 
 from lwm_jax import sharding as shd
 from lwm_jax.train import checkpoint as ckpt_lib
+from lwm_jax.train import losses as losses_lib
 from lwm_jax.train import metrics as metrics_lib
 from lwm_jax.train import optimizer as opt_lib
 from lwm_jax.train import sources as sources_lib
 from lwm_jax.train import state as state_lib
 from lwm_jax.train import steps as steps_lib
 from lwm_jax.train import synthetic
-from lwm_jax.train.run_config import (STAGES, check_workdir, sharding_rules,  # noqa: F401
-                                      save_run_config, validate_config)
+from lwm_jax.train.run_config import (POLICY_STAGES, STAGES, check_workdir,  # noqa: F401
+                                      save_run_config, sharding_rules, validate_config)
 
 
 class TrainingDiverged(RuntimeError):
@@ -106,6 +107,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   kind = STEPS[c.stage]
   if c.stage == "rl" and c.rl.kl_coef > 0:
     kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
+  if token_advantages(c):  # agent RL with per-turn credit: advantages per token, [B, S]
+    kind = dataclasses.replace(kind, per_row=())
   step_fn = kind.compile(graphdef, tx, schedule, _step_config(c, model_cfg), mesh, shardings,
                          kind.shapes(t.batch_size, t.seq_len))
   # a source that evaluates the policy itself (RL: greedy held-out replies) every eval_every
@@ -297,14 +300,27 @@ def _log_stage(c: ml_collections.ConfigDict) -> None:
                       "(data.thinking_target='recorded')")
 
 
+def token_advantages(c) -> bool:
+  """Whether the run's batches carry advantages per token ([B, S]) rather than per row: agent RL
+  with `agent.credit="turn"` (lwm_jax/rl/agent_episodes.py)."""
+  return c.stage == "agent-rl" and "agent" in c and c.agent.get("credit", "episode") == "turn"
+
+
 def _step_config(c, model_cfg) -> steps_lib.StepConfig:
   t = c.train
+  eps_low, eps_high = c.rl.eps_low, c.rl.eps_high
+  if c.stage in POLICY_STAGES:
+    eps_low, eps_high = losses_lib.clip_band(c.rl.algo, c.rl.eps_low, c.rl.eps_high)
+    own = losses_lib.CLIP_BANDS[c.rl.algo]
+    logging.warning("policy loss %s: clip band [1 - %g, 1 + %g] (%s)", c.rl.algo, eps_low,
+                    eps_high, "the algorithm's own" if (eps_low, eps_high) == own
+                    else "set by rl.eps_low / rl.eps_high")
   return steps_lib.StepConfig(
       micro_batches=t.micro_batches,
       aux_loss_coef=t.aux_loss_coef if t.aux_loss_coef >= 0 else model_cfg.router_aux_loss_coef,
       router_z_loss_coef=model_cfg.router_z_loss_coef, z_loss_coef=t.z_loss_coef,
       xent_chunk=t.get("xent_chunk", 0),
-      algo=c.rl.algo, eps_low=c.rl.eps_low, eps_high=c.rl.eps_high,
+      algo=c.rl.algo, eps_low=eps_low, eps_high=eps_high,
       log_ratio_cap=c.rl.log_ratio_cap or None, kl_coef=c.rl.kl_coef)
 
 
