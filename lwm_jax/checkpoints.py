@@ -42,7 +42,7 @@ CHECKSUMS = "checksums.json"
 STEPS_DIR = "checkpoints"
 
 __all__ = ["CHECKSUMS", "CheckpointError", "check_step", "is_hf_folder", "is_step_dir", "load",
-           "orbax_error", "read_meta", "restore_params", "step_dirs", "verify_step",
+           "check_finite", "orbax_error", "read_meta", "restore_params", "step_dirs", "verify_step",
            "write_checksums"]
 
 
@@ -197,7 +197,25 @@ def _restore_step(step_dir: str, mesh, rules) -> tuple[ModelConfig, Any, dict[st
         partial_restore=True))
   except Exception as e:  # Orbax and TensorStore raise many types for a damaged folder
     raise orbax_error(where, e) from None
+  check_finite(restored["params"], where)
   return cfg, restored["params"], dict(meta, step_dir=step_dir)
+
+
+def check_finite(tree: Any, where: str) -> None:
+  """CheckpointError naming the first leaf of `tree` with a NaN or inf (damaged data that the
+  file formats themselves cannot notice)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  for path, leaf in flat:
+    dt = getattr(leaf, "dtype", None)
+    if dt is None or not jax.numpy.issubdtype(dt, jax.numpy.floating):
+      continue
+    bad = int(jax.device_get(jax.numpy.size(leaf) - jax.numpy.isfinite(leaf).sum()))
+    if bad:
+      name = "".join(str(p) for p in path)
+      raise CheckpointError(f"{where}: {name} holds {bad} non-finite values (NaN or inf): the "
+                            "checkpoint is damaged")
+  del np
 
 
 def restore_params(path: str, mesh: jax.sharding.Mesh | None = None, rules=None
