@@ -64,6 +64,25 @@ def is_hf_folder(path: str) -> bool:
                                   "model_type" in (d.get("text_config") or {}))
 
 
+def _check_hf_config(path: str) -> None:
+  """A folder with safetensors whose config.json is not an HF config is named as such (rather
+  than being taken for a folder with no checkpoint)."""
+  cfg = os.path.join(path, "config.json")
+  if not os.path.isdir(path) or not os.path.isfile(cfg) or not any(
+      f.endswith(".safetensors") for f in os.listdir(path)):
+    return
+  try:
+    with open(cfg) as f:
+      d = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{cfg}: not readable JSON ({e})") from None
+  if not isinstance(d, dict):
+    raise CheckpointError(f"{cfg}: holds a JSON {type(d).__name__}, expected an object with "
+                          "'model_type'")
+  if "model_type" not in d and "model_type" not in (d.get("text_config") or {}):
+    raise CheckpointError(f"{cfg}: no 'model_type' (nor text_config.model_type)")
+
+
 def step_dirs(path: str) -> list[str]:
   """Step folders of a workdir (or of its `checkpoints/` folder), newest first; a step folder
   itself gives [path]. Raises FileNotFoundError when there is none."""
@@ -267,6 +286,7 @@ def load(path: str, tokenizer: Any = None, mesh: jax.sharding.Mesh | None = None
   from lwm_jax.data.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint: {path} does not exist")
+  _check_hf_config(path)
   if is_hf_folder(path):
     from lwm_jax import hf  # pylint: disable=import-outside-toplevel
     model = hf.load_pretrained(path, dtype=dtype, mesh=mesh, rules=rules)
