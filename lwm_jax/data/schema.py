@@ -165,7 +165,7 @@ def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str
   name = os.fspath(path)
   qf = None
   try:
-    for lineno, value in jsonl.iter_jsonl(path, strict=False):
+    for lineno, value in jsonl.iter_jsonl(path, strict=False, allow_nan=False):
       text = ""
       if isinstance(value, jsonl.BadLine):
         err: ValueError = value
