@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import warnings
+import weakref
 
 from lwm_jax.envs import base, confined, sandbox_limits, seccomp
 
@@ -238,6 +239,9 @@ class SandboxedEnv(base.Env):
     if self.isolated and os.geteuid() == 0:
       owner = os.geteuid() if uid is None else uid
       self.tmpfs = sandbox_limits.mount_tmpfs(self.sandbox, self.limits.disk_mb, owner, owner)
+      if self.tmpfs:  # an env dropped without close() still gives its mount back (at the latest
+        # when the interpreter exits)
+        self._unmount = weakref.finalize(self, _drop_tmpfs, self.sandbox)
     os.makedirs(os.path.join(self.sandbox, "tmp"))
     self.inner = INNER_ROOT if self.isolated else self.sandbox
     return self.inner
@@ -251,7 +255,7 @@ class SandboxedEnv(base.Env):
 
   def _remove_dir(self) -> None:
     if self.tmpfs and self.sandbox:
-      sandbox_limits.unmount(self.sandbox)
+      self._unmount()
       self.tmpfs = False
     super()._remove_dir()
 
@@ -261,6 +265,11 @@ class SandboxedEnv(base.Env):
       return command(argv, self.sandbox, cwd, self.limits, ro_paths,
                      tmp=os.path.join(self.sandbox, "tmp"))
     return ["/bin/bash", "-c", ulimit_script(self.limits), argv[0], *argv]
+
+
+def _drop_tmpfs(path: str) -> None:
+  sandbox_limits.unmount(path)
+  shutil.rmtree(path, ignore_errors=True)
 
 
 def descendants(pid: int) -> list[int]:
