@@ -241,3 +241,16 @@ def test_swe_verifier_with_a_test_file_swapped_for_a_fifo_returns():
     t = time.monotonic()
     v = verify.check(env, [])
   assert time.monotonic() - t < 15 and not v.success and path in v.reason, v
+
+
+def test_swe_tests_run_when_the_interpreter_is_reached_through_a_link_under_tmp(tmp_path):
+  """Lesser item of issue 68: run_tests exited 127 with a venv reached through a symbolic link."""
+  import sys
+  link = tmp_path / "venv_link"
+  link.symlink_to(sys.prefix)
+  code = ("from lwm_jax.envs.swe import SweEnv\n"
+          "e = SweEnv(test_timeout=30); e.reset(2); print(e.step('run_tests()')); e.close()\n")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": repo}, timeout=120).stdout
+  assert "passed" in out and "[exit code 1]" in out, out[-1500:]
