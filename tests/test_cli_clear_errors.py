@@ -101,3 +101,14 @@ def test_nan_in_trajectory_jsonl_is_a_counted_bad_line(tmp_path):
     list(schema.read_jsonl(str(path)))
   # A metrics log may hold a NaN loss: the generic reader still takes it.
   assert [v for _, v in jsonl.iter_jsonl(str(path))][0]["id"] == "a"
+
+
+@pytest.mark.parametrize("seed", [1.5, "3", True])
+def test_world_seeds_must_be_integers(seed):
+  from lwm_jax.envs import base
+  env = base.make_env("search")
+  try:
+    with pytest.raises(ValueError, match="seed must be an integer"):
+      env.reset(seed)
+  finally:
+    env.close()
