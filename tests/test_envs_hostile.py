@@ -254,3 +254,12 @@ def test_swe_tests_run_when_the_interpreter_is_reached_through_a_link_under_tmp(
   out = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": repo}, timeout=120).stdout
   assert "passed" in out and "[exit code 1]" in out, out[-1500:]
+
+
+def test_episodes_under_a_folder_the_sandbox_uid_cannot_enter(tmp_path):
+  """pytest's own tmp folders are 0700 root: the episode folder is still reachable by bwrap."""
+  closed = tmp_path / "closed"
+  closed.mkdir(mode=0o700)
+  with TerminalEnv(time_limit=3.0, root=str(closed)) as env:
+    env.reset(0)
+    assert env.step("echo hi > x.txt; cat x.txt").startswith("hi\n")

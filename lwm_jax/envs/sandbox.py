@@ -325,10 +325,11 @@ def popen(argv: list[str], pids_max: int = Limits().processes, memory_mb: int = 
     argv = list(argv)
     try:
       for i, a in enumerate(argv[:-1]):
-        if a == "--ro-bind-fd" and not argv[i + 1].isdigit() and _drop_uid is not None:
-          # bwrap resolves a bound descriptor's path again, as the unprivileged uid: stage it.
+        if a in _FD_BINDS and not argv[i + 1].isdigit() and _drop_uid is not None:
+          # bwrap resolves a bound descriptor's path again, as the unprivileged uid, which may
+          # not enter its parents (/root, pytest's 0700 /tmp/pytest-of-root): stage it.
           where = where or sandbox_limits.stage_dir()
-          argv[i] = "--ro-bind"
+          argv[i] = "--ro-bind" if a == "--ro-bind-fd" else "--bind"
           staged.append(os.path.realpath(argv[i + 1]))
           argv[i + 1] = os.path.join(where, str(len(staged) - 1))
         elif a in _FD_BINDS and not argv[i + 1].isdigit():
