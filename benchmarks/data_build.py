@@ -28,15 +28,12 @@ import time
 import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import common  # noqa: E402
+import common
 
 BUILD = r"""
 import json, logging, sys, time
 logging.disable(logging.WARNING)
-sys.path.insert(0, sys.argv[1])
 from lwm_jax.data import tfds_trajectories
 files, out, path, workers = json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 kw = {}
@@ -51,7 +48,6 @@ print(json.dumps({"seconds": time.perf_counter() - t, "splits": res.split_sizes,
 READ = r"""
 import json, logging, resource, sys, time
 logging.disable(logging.WARNING)
-sys.path.insert(0, sys.argv[1])
 from lwm_jax.data import pipeline, tokenizer as tk
 c = pipeline.default_data_config()
 c.update(dict(tfds_dir=sys.argv[2], split="train", seq_len=1024, batch_size=8, seed=0))
@@ -124,7 +120,6 @@ def make_inputs(size: int, folder: pathlib.Path, parts: int = 4) -> list[str]:
 def tokenizer(work: pathlib.Path) -> str:
   model = work / "sp.model"
   if not model.exists():
-    sys.path.insert(0, str(ROOT))
     from lwm_jax.data import prompts, schema
     from lwm_jax.data import tokenizer as tk
     texts = []

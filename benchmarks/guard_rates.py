@@ -26,13 +26,11 @@ import glob
 import gzip
 import json
 import os
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from lwm_jax.rl import guard  # noqa: E402
+from lwm_jax.rl import guard
 
 # Self-praise and grader-addressed text, in our own words; varied in form on purpose.
 INJECTIONS = [

@@ -56,6 +56,7 @@ from absl import logging as absl_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from lwm_jax import run_folder
 from lwm_jax.data import corpus as corpus_lib
 from configs import stages
 from configs import agent_bc, agent_rl
@@ -67,7 +68,9 @@ from lwm_jax.rl.agent_episodes import evaluate_policy, wilson
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("budget", "tiny", ["tiny", "full"], "tiny: minutes on CPU; full: the experiment")
-flags.DEFINE_string("out", "", "run folder (default runs/agent_<budget>; replaced)")
+flags.DEFINE_string("out", "", "run folder (default runs/agent_<budget>; replaced when this "
+                    "program made it, else refused unless --overwrite)")
+flags.DEFINE_bool("overwrite", False, "replace --out even when this program did not make it")
 flags.DEFINE_string("domain", "search", "environment domain")
 ARMS = ("bc", "real", "sim", "warmup", "bc_from_wm")
 flags.DEFINE_list("arms", ["bc", "real", "sim", "warmup"], f"arms to run, of {', '.join(ARMS)}")
@@ -531,14 +534,46 @@ def plot(out: str, runs: dict) -> str:
   return path
 
 
+ARMS = ("bc", "real", "sim", "warmup")
+
+
+def _check_flags() -> None:
+  """Raises SystemExit naming the first bad flag (before any folder is made or replaced)."""
+  bad = [a for a in FLAGS.arms if a not in ARMS]
+  if bad:
+    raise SystemExit(f"--arms: unknown arm(s) {', '.join(bad)} (expected some of {', '.join(ARMS)})")
+  if FLAGS.arms and not os.path.isfile(_split("train")):
+    known = sorted({f.split("_")[0] for f in os.listdir(os.path.join(ROOT, "data", "corpus"))
+                    if f.endswith(".jsonl.gz")})
+    raise SystemExit(f"--domain={FLAGS.domain}: no corpus {_split('train')} (known: {', '.join(known)})")
+  if not FLAGS.world_model and {"sim", "bc_from_wm"} & set(FLAGS.arms) and FLAGS.budget != "tiny":
+    raise SystemExit("--world_model is required for the sim and bc_from_wm arms (a trained LWM "
+                     "checkpoint, after its RL)")
+  for flag in ("world_model", "base", "bc_from"):
+    path = getattr(FLAGS, flag)
+    if path and not os.path.isdir(path):
+      raise SystemExit(f"--{flag}={path} is not a folder")
+  if FLAGS.tokenizer and not os.path.isfile(FLAGS.tokenizer):
+    raise SystemExit(f"--tokenizer={FLAGS.tokenizer} is not a file")
+  for spec in FLAGS.merge:
+    if not os.path.isdir(spec.split(":")[0]):
+      raise SystemExit(f"--merge: {spec.split(':')[0]} is not a folder")
+  for k in ("seeds", "episodes", "eval_tasks", "bc_steps", "eval_every", "workers"):
+    if getattr(FLAGS, k) < 0 or (k == "workers" and FLAGS.workers < 1):
+      raise SystemExit(f"--{k} must not be negative (workers: at least 1), got {getattr(FLAGS, k)}")
+
+
 def main(argv):
   del argv
   logging.getLogger().setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)
   b = _budget()
-  out = os.path.abspath(FLAGS.out or os.path.join(ROOT, "runs", f"agent_{FLAGS.budget}"))
-  shutil.rmtree(out, ignore_errors=True)
-  os.makedirs(out)
+  _check_flags()  # every flag before --out is touched
+  try:
+    out = run_folder.prepare(FLAGS.out or os.path.join(ROOT, "runs", f"agent_{FLAGS.budget}"),
+                             "--out", FLAGS.overwrite)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   t_all = time.perf_counter()
   tok, vocab = "", 0
   if FLAGS.arms:  # (none: only a report of the --merge folders)
@@ -550,9 +585,6 @@ def main(argv):
     raise SystemExit(f"--arms: unknown arm(s) {unknown} (known: {', '.join(ARMS)})")
   wm = FLAGS.world_model
   if not wm and {"sim", "bc_from_wm"} & set(FLAGS.arms):
-    if FLAGS.budget != "tiny":
-      raise SystemExit("--world_model is required for the sim and bc_from_wm arms (a trained "
-                       "LWM checkpoint, after its RL)")
     _banner("a tiny stand-in world model (SFT on the corpus)")
     wm = train_world_model(out, tok, vocab, b)
   runs: dict[str, list[dict]] = {a: [] for a in FLAGS.arms}

@@ -43,6 +43,20 @@ def main(argv: list[str]) -> None:
     print(f"error: --{next(iter(options))} is an option of the terminal environment, not of "
           f"'{FLAGS.value}'", file=sys.stderr)
     sys.exit(2)
+  bad = [f"--{n} must be at least 1, got {v}" for n, v in
+         (("episodes", EPISODES.value), ("workers", WORKERS.value), ("max_turns", MAX_TURNS.value))
+         if v < 1]
+  out = os.path.abspath(OUT.value)
+  parent = os.path.dirname(out)
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if os.path.isdir(out):
+    bad.append(f"--out={OUT.value} is a folder; give a JSONL file name (e.g. DIR/episodes.jsonl.gz)")
+  elif not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+    bad.append(f"--out={OUT.value}: {parent} is not a writable folder")
+  if bad:  # before any episode is collected
+    print(f"error: {bad[0]}", file=sys.stderr)
+    sys.exit(2)
   try:
     trajs, stats = collect.collect(FLAGS.value, EPISODES.value, SEED.value, WORKERS.value,
                                    MAX_TURNS.value, perturb=PERTURB.value, env_options=options)

@@ -32,7 +32,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from lwm_jax import hf  # pylint: disable=wrong-import-position
+from lwm_jax import hf, run_folder  # pylint: disable=wrong-import-position
 from lwm_jax.checkpoints import read_provenance  # pylint: disable=wrong-import-position
 from lwm_jax.data.drills import induction_rows, segment_range  # pylint: disable=wrong-import-position
 from lwm_jax.train.losses import token_logprobs  # pylint: disable=wrong-import-position
@@ -98,9 +98,12 @@ def main(argv):
     raise SystemExit(f"--start: {FLAGS.start} needs config.json and tokenizer.model")
   if os.path.realpath(FLAGS.out) == os.path.realpath(FLAGS.start):
     raise SystemExit("--out must not be --start (the drill replaces --out)")
-  model = hf.load_pretrained(FLAGS.start, dtype="float32")
-  shutil.rmtree(FLAGS.out, ignore_errors=True)
-  os.makedirs(FLAGS.out)
+  try:
+    run_folder.check(FLAGS.out, "--out", FLAGS.overwrite)
+    model = hf.load_pretrained(FLAGS.start, dtype="float32")
+    run_folder.prepare(FLAGS.out, "--out", FLAGS.overwrite)
+  except (ValueError, hf.CheckpointError) as e:
+    raise SystemExit(str(e)) from None
   scores = []
   with open(os.path.join(FLAGS.out, "drill.jsonl"), "w") as f:
     def log(rec):
@@ -115,6 +118,7 @@ def main(argv):
   write_provenance(FLAGS.out, "launch/copy_drill.py " + " ".join(sys.argv[1:]), FLAGS.start,
                    {"phases": phases, "lr": FLAGS.lr, "train": FLAGS.train,
                     "last_score": scores[-1]})
+  hf.write_checksums(FLAGS.out)  # with the tokenizer and provenance added after the export
 
 
 def write_provenance(out: str, command: str, start: str, drill_info: dict) -> None:
@@ -130,7 +134,9 @@ def write_provenance(out: str, command: str, start: str, drill_info: dict) -> No
 def define_flags() -> None:
   """The command line's flags, defined only when this file runs as a script (tests import it)."""
   flags.DEFINE_string("start", None, "Hugging Face folder of the model to drill (with tokenizer.model)")
-  flags.DEFINE_string("out", None, "output Hugging Face folder (replaced)")
+  flags.DEFINE_string("out", None, "output Hugging Face folder (replaced when this program made "
+                      "it, else refused unless --overwrite)")
+  flags.DEFINE_bool("overwrite", False, "replace --out even when this program did not make it")
   flags.DEFINE_string("phases", "64:1000,512:400,512:300", "ROW:STEPS,...: rows of ROW ids for "
                       "STEPS steps per phase, 8,192 ids a step; segments scale with the row "
                       "(16-64 ids at 512)")

@@ -73,7 +73,7 @@ flags.DEFINE_integer("sp_vocab", 2000, "Vocab of the SentencePiece model trained
 flags.DEFINE_string("png", "", "stats: where to write the length histogram PNG.")
 flags.DEFINE_enum("stage", "cpt", ["cpt", "sft", "rl-prompts"], "inspect: which sample.")
 flags.DEFINE_integer("index", 0, "inspect: trajectory index.")
-flags.DEFINE_integer("seq_len", 4096, "inspect/stats: token budget.")
+flags.DEFINE_integer("seq_len", 4096, "inspect/stats: token budget.", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed for target turns, variants and masking.")
 flags.DEFINE_bool("color", True, "inspect: ANSI colours (masked tokens dimmed).")
 flags.DEFINE_enum("agent_layout", "turns", ["turns", "trajectory"],

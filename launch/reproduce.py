@@ -33,6 +33,7 @@ from typing import Any
 from absl import app, flags
 from absl import logging as absl_logging
 
+from lwm_jax import hf, run_folder
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.eval import episodes as episodes_lib
 from configs import stages
@@ -78,7 +79,10 @@ FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emit
 ABLATIONS = ("masking", "thinking", "sft_loss")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "reproduce"), "run folder (replaced)")
+flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "reproduce"), "run folder (replaced "
+                    "when this program made it, else refused unless --overwrite)")
+flags.DEFINE_bool("overwrite", False, "replace --workdir (and --ship's folder) even when this "
+                  "program did not make them")
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "bundled corpus folder")
 flags.DEFINE_enum("budget", "full", list(BUDGETS), "defaults of every size flag below")
 flags.DEFINE_string("preset", None, "model preset of configs/common.py (demo, tiny, small)")
@@ -533,10 +537,14 @@ def main(argv):
     why = rl_available()
     if why:
       raise SystemExit(f"--rl: the RL stage cannot run here: {why}")
-  wd = FLAGS.workdir
-  shutil.rmtree(wd, ignore_errors=True)
-  os.makedirs(wd)
-  corpus = corpus_lib.load_corpus(FLAGS.corpus)
+  try:  # every flag is checked before a folder is touched
+    if FLAGS.ship:
+      check_ship_dest(FLAGS.ship, FLAGS.overwrite)
+    run_folder.check(FLAGS.workdir, "--workdir", FLAGS.overwrite)
+    corpus = corpus_lib.load_corpus(FLAGS.corpus)
+    wd = run_folder.prepare(FLAGS.workdir, "--workdir", FLAGS.overwrite)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   header = {"command": " ".join(sys.argv), "settings": dataclasses.asdict(s),
             "corpus": {"folder": corpus.folder, "sha256": corpus.digest(),
                        "train_trajectories": len(corpus.train),
@@ -635,13 +643,27 @@ def main(argv):
   reproduce_report.write(report, wd)
   if FLAGS.ship:
     ship(os.path.join(wd, final.name, "hf"), FLAGS.ship, header, configs[final.name], res,
-         final.name, simulated)
+         final.name, simulated, FLAGS.overwrite)
   print(reproduce_report.summary(report))
   print(f"\ndone in {time.time() - t0:.0f} s; report in {wd}/report.md")
 
 
+def check_ship_dest(dest: str, overwrite: bool) -> None:
+  """ValueError unless `dest` may be replaced by a ship: missing or empty, made by a launcher, or
+  an earlier ship (its provenance.json says how it was made); else only with --overwrite."""
+  prov = os.path.join(dest, "provenance.json")
+  if os.path.isdir(dest) and not os.path.islink(dest) and os.path.isfile(prov):
+    try:
+      with open(prov) as f:
+        if isinstance(json.load(f).get("made_by"), str):
+          return
+    except (OSError, ValueError, AttributeError):
+      pass
+  run_folder.check(dest, "--ship", overwrite)
+
+
 def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
-         simulated: dict | None) -> None:
+         simulated: dict | None, overwrite: bool = False) -> None:
   """Copies a run's Hugging Face export to `dest` (replaced) beside provenance.json: how it was
   made (command, settings, corpus sha256, its training config) and what it scored."""
   from lwm_jax.eval import free_running  # pylint: disable=import-outside-toplevel
@@ -649,6 +671,7 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
   given = header["settings"].get("cpt_from")
   # read before `dest` is replaced: a chain may ship where it started from
   earlier = read_provenance(given) if given else None
+  check_ship_dest(dest, overwrite)
   shutil.rmtree(dest, ignore_errors=True)
   shutil.copytree(export, dest)
   vs = free_running.versus(res, name)
@@ -664,6 +687,7 @@ def ship(export: str, dest: str, header: dict, config, res: dict, name: str,
     prov["cpt_from"] = {"folder": given, "provenance": earlier}
   with open(os.path.join(dest, "provenance.json"), "w") as f:
     json.dump(prov, f, indent=2, default=str)
+  hf.write_checksums(dest)  # the weights, config and tokenizer as shipped
   size = sum(os.path.getsize(os.path.join(dest, n)) for n in os.listdir(dest))
   print(f"shipped {name} to {dest} ({size / 2**20:.1f} MiB)")
 

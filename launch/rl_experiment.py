@@ -42,6 +42,7 @@ from lwm_jax.data import prompts, schema, splits, tokenizer as tok_lib
 from lwm_jax.data.jsonl import iter_jsonl
 from lwm_jax.rl import pool as pool_lib, stage
 from lwm_jax.rl.heldout import HeldOut
+from lwm_jax import run_folder
 from lwm_jax.train import trainer
 from lwm_jax.data import corpus as corpus_lib
 
@@ -61,6 +62,7 @@ flags.DEFINE_float("rl_lr", 3e-4, "GSPO learning rate")
 flags.DEFINE_bool("reuse_start", False, "keep an existing SFT start in --workdir")
 flags.DEFINE_string("start", "", "an SFT model's Hugging Face folder (with tokenizer.model) to "
                     "start from; the RL pool is then the validation split")
+flags.DEFINE_bool("overwrite", False, "replace --workdir even when this program did not make it")
 
 SEQ_LEN = 1024
 
@@ -179,14 +181,25 @@ def main(_):
   logging.getLogger().setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)
   t_start = time.time()
-  wd = os.path.abspath(FLAGS.workdir)
-  if not FLAGS.reuse_start:
-    shutil.rmtree(wd, ignore_errors=True)
-  os.makedirs(wd, exist_ok=True)
-  train_files = splits.split_files(FLAGS.corpus, "train")
-  test_files = splits.split_files(FLAGS.corpus, "test")
-  if not train_files:
-    raise SystemExit(f"no corpus under {FLAGS.corpus}")
+  # Every flag is checked before --workdir is touched.
+  train_files = splits.split_files(FLAGS.corpus, "train") if os.path.isdir(FLAGS.corpus) else []
+  test_files = splits.split_files(FLAGS.corpus, "test") if train_files else []
+  if not train_files or not test_files:
+    raise SystemExit(f"--corpus: no train and test split files under {FLAGS.corpus}")
+  try:
+    stage.parse_fractions(FLAGS.fractions)
+  except (ValueError, KeyError) as e:
+    raise SystemExit(f"--fractions={FLAGS.fractions}: {e}") from None
+  for name in ("vocab", "cpt_steps", "sft_steps", "rl_steps", "max_new_tokens", "eval_prompts",
+               "curve_prompts"):
+    if getattr(FLAGS, name) < 1:
+      raise SystemExit(f"--{name} must be at least 1, got {getattr(FLAGS, name)}")
+  if FLAGS.start:
+    corpus_lib.given_start(FLAGS.start)
+  try:
+    wd = run_folder.prepare(FLAGS.workdir, "--workdir", FLAGS.overwrite, keep=FLAGS.reuse_start)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   trajs = [t for p in train_files for t in schema.read_jsonl(p)]
   tests = splits.read_split(FLAGS.corpus, "test")
   if FLAGS.start:

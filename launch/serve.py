@@ -21,9 +21,9 @@ from absl import app, flags
 flags.DEFINE_string("checkpoint", None, "workdir, step folder or Hugging Face folder")
 flags.DEFINE_string("tokenizer", None, "tokenizer file/folder (default: what the checkpoint names)")
 flags.DEFINE_string("host", "127.0.0.1", "address to listen on")
-flags.DEFINE_integer("port", 8000, "port")
+flags.DEFINE_integer("port", 8000, "port", lower_bound=1, upper_bound=65535)
 flags.DEFINE_string("model_name", None, "model id reported by /v1/models (default: folder name)")
-flags.DEFINE_integer("max_batch", 32, "most rows decoded together")
+flags.DEFINE_integer("max_batch", 32, "most rows decoded together", lower_bound=1)
 flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests to arrive together")
 flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
 flags.DEFINE_integer("max_rows_per_request", 0,

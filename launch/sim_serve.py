@@ -43,12 +43,19 @@ def main(argv):
   from lwm_jax.sim.server import create_app  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   f = flags.FLAGS
+  bad = [f"--{n} must be at least 1, got {getattr(f, n)}" for n in
+         ("max_batch", "max_tokens", "max_turns", "max_episodes") if getattr(f, n) < 1]
+  if not 1 <= f.port <= 65535:
+    bad.append(f"--port must be in 1..65535, got {f.port}")
+  if bad:
+    print(f"error: {bad[0]}", file=sys.stderr)
+    sys.exit(2)
   try:
     sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer,
                                       max_batch=max(f.max_batch, 1),
                                       decode_layout=f.decode_layout,
                                       decode_dtype=f.decode_dtype or None)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   api = create_app(sampler, max_batch=f.max_batch, window_ms=f.window_ms,

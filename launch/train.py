@@ -63,7 +63,7 @@ def main(argv):
   config = flags.FLAGS.config
   try:
     summary = trainer.train(config, flags.FLAGS.workdir, source=_rl_source(config))
-  except (ValueError, PermissionError, trainer.TrainingDiverged) as e:
+  except (ValueError, OSError, trainer.TrainingDiverged) as e:  # OSError: a missing data file
     _fail(str(e))
   losses = summary.pop("losses")
   summary["first_loss"] = losses[0] if losses else None

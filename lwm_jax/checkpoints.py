@@ -42,7 +42,7 @@ CHECKSUMS = "checksums.json"
 STEPS_DIR = "checkpoints"
 
 __all__ = ["CHECKSUMS", "CheckpointError", "check_step", "is_hf_folder", "is_step_dir", "load",
-           "orbax_error", "read_meta", "restore_params", "step_dirs", "verify_step",
+           "check_finite", "orbax_error", "read_meta", "restore_params", "step_dirs", "verify_step",
            "write_checksums"]
 
 
@@ -62,6 +62,25 @@ def is_hf_folder(path: str) -> bool:
     return False
   return isinstance(d, dict) and ("model_type" in d or
                                   "model_type" in (d.get("text_config") or {}))
+
+
+def _check_hf_config(path: str) -> None:
+  """A folder with safetensors whose config.json is not an HF config is named as such (rather
+  than being taken for a folder with no checkpoint)."""
+  cfg = os.path.join(path, "config.json")
+  if not os.path.isdir(path) or not os.path.isfile(cfg) or not any(
+      f.endswith(".safetensors") for f in os.listdir(path)):
+    return
+  try:
+    with open(cfg) as f:
+      d = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{cfg}: not readable JSON ({e})") from None
+  if not isinstance(d, dict):
+    raise CheckpointError(f"{cfg}: holds a JSON {type(d).__name__}, expected an object with "
+                          "'model_type'")
+  if "model_type" not in d and "model_type" not in (d.get("text_config") or {}):
+    raise CheckpointError(f"{cfg}: no 'model_type' (nor text_config.model_type)")
 
 
 def step_dirs(path: str) -> list[str]:
@@ -197,7 +216,25 @@ def _restore_step(step_dir: str, mesh, rules) -> tuple[ModelConfig, Any, dict[st
         partial_restore=True))
   except Exception as e:  # Orbax and TensorStore raise many types for a damaged folder
     raise orbax_error(where, e) from None
+  check_finite(restored["params"], where)
   return cfg, restored["params"], dict(meta, step_dir=step_dir)
+
+
+def check_finite(tree: Any, where: str) -> None:
+  """CheckpointError naming the first leaf of `tree` with a NaN or inf (damaged data that the
+  file formats themselves cannot notice)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  for path, leaf in flat:
+    dt = getattr(leaf, "dtype", None)
+    if dt is None or not jax.numpy.issubdtype(dt, jax.numpy.floating):
+      continue
+    bad = int(jax.device_get(jax.numpy.size(leaf) - jax.numpy.isfinite(leaf).sum()))
+    if bad:
+      name = "".join(str(p) for p in path)
+      raise CheckpointError(f"{where}: {name} holds {bad} non-finite values (NaN or inf): the "
+                            "checkpoint is damaged")
+  del np
 
 
 def restore_params(path: str, mesh: jax.sharding.Mesh | None = None, rules=None
@@ -249,6 +286,7 @@ def load(path: str, tokenizer: Any = None, mesh: jax.sharding.Mesh | None = None
   from lwm_jax.data.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint: {path} does not exist")
+  _check_hf_config(path)
   if is_hf_folder(path):
     from lwm_jax import hf  # pylint: disable=import-outside-toplevel
     model = hf.load_pretrained(path, dtype=dtype, mesh=mesh, rules=rules)

@@ -342,16 +342,63 @@ def _detect_expert_layout(names: list[str], path: str) -> str:
   return "fused" if fused else "per_expert"
 
 
+# ------------------------------------------------------------------------------------ integrity
+CHECKSUMS = "checksums.json"
+SKIP_CHECKSUMS_ENV = "LWM_SKIP_CHECKSUMS"
+
+
+def write_checksums(path: str) -> str:
+  """Records the size and SHA-256 of every file of the HF folder `path` in `checksums.json`
+  (every export writes it; call it again after adding or changing a file)."""
+  from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  return checkpoints.write_checksums(path)
+
+
+def verify_checksums(path: str, verify: bool | None = None) -> bool:
+  """True when the folder's `checksums.json` matches its files; False when it has none (a folder
+  made elsewhere) or checking is switched off (`verify=False`, or LWM_SKIP_CHECKSUMS=1). A
+  changed, truncated or missing file is a CheckpointError naming it and the way to skip."""
+  if verify is None:
+    verify = os.environ.get(SKIP_CHECKSUMS_ENV, "") in ("", "0")
+  if not verify:
+    return False
+  from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  try:
+    return checkpoints.verify_step(path)
+  except CheckpointError as e:
+    raise CheckpointError(f"{e}. The folder is damaged or was changed after its export; if the "
+                          f"change is yours, rewrite {CHECKSUMS} (hf.write_checksums) or load it "
+                          f"unverified with {SKIP_CHECKSUMS_ENV}=1") from None
+
+
+_verify = verify_checksums
+
+
+def _check_finite(arr: np.ndarray, key: str, where: str) -> None:
+  if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
+    finite = np.isfinite(arr.astype(np.float32) if arr.dtype.kind != "f" else arr)
+    if not finite.all():
+      raise CheckpointError(f"{where}: tensor {key} holds {int((~finite).sum())} non-finite "
+                            "values (NaN or inf): the file is damaged")
+
+
 # ------------------------------------------------------------------------------------------- load
 def load_pretrained(path: str, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None,
-                    rules=None, **config_overrides: Any) -> Transformer:
+                    rules=None, verify_checksums: bool | None = None,
+                    **config_overrides: Any) -> Transformer:
   """Loads an HF folder into a `Transformer`.
 
   dtype: parameter and compute dtype, float32 or bfloat16, as a name ("bf16", "float32"), a numpy
     dtype or a jnp type; default the checkpoint's own.
   mesh / rules: place each parameter straight into its NamedSharding (`sharding.state_shardings`).
+  verify_checksums: check the folder's checksums.json first (default: yes, unless
+    LWM_SKIP_CHECKSUMS=1); a folder without one loads with a warning. Every tensor is checked
+    for NaN and inf either way.
   config_overrides: our ModelConfig fields (e.g. moe_backend="dense").
   """
+  if os.path.isdir(path) and not _verify(path, verify_checksums):
+    log.warning("%s: no %s (a folder made elsewhere, or checking is off); loading it "
+                "unverified", path, CHECKSUMS)
   dtype = dtype_name(dtype) or _checkpoint_dtype(path)
   cfg = read_config(path, **{"dtype": dtype, "param_dtype": dtype, **config_overrides})
   graphdef, abs_state = abstract_model(cfg)
@@ -378,7 +425,9 @@ def load_pretrained(path: str, dtype: str | None = None, mesh: jax.sharding.Mesh
                                 f"expected {list(want)} for model parameter {_dotted(p)} "
                                 f"{list(shape)}")
         used.add(key)
-      host = np.asarray(_to_model(t, ck.read, shape), dtype=var.dtype)
+      raw = _to_model(t, ck.read, shape)
+      _check_finite(np.asarray(raw), ", ".join(t.keys), ck.file(t.keys[0]))
+      host = np.asarray(raw, dtype=var.dtype)
       if mesh is not None:
         axes = var.get_metadata().get("axes") or (None,) * len(shape)
         s = NamedSharding(mesh, shd.spec_for(axes, shape, mesh, rules))
@@ -552,4 +601,5 @@ def save_pretrained(model: Transformer, path: str, expert_layout: str = "per_exp
                   path)
     with open(os.path.join(path, hf_tokenizer.GENERATION_CONFIG), "w") as f:
       json.dump(hf_tokenizer.generation_config(tokenizer, generation), f, indent=2)
+    write_checksums(path)
   return names

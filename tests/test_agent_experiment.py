@@ -169,6 +169,8 @@ def test_a_bc_from_wm_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypa
   monkeypatch.setattr(ae, "rl_config", lambda *a: None)
   monkeypatch.setattr(ae, "agent_rl_run", run)
   monkeypatch.setattr(ae, "evaluate_checkpoint", lambda hf, b: pytest.fail("BC evaluated"))
+  monkeypatch.chdir(tmp_path)
+  os.mkdir("wm_dir")
   ae.FLAGS(["agent_experiment.py", "--arms=bc_from_wm", "--seeds=2", "--bc_seed=0",
             "--world_model=wm_dir", f"--out={tmp_path / 'out'}"])
   ae.main([])

@@ -109,7 +109,7 @@ def test_terminal_process_limit_holds_for_root():
   env = TerminalEnv(time_limit=20.0, limits=sandbox.Limits(processes=limit))
   env.reset(0)
   try:
-    assert env.proc.sandbox_cgroup, "a sandbox started by root gets a pids cgroup"
+    assert env.proc.sandbox_cgroups, "a sandbox started by root gets a pids cgroup"
     obs = env.step(_FORKS.format(n=limit + 30))
   finally:
     env.close()

@@ -147,8 +147,8 @@ def test_swe_real_repo_failing_test_fix_and_sandbox(tmp_path):
     out = env.step("run_tests()")
     assert f"{len(env.world.tests)} passed in 0.01s" in out and "[exit code 0]" in out
     diff = env.step("diff()")
-    # Reference: git itself on the sandbox repository.
-    ref = subprocess.run(["git", "diff", "--stat"], cwd=env.repo, capture_output=True, text=True).stdout
+    # Reference: git itself on the sandbox repository (owned by the sandbox uid, hence safe.directory).
+    ref = subprocess.run(["git", "-c", "safe.directory=*", "diff", "--stat"], cwd=env.repo, capture_output=True, text=True).stdout
     assert "1 file changed" in ref and diff.startswith("diff --git a/" + g["path"])
   finally:
     env.close()

@@ -224,3 +224,28 @@ def test_overall_counts_its_domains():
   rows.append({"task": "mcp", "scores": None})
   agg = aggregate([r for r in rows if r["task"] != "web"])
   assert agg["n_domains"] == 6 and agg["partial"]
+
+
+def test_official_imports_count_what_they_cannot_keep(tmp_path, caplog):
+  """Issue 68 (lesser): duplicate keys, unknown domains, out-of-range scores and misnamed
+  dimensions were dropped or overwritten silently; now each is counted and logged."""
+  import logging
+  from lwm_jax.eval import official
+  rows = _official_judged_rows()
+  rows.append(dict(rows[0], gen="again"))                       # the same key twice
+  rows.append(dict(rows[0], task="moon", id=7))                 # a domain we do not know
+  rows[1].update(realism=9, Quality=3)                          # out of range; misnamed
+  j = tmp_path / "judged.jsonl"
+  _write_rows(j, rows)
+  report = {}
+  with caplog.at_level(logging.WARNING):
+    official.read_judged(str(j), report=report)
+  assert report == {"rows": 5, "duplicate_keys": 1, "unknown_domains": 1,
+                    "out_of_range_scores": 1, "unknown_dimensions": 1}
+  assert any("1 duplicate keys" in r.getMessage() and "judged.jsonl" in r.getMessage()
+             for r in caplog.records)
+  clean = {}
+  _write_rows(j, _official_judged_rows())
+  official.read_judged(str(j), report=clean)                     # the 0 marks are not counted
+  assert clean == {"rows": 3, "duplicate_keys": 0, "unknown_domains": 0,
+                   "out_of_range_scores": 0, "unknown_dimensions": 0}

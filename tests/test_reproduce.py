@@ -295,10 +295,16 @@ def test_ship_copies_the_export_with_its_provenance(rp, tmp_path):
   header = {"command": "reproduce.py --budget=tiny", "settings": {"preset": "tiny"},
             "corpus": {"sha256": "ab" * 32}}
   dest = tmp_path / "ship"
-  (dest / "old").mkdir(parents=True)          # replaced, not merged
+  (dest / "old").mkdir(parents=True)
+  # A folder that is not an earlier ship is refused, untouched (issue 68) ...
+  with pytest.raises(ValueError, match="did not make"):
+    rp.ship(str(export), str(dest), header, cfg, res, "sft_it_think", None)
+  assert os.listdir(dest) == ["old"]
+  # ... an earlier ship (its provenance says how it was made) is replaced, not merged.
+  (dest / "provenance.json").write_text('{"made_by": "reproduce.py --budget=tiny"}')
   rp.ship(str(export), str(dest), header, cfg, res, "sft_it_think",
           {"mean_edit_similarity": 0.7, "transcript": "long text"})
-  assert sorted(os.listdir(dest)) == ["config.json", "provenance.json"]
+  assert sorted(os.listdir(dest)) == ["checksums.json", "config.json", "provenance.json"]
   prov = json.loads((dest / "provenance.json").read_text())
   assert prov["made_by"] == "reproduce.py --budget=tiny" and prov["corpus"]["sha256"] == "ab" * 32
   assert prov["free_running"]["sft_it_think"]["token_f1"] == 0.6

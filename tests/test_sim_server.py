@@ -97,6 +97,44 @@ def test_bad_requests_are_4xx_and_the_server_keeps_serving(served, tmp_path):
   assert h.get("/health").json()["status"] == "ok"  # still up
 
 
+def test_the_campaigns_500s_are_400s_naming_the_field(served):
+  """Issue 68, point 6: each of these answered 500 (TypeError, RecursionError,
+  UnicodeEncodeError, the tokenizer's RuntimeError)."""
+  _, _, base = served
+  h = httpx.Client(base_url=base, timeout=60)
+  world = _world(0)
+
+  def err(r, text):
+    assert r.status_code == 400, r.text
+    assert text in r.json()["error"]["message"], r.json()
+
+  err(h.post("/v1/episodes", json={"world": dict(world, finish_actions=5)}), "world.finish_actions")
+  err(h.post("/v1/episodes", json={"world": dict(world, finish_actions="abc")}), "world.finish_actions")
+  deep = "[" * 50_000 + "]" * 50_000
+  body = json.dumps({"world": dict(world, goal={"x": 0})}).replace('{"x": 0}', '{"x": %s}' % deep)
+  err(h.post("/v1/episodes", content=body.encode()), "nested too deeply")
+  goal = {"g": 0}
+  for _ in range(200):
+    goal = {"g": goal}
+  err(h.post("/v1/episodes", json={"world": dict(world, goal=goal)}), "world.goal: nested deeper")
+  surrogate = b'{"world": ' + json.dumps(dict(world, task="@@")).encode().replace(b"@@", b"\\ud800") + b"}"
+  err(h.post("/v1/episodes", content=surrogate), "world.task: not valid Unicode")
+  ep = h.post("/v1/episodes", json={"world": world}).json()["episode_id"]
+  err(h.post(f"/v1/episodes/{ep}/step", content=b'{"action": "\\ud800"}'), "action: not valid Unicode")
+  assert h.delete(f"/v1/episodes/{ep}").json()["closed"]
+  err(h.post("/v1/episodes", json={"world": world, "seed": 1.5}), "seed: expected int")
+  assert h.get("/health").json()["status"] == "ok"
+
+
+def test_simulated_env_and_world_give_the_same_clear_errors():
+  from lwm_jax.sim.env import World
+  world = _world(0)
+  for bad, text in [(dict(world, finish_actions=5), "finish_actions"),
+                    (dict(world, task="\ud800"), "world.task: not valid Unicode")]:
+    with pytest.raises(ValueError, match=text):
+      World.from_dict(bad)
+
+
 def test_trajectory_file_perturbation_and_remote_env(served, tmp_path):
   _, _, base = served
   traj = schema.Trajectory("demo-1", "mcp", "Refund order 3.", "{\"tool\": ...}",

@@ -120,6 +120,14 @@ def main() -> None:
                   help="run the terminal and swe commands WITHOUT isolation where bubblewrap is "
                        "unavailable (they can then read and change this machine's files)")
   args = ap.parse_args()
+  if args.per_domain < 1:
+    ap.error(f"--per_domain must be at least 1, got {args.per_domain}")
+  if args.workers < 1:
+    ap.error(f"--workers must be at least 1, got {args.workers}")
+  unknown = [d for d in args.domains.split(",") if d not in base.ENV_NAMES]
+  if unknown:
+    ap.error(f"--domains: unknown domain '{unknown[0]}' (expected some of "
+             f"{', '.join(base.ENV_NAMES)})")
   if not 0.0 <= args.perturb_share <= 1.0:
     ap.error(f"--perturb_share must be in [0, 1], got {args.perturb_share}")
   menus = None

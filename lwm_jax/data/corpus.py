@@ -111,8 +111,13 @@ def given_start(folder: str, flag: str = "--start") -> tuple[str, str, int, int]
     if not os.path.isfile(need):
       raise SystemExit(f"{flag}: {need} is missing (a Hugging Face folder with its "
                        "SentencePiece tokenizer.model is expected)")
-  with open(cfg_path) as f:
-    hf_cfg = json.load(f)
+  try:
+    with open(cfg_path) as f:
+      hf_cfg = json.load(f)
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"{flag}: {cfg_path} is not readable JSON: {e}") from None
+  if not isinstance(hf_cfg, dict):
+    raise SystemExit(f"{flag}: {cfg_path} holds a JSON {type(hf_cfg).__name__}, not an object")
   for key in ("vocab_size", "max_position_embeddings"):
     if not isinstance(hf_cfg.get(key), int):
       raise SystemExit(f"{flag}: {cfg_path}: '{key}' is missing or not an integer")

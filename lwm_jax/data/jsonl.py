@@ -79,8 +79,13 @@ def _find_surrogate(value: Any) -> str | None:
   return None
 
 
-def parse_line(raw: bytes, lineno: int) -> Any:
-  """The JSON value of one line; raises `BadLine` for the cases listed in the module docstring."""
+def _no_constant(name: str) -> Any:
+  raise ValueError(f"{name} is not a JSON number (NaN and Infinity are not allowed here)")
+
+
+def parse_line(raw: bytes, lineno: int, allow_nan: bool = True) -> Any:
+  """The JSON value of one line; raises `BadLine` for the cases listed in the module docstring
+  (and, with `allow_nan=False`, for NaN / Infinity, which strict JSON does not have)."""
   text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
   try:
     line = raw.decode("utf-8")
@@ -88,9 +93,11 @@ def parse_line(raw: bytes, lineno: int) -> Any:
     raise BadLine(lineno, "bad_utf8", f"not UTF-8 (byte 0x{raw[e.start]:02x} at column "
                   f"{e.start + 1})", text) from None
   try:
-    value = json.loads(line)
+    value = json.loads(line) if allow_nan else json.loads(line, parse_constant=_no_constant)
   except json.JSONDecodeError as e:
     raise BadLine(lineno, "bad_json", f"bad JSON: {e}", text) from None
+  except ValueError as e:  # _no_constant
+    raise BadLine(lineno, "not_finite", f"bad JSON: {e}", text) from None
   except RecursionError:
     raise BadLine(lineno, "too_deep", "bad JSON: nested too deeply to parse", text) from None
   if _SURROGATE_ESCAPE_RE.search(raw):
@@ -105,9 +112,11 @@ def parse_line(raw: bytes, lineno: int) -> Any:
 
 
 def iter_jsonl(path: str | os.PathLike, strict: bool = True,
+               allow_nan: bool = True,
                byte_range: tuple[int, int | None, int] | None = None
                ) -> Iterator[tuple[int, Any]]:
-  """Yields (line number, value) per non-blank line; see the module docstring for bad lines."""
+  """Yields (line number, value) per non-blank line; see the module docstring for bad lines.
+  Data records read with `allow_nan=False` (a metrics log may hold a NaN loss)."""
   name = os.fspath(path)
   lineno = 0
   pos, end = 0, None
@@ -142,7 +151,7 @@ def iter_jsonl(path: str | os.PathLike, strict: bool = True,
       if not raw.strip():
         continue
       try:
-        value = parse_line(raw, lineno)
+        value = parse_line(raw, lineno, allow_nan)
       except BadLine as bad:
         if strict:
           raise ValueError(f"{name}:{lineno}: {bad}") from None

@@ -171,7 +171,8 @@ def iter_records(path: str | os.PathLike, parse: Callable[[Any], Any], mode: str
   name = os.fspath(path)
   qf = None
   try:
-    for lineno, value in jsonl.iter_jsonl(path, strict=False, byte_range=byte_range):
+    for lineno, value in jsonl.iter_jsonl(path, strict=False, allow_nan=False,
+                                          byte_range=byte_range):
       text = ""
       if isinstance(value, jsonl.BadLine):
         err: ValueError = value

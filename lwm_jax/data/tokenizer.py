@@ -152,7 +152,13 @@ class SentencePieceTokenizer(Tokenizer):
   def __init__(self, model_path: str | os.PathLike):
     import sentencepiece as spm
     self.path = os.fspath(model_path)
-    self._sp = spm.SentencePieceProcessor(model_file=self.path)
+    if not os.path.isfile(self.path):
+      raise ValueError(f"tokenizer: {self.path} does not exist")
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=self.path)
+    except (RuntimeError, OSError) as e:  # sentencepiece raises RuntimeError on a bad file
+      raise ValueError(f"tokenizer: {self.path} is not a readable SentencePiece model "
+                       f"(truncated or another kind of file?): {str(e).strip()[:200]}") from None
     self.special_tokens = {}
     for s in SPECIAL_TOKENS:
       i = self._sp.piece_to_id(s)

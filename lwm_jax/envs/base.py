@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import numbers
 import os
 import random
 import re
@@ -53,6 +54,9 @@ class Env(abc.ABC):
   def _begin(self, seed: int, close: bool = True) -> random.Random:
     """Starts an episode: ends the previous one (`close()`, unless the env keeps its servers
     across episodes), zeroes the step count and returns the episode's seeded generator."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+      # a float or string seed would draw a world that no integer seed names again
+      raise ValueError(f"{self.domain} reset: seed must be an integer, got {seed!r}")
     if close:
       self.close()
     self.steps = 0

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from lwm_jax.envs import base, sandbox
+from lwm_jax.envs import base, confined, sandbox
 from lwm_jax.envs.swe_worlds import generate_world
 
 REPO_SHOWN = "/repo"
@@ -43,8 +43,10 @@ class SweEnv(sandbox.SandboxedEnv):
                limits: sandbox.Limits = sandbox.Limits()) -> None:
     super().__init__(root, unsafe, limits)
     self.test_timeout = test_timeout
-    # pytest runs with this interpreter, whose installation is shown read-only in the sandbox.
-    self.python_paths = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)
+    # pytest runs with this interpreter, whose installation is shown read-only in the sandbox, at
+    # its real place and at the place it was reached by (a venv behind a symbolic link).
+    self.python_paths = tuple(sorted({(os.path.realpath(p), q) for p in (sys.prefix, sys.base_prefix)
+                                      for q in (os.path.realpath(p), os.path.abspath(p))
                                       if not os.path.realpath(p).startswith("/usr/")}))
 
   def _env(self) -> dict[str, str]:
@@ -56,7 +58,7 @@ class SweEnv(sandbox.SandboxedEnv):
     """Runs a tool in the episode's sandbox, in the repository; returns (exit code, output)."""
     argv = self._argv(args, self.inner_repo, self.python_paths)
     rc, out, timed_out = sandbox.run(argv, cwd=self.repo, env=self._env(), timeout=timeout,
-                                     max_output=self.limits.output_bytes)
+                                     max_output=self.limits.output_bytes, limits=self.limits)
     return (124, f"[timed out after {timeout:g} s]\n") if timed_out else (rc, out)
 
   def reset(self, seed: int) -> str:
@@ -72,6 +74,7 @@ class SweEnv(sandbox.SandboxedEnv):
       os.makedirs(os.path.dirname(full), exist_ok=True)
       with open(full, "w") as f:
         f.write(text)
+    self._hand_over()
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
                 ["git", "commit", "-q", "-m", f"{world.package}: first version"]):
       rc, out = self._run(cmd)
@@ -95,12 +98,15 @@ class SweEnv(sandbox.SandboxedEnv):
     self._remove_dir()
 
   def _safe(self, rel: Any) -> str:
+    """The host path of `rel` inside the repository (a path that leaves it is refused); the
+    files themselves are only ever opened through `confined`."""
     if not isinstance(rel, str) or not rel:
       raise ValueError("path must be a non-empty string")
-    full = os.path.realpath(os.path.join(self.repo, rel))
-    if full != self.repo and not full.startswith(self.repo + os.sep):
-      raise ValueError(f"path '{rel}' is outside the repository")
-    return full
+    try:
+      names = confined.parts(rel)
+    except confined.Refused:
+      raise ValueError(f"path '{rel}' is outside the repository") from None
+    return os.path.join(self.repo, *names)
 
   def step(self, action: str) -> str:
     if not self.sandbox:
@@ -118,23 +124,38 @@ class SweEnv(sandbox.SandboxedEnv):
     return base.truncate(out.rstrip("\n") + "\n", self.max_obs_chars)
 
   def _do_ls(self, path: str = ".") -> str:
-    full = self._safe(path)
-    if not os.path.isdir(full):
+    self._safe(path)
+    if confined.kind(self.repo, path) != "dir":
       return f"ls: cannot access '{path}': No such file or directory"
-    names = sorted(n + ("/" if os.path.isdir(os.path.join(full, n)) else "")
-                   for n in os.listdir(full) if n != ".git")
-    return "\n".join(names)
+    return "\n".join(n + ("/" if k == "dir" else "") for n, k in confined.listdir(self.repo, path)
+                     if n != ".git")
+
+  def _read(self, path: str) -> str | None:
+    """The text of a regular file of the repository, None when missing; a link, FIFO or device
+    (which the agent's code can leave there) is refused with a clear error, never opened."""
+    what = confined.kind(self.repo, path)
+    if what is None:
+      return None
+    if what == "dir":
+      raise ValueError(f"'{path}' is a directory; use ls")
+    try:
+      return confined.read_bytes(self.repo, path, confined.MAX_READ).decode("utf-8", "replace")
+    except FileNotFoundError:
+      return None
+    except OSError as e:
+      raise ValueError(f"cannot read '{path}': {e}") from None
 
   def _do_view(self, path: str, start: int = 1, end: int | None = None) -> str:
-    full = self._safe(path)
-    if os.path.isdir(full):
-      return f"Error: '{path}' is a directory; use ls"
-    if not os.path.exists(full):
+    self._safe(path)
+    text = self._read(path)
+    if text is None:
       return f"Error: file '{path}' does not exist"
-    lines = open(full).read().splitlines()
+    lines = text.splitlines()
     if not isinstance(start, int) or start < 1 or start > max(1, len(lines)):
       return f"Error: start line {start} is outside 1..{len(lines)}"
-    end = len(lines) if end is None else min(int(end), len(lines))
+    if end is not None and (not isinstance(end, int) or end < start):
+      return f"Error: end line {end} is before start line {start}"
+    end = len(lines) if end is None else min(end, len(lines))
     return "\n".join(f"{i:4d}  {lines[i - 1]}" for i in range(start, end + 1))
 
   def _do_search(self, pattern: str, path: str = ".") -> str:
@@ -146,18 +167,20 @@ class SweEnv(sandbox.SandboxedEnv):
     return out if out else f"(no matches for /{pattern}/)" if rc == 1 else out
 
   def _do_edit(self, path: str, old: str, new: str) -> str:
-    full = self._safe(path)
-    if not os.path.isfile(full):
+    self._safe(path)
+    text = self._read(path)
+    if text is None:
       return f"Error: file '{path}' does not exist"
-    text = open(full).read()
     n = text.count(old)
     if n == 0:
       return f"Error: `old` text not found in {path}; nothing changed"
     if n > 1:
       return f"Error: `old` text occurs {n} times in {path}; give more context"
     text = text.replace(old, new)
-    with open(full, "w") as f:
-      f.write(text)
+    try:
+      confined.write_text(self.repo, path, text)
+    except OSError as e:
+      raise ValueError(f"cannot write '{path}': {e}") from None
     line = text[:text.index(new)].count("\n") + 1 if new else 1
     lines = text.splitlines()
     lo, hi = max(1, line - 2), min(len(lines), line + new.count("\n") + 2)

@@ -22,7 +22,7 @@ import subprocess
 import time
 from typing import Any
 
-from lwm_jax.envs import base, sandbox
+from lwm_jax.envs import base, confined, sandbox
 from lwm_jax.envs.terminal_worlds import NAMES, generate_world
 
 HOME_SHOWN = "/home/user"
@@ -80,6 +80,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     self._fix_mtimes(force=True)
+    self._hand_over()
     kind = rng.choice(_TASKS)  # drawn even when self.task fixes it: the goal's draws stay
     kind = self.task or kind
     self.goal = self._make_goal(kind, rng)
@@ -97,7 +98,8 @@ class TerminalEnv(sandbox.SandboxedEnv):
     argv = self._argv(["bash", "--noprofile", "--norc"], self.inner_home)
     status_r, status_w = os.pipe()
     try:
-      self.proc = sandbox.popen(argv, pids_max=self.limits.processes, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      self.proc = sandbox.popen(argv, pids_max=self.limits.processes, memory_mb=self.limits.memory_mb,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd=self.home, env=env,
                                 start_new_session=True, pass_fds=(status_w,))
     finally:
@@ -282,19 +284,12 @@ class TerminalEnv(sandbox.SandboxedEnv):
         pass
 
   def _fix_mtimes(self, force: bool = False) -> None:
-    """Gives files the sandbox clock's time (real time never reaches an observation)."""
+    """Gives files the sandbox clock's time (real time never reaches an observation).
+
+    Confined to the episode directory: no link is followed, a folder swapped for a link while
+    this runs is passed over, and entries that vanish meanwhile are skipped."""
     stamp = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
-    for dirpath, dirnames, filenames in os.walk(self.sandbox):
-      for name in dirnames + filenames:
-        p = os.path.join(dirpath, name)
-        try:
-          st = os.lstat(p)
-          if force or st.st_mtime > base.FIXED_EPOCH + 10_000_000:
-            os.utime(p, (stamp, stamp), follow_symlinks=False)
-        except OSError:
-          pass
-      if force or os.stat(dirpath).st_mtime > base.FIXED_EPOCH + 10_000_000:
-        os.utime(dirpath, (stamp, stamp))
+    confined.stamp_tree(self.sandbox, stamp, None if force else base.FIXED_EPOCH + 10_000_000)
 
   # -- tasks -----------------------------------------------------------------------------------
   def _make_goal(self, kind: str, rng: random.Random) -> dict[str, Any]:

@@ -59,7 +59,7 @@ import re
 import sqlite3
 from typing import Any, Callable, Iterable, Sequence
 
-from lwm_jax.envs import base
+from lwm_jax.envs import base, confined
 
 # Agent task seeds: [start, stop) per split. Collection runs with base seed S play episode seeds
 # S * 1_000_003 + i (`recorder.episode_seed`), so these ranges stay clear of every base seed below
@@ -238,29 +238,28 @@ def _check_terminal(env: Any, g: dict[str, Any], turns: Turns) -> Verdict:
   k = g["kind"]
   if k == "count_errors":
     n = sum("ERROR" in l for l in files[lay["log"]].splitlines())
-    path = os.path.join(home, "report.txt")
-    if not os.path.isfile(path):
-      return _v(False, 0, f"no ~/report.txt; the log has {n} ERROR lines")
-    text = _read(path).strip()
+    text = _read(home, "report.txt")
+    if text is None:
+      return _v(False, 0, f"no ~/report.txt (a regular file); the log has {n} ERROR lines")
+    text = text.strip()
     return _v(text == str(n), 0, f"report.txt holds {text[:40]!r}, the log has {n} ERROR lines")
   if k == "backup_csv":
     csvs = sorted(p for p in files if p.startswith(lay["data"] + "/") and p.endswith(".csv"))
-    done = sum(_read(os.path.join(home, g["backup"], os.path.basename(p))) == files[p] for p in csvs)
+    done = sum(_read(home, os.path.join(g["backup"], os.path.basename(p))) == files[p] for p in csvs)
     return _share(done, len(csvs), f"CSV files of {lay['data']}/ copied intact to {g['backup']}/")
   if k == "rename_notes":
     txts = sorted(p for p in files if os.path.dirname(p) == lay["notes"] and p.endswith(".txt"))
-    done = sum(not os.path.exists(os.path.join(home, p))
-               and _read(os.path.join(home, p[:-4] + ".md")) == files[p] for p in txts)
+    done = sum(confined.kind(home, p) is None and _read(home, p[:-4] + ".md") == files[p]
+               for p in txts)
     return _share(done, len(txts), f".txt notes of {lay['notes']}/ renamed to .md with their text")
   raise ValueError(f"terminal: unknown goal kind {k!r}")
 
 
-def _read(path: str) -> str | None:
-  try:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      return f.read()
-  except OSError:
-    return None
+def _read(root: str, rel: str) -> str | None:
+  """The text of regular file `rel` under the episode folder `root`, or None (missing, or a link,
+  FIFO or device the agent left there: the host never follows or opens those), read up to
+  `confined.MAX_READ` bytes."""
+  return confined.read_text(root, rel)
 
 
 # -- swe ------------------------------------------------------------------------------------------
@@ -279,7 +278,7 @@ def _pytest_counts(out: str) -> tuple[int, int]:
 
 def _check_swe(env: Any, g: dict[str, Any], turns: Turns) -> Verdict:
   changed = sorted(p for p, text in env.world.files.items()
-                   if p.startswith("tests/") and _read(os.path.join(env.repo, p)) != text)
+                   if p.startswith("tests/") and _read(env.repo, p) != text)
   rc, out = env.suite_result()
   passed, failed = _pytest_counts(out)
   share = passed / max(passed + failed, 1)
@@ -401,7 +400,7 @@ def _check_os(env: Any, g: dict[str, Any], turns: Turns) -> Verdict:
   home, world = env.home, env.world
   k = g["kind"]
   if k == "edit":
-    text = _read(os.path.join(home, g["file"]))
+    text = _read(home, g["file"])
     if text is None:
       return _v(False, 0, f"~/{g['file']} is gone")
     lines = text.splitlines()
@@ -416,7 +415,7 @@ def _check_os(env: Any, g: dict[str, Any], turns: Turns) -> Verdict:
   if k == "rename":
     new = os.path.join(home, os.path.dirname(g["file"]), g["newname"])
     old_gone = not os.path.exists(os.path.join(home, g["file"]))
-    same = _read(new) == world["files"][g["file"]]
+    same = _read(home, os.path.join(os.path.dirname(g["file"]), g["newname"])) == world["files"][g["file"]]
     return _v(old_gone and same, 0.5 * same,
               f"~/{g['file']} {'gone' if old_gone else 'still there'}; {g['newname']} "
               f"{'holds its text' if same else 'missing or different'}")

@@ -18,6 +18,7 @@ and `score` steps read them. See docs/benchmark.md.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Iterable, Mapping
 
@@ -26,6 +27,37 @@ from lwm_jax.data.reply import parse_prediction
 from lwm_jax.eval import records as R
 from lwm_jax.eval.metrics import DIMENSIONS, sample_score, valid_score
 from lwm_jax.eval.runner import ForeignFileError, read_rows, scan_jsonl
+
+log = logging.getLogger(__name__)
+
+
+def _tally(path: str, rows: list, judged: bool, report: dict | None) -> dict[str, int]:
+  """Counts what an official file holds that our rows cannot keep as it is: a key seen before
+  (the later row wins), a domain the bundled schema does not know, a score outside 1..5 or not a
+  number, a field named like a score dimension that is not one. Logged as one warning and added
+  to `report` (when given); nothing here is dropped without being counted."""
+  from lwm_jax.data import schema  # pylint: disable=import-outside-toplevel
+  counts = {"rows": len(rows), "duplicate_keys": 0, "unknown_domains": 0,
+            "out_of_range_scores": 0, "unknown_dimensions": 0}
+  seen: set[str] = set()
+  for rec, row, _ in rows:
+    key = R.record_key(rec)
+    counts["duplicate_keys"] += key in seen
+    seen.add(key)
+    counts["unknown_domains"] += R.domain(rec) not in schema.DOMAINS
+    if judged and not row.get("failed"):
+      # 0 is the official judge's mark of an invalid dimension (left out of the mean)
+      counts["out_of_range_scores"] += sum(
+          d in row and valid_score(row.get(d)) is None and not (
+              row.get(d) == 0 and not isinstance(row.get(d), bool)) for d in DIMENSIONS)
+      counts["unknown_dimensions"] += sum(
+          k.lower() in {d.lower() for d in DIMENSIONS} and k not in DIMENSIONS for k in row)
+  bad = {k: v for k, v in counts.items() if k != "rows" and v}
+  if bad:
+    log.warning("%s: %s", path, ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in bad.items()))
+  if report is not None:
+    report.update(counts)
+  return counts
 
 OURS, OFFICIAL = "ours", "official"
 ROW_FORMATS = ("auto", OURS, OFFICIAL)
@@ -82,13 +114,17 @@ def prediction_from_gen(gen: str) -> str:
   return R.clean_prediction(parse_prediction(gen))
 
 
-def read_predictions(path: str, row_format: str = "auto") -> dict[str, dict[str, Any]]:
-  """A predictions file of either shape as our rows by key; writes nothing."""
+def read_predictions(path: str, row_format: str = "auto",
+                     report: dict | None = None) -> dict[str, dict[str, Any]]:
+  """A predictions file of either shape as our rows by key; writes nothing. For an official
+  file, what cannot be kept as it is is counted (`_tally`) into `report` and logged."""
   fmt = file_format(path) if row_format == "auto" else row_format
   if fmt == OURS:
     return read_rows(path)
   out: dict[str, dict[str, Any]] = {}
-  for rec, row, where in _official_rows(path):
+  rows = _official_rows(path)
+  _tally(path, rows, False, report)
+  for rec, row, where in rows:
     gen = row.get("gen", "")
     if not isinstance(gen, str):
       raise ForeignFileError(f"{where}: field 'gen' is a {type(gen).__name__}, not a string")
@@ -107,13 +143,17 @@ def _official_scores(row: Mapping[str, Any], where: str) -> dict[str, float | No
   return {d: valid_score(row.get(d)) for d in DIMENSIONS}
 
 
-def read_judged(path: str, row_format: str = "auto") -> dict[str, dict[str, Any]]:
-  """A judged file of either shape as our rows by key (failed rows keep `scores: null`)."""
+def read_judged(path: str, row_format: str = "auto",
+                report: dict | None = None) -> dict[str, dict[str, Any]]:
+  """A judged file of either shape as our rows by key (failed rows keep `scores: null`); for an
+  official file, what cannot be kept as it is is counted into `report` and logged (`_tally`)."""
   fmt = file_format(path) if row_format == "auto" else row_format
   if fmt == OURS:
     return read_rows(path)
   out: dict[str, dict[str, Any]] = {}
-  for rec, row, where in _official_rows(path):
+  rows = _official_rows(path)
+  _tally(path, rows, True, report)
+  for rec, row, where in rows:
     if "failed" not in row:
       raise ForeignFileError(f"{where}: an official prediction row (no 'failed'), not a judged "
                              "row: run the judge on it first")

@@ -71,6 +71,9 @@ def scan_jsonl(path: str, parse: Callable[[dict[str, Any], str], None]
       continue
     try:
       row = json.loads(line)
+    except RecursionError:
+      raise ForeignFileError(f"{path}:{lineno}: JSON nested too deeply; not a results file of "
+                             "this program") from None
     except json.JSONDecodeError as e:
       if lineno in known:
         continue

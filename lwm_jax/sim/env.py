@@ -92,14 +92,21 @@ class World:
               "simulation_instruction"):
       if not isinstance(getattr(self, f), str):
         raise ValueError(f"world.{f}: must be a string, got {type(getattr(self, f)).__name__}")
+      check_text(getattr(self, f), f"world.{f}")
     if not isinstance(self.goal, dict):
       raise ValueError(f"world.goal: must be an object, got {type(self.goal).__name__}")
+    check_nesting(self.goal, "world.goal")
     if self.finish_actions is None:
       self.finish_actions = finish_actions_for(self.domain)
     else:
+      if not isinstance(self.finish_actions, (list, tuple)):
+        raise ValueError("world.finish_actions: must be a list of action names, got "
+                         f"{type(self.finish_actions).__name__}")
       names = tuple(self.finish_actions)
       if not all(isinstance(n, str) and n for n in names):
         raise ValueError("world.finish_actions: must be non-empty strings")
+      for n in names:
+        check_text(n, "world.finish_actions")
       self.finish_actions = names
 
   @classmethod
@@ -143,6 +150,33 @@ class World:
 
   def is_finish(self, action: str) -> bool:
     return action_name(action) in (self.finish_actions or ())
+
+
+MAX_NESTING = 64
+
+
+def check_text(text: str, where: str) -> None:
+  """ValueError naming `where` when `text` cannot be encoded as UTF-8 (a lone surrogate such as
+  '\\ud800', which JSON allows and the tokenizer cannot take)."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise ValueError(f"{where}: not valid Unicode text (a lone surrogate at character "
+                     f"{e.start})") from None
+
+
+def check_nesting(value: Any, where: str, limit: int = MAX_NESTING) -> None:
+  """ValueError when lists/objects in `value` nest deeper than `limit` (checked without
+  recursion, so a 50,000-deep goal is refused rather than overflowing the stack)."""
+  todo = [(value, 1)]
+  while todo:
+    v, depth = todo.pop()
+    if isinstance(v, (dict, list, tuple)):
+      if depth > limit:
+        raise ValueError(f"{where}: nested deeper than {limit} levels")
+      todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    elif isinstance(v, str):
+      check_text(v, where)
 
 
 @dataclasses.dataclass
@@ -220,6 +254,7 @@ class SimulatedEnv(base.Env):
       raise RuntimeError(f"the episode is over ({len(self.turns)} turns); call reset(seed)")
     if not isinstance(action, str):
       raise TypeError(f"action: expected a string, got {type(action).__name__}")
+    check_text(action, "action")
 
   def trajectory(self, traj_id: str = "simulated") -> Trajectory:
     w = self.world

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import threading
 from typing import Any
@@ -156,17 +157,25 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--temperature", type=float, default=0.0)
   ap.add_argument("--decode_layout", default="auto")
   args = ap.parse_args(argv)
+  for name in ("max_tokens", "max_turns"):
+    if getattr(args, name) < 1:
+      ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  if not os.path.exists(args.checkpoint):
+    ap.error(f"--checkpoint: {args.checkpoint} does not exist")
   try:
     from lwm_jax.sim import perturb
     world = perturb.apply(load_world(args), args.perturb)
-  except (ValueError, OSError) as e:
-    ap.error(str(e))
+  except (ValueError, OSError, TypeError, RecursionError) as e:
+    ap.error(f"{type(e).__name__}: {e}" if isinstance(e, RecursionError) else str(e))
   import anyio
   from mcp.server.stdio import stdio_server
   from lwm_jax.sampling.params import SamplingParams
   from lwm_jax.sampling.sampler import Sampler
-  sampler = Sampler.from_checkpoint(args.checkpoint, tokenizer=args.tokenizer,
-                                    decode_layout=args.decode_layout)
+  try:
+    sampler = Sampler.from_checkpoint(args.checkpoint, tokenizer=args.tokenizer,
+                                      decode_layout=args.decode_layout)
+  except (ValueError, OSError) as e:  # CheckpointError is a ValueError
+    ap.error(str(e))
   params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_tokens)
   tools = SimulatedTools(SimulatedEnv(sampler, world, params=params, max_turns=args.max_turns),
                          args.seed)

@@ -84,6 +84,8 @@ def _load_body(raw: bytes) -> dict:
     body = json.loads(raw or b"null")
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise HttpError(400, f"body: not valid JSON ({e})") from None
+  except RecursionError:
+    raise HttpError(400, "body: JSON nested too deeply") from None
   if not isinstance(body, dict):
     raise HttpError(400, f"body: expected a JSON object, got {type(body).__name__}")
   return body
@@ -155,7 +157,7 @@ def world_from_request(body: dict, trajectory_root: str = ".") -> World:
         return World.from_trajectory(traj)
     which = f"id '{want_id}'" if want_id is not None else f"index {index}"
     raise HttpError(400, f"trajectory_file: {path} has no trajectory with {which}")
-  except (ValueError, OSError) as e:  # RecordError is a ValueError
+  except (ValueError, OSError, TypeError) as e:  # RecordError is a ValueError
     where = "trajectory" if "trajectory" in body else ""
     raise HttpError(400, f"{where + ': ' if where else ''}{e}") from None
 
@@ -223,7 +225,7 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
                          variant=_field(body, "variant", int, 0),
                          verifier=task_verifier(*_task(body)) if "task" in body else None)
       obs = env.reset(_field(body, "seed", int, 0))
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
       raise HttpError(400, str(e)) from None
     eid = "ep-" + uuid.uuid4().hex[:16]
     episodes[eid] = _Episode(env)
@@ -264,7 +266,10 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
     return _result_json(result)
 
   async def _step(env: SimulatedEnv, action: str) -> StepResult:
-    env.check_step(action)
+    try:
+      env.check_step(action)
+    except ValueError as e:
+      raise HttpError(400, str(e)) from None
     if env.world.is_finish(action):
       return await _record(env, action, None, 0.0)
     t0 = time.perf_counter()

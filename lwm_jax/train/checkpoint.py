@@ -128,10 +128,12 @@ class Checkpointer:
     return self._verified[step]
 
   def last_good_step(self) -> int | None:
-    """The newest saved step whose files still match their checksums (reads them: error paths)."""
+    """The newest saved step whose files still match their checksums (reads them: error paths);
+    a step without checksums.json cannot be vouched for and is passed over."""
     self._finish_pending()
     for step in sorted(self.mgr.all_steps(), reverse=True):
-      if not self.verify(step):
+      if not self.verify(step) and os.path.exists(os.path.join(self.step_dir(step),
+                                                               checkpoints.CHECKSUMS)):
         return step
     return None
 
@@ -168,6 +170,7 @@ class Checkpointer:
                                                          meta=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax and TensorStore raise many types for a damaged folder
       raise checkpoints.orbax_error(self.step_dir(step), e) from None
+    checkpoints.check_finite(r["state"], self.step_dir(step))
     it = (r["data"] or {}).get(f"process_{jax.process_index()}")
     if it is None:
       raise CheckpointError(f"{self.step_dir(step)}/data: no iterator state for process "

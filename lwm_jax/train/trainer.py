@@ -351,9 +351,10 @@ def _checked_loss(m: dict, step: int, kind: StepKind, ckpt, source, seq_len: int
     ckpt.wait()
     last = ckpt.last_good_step()  # the newest step whose files still verify
     raise TrainingDiverged(
-        f"loss is {loss} at step {step}; stopping. The last good checkpoint is {ckpt.dir}/{last}"
-        if last is not None else
-        f"loss is {loss} at step {step}; stopping (no checkpoint was saved yet).")
+        f"loss is {loss} at step {step}; stopping. The last checkpoint that verifies against its "
+        f"checksums is {ckpt.dir}/{last}" if last is not None else
+        f"loss is {loss} at step {step}; stopping (no saved checkpoint verifies against its "
+        "checksums: none was saved yet, or they have no checksums.json).")
   if float(m[kind.target_metric]) == 0 and not kind.empty_ok:
     raise EmptyBatchError(
         f"step {step}: no token of the batch carries loss weight, so there is nothing to train "
