@@ -83,7 +83,7 @@ class ChatTemplate:
                origin: str = "chat_template"):
     import jinja2  # pylint: disable=import-outside-toplevel
     from jinja2 import sandbox  # pylint: disable=import-outside-toplevel
-    self.tokenizer, self.origin = tokenizer, origin
+    self.tokenizer, self.origin, self.source = tokenizer, origin, source
     self.bos_token, self.eos_token = bos_token, eos_token
     env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])

@@ -2,7 +2,8 @@
 
 A prompt is a string (used as is), a chat (a list of `{"role", "content"}` messages, rendered with
 the checkpoint's own Jinja chat template when it ships one, else the tokenizer's ChatML, plus the
-assistant generation prompt), or a list of token ids. Replies end at the end-of-turn token, the
+assistant generation prompt; a folder we exported ships our ChatML template, which is encoded turn by
+turn as in training, `chat_template.chatml_ids`), or a list of token ids. Replies end at the end-of-turn token, the
 end-of-text token and the checkpoint's `generation_config.json` eos ids; none of them ever appears
 in a reply's text.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
@@ -15,6 +16,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from lwm_jax.data.reply import THINK_OPEN, split_reasoning
+from lwm_jax.hf_tokenizer import OUR_TEMPLATES
 from lwm_jax.sampling.chat_template import (ChatTemplate, GenerationDefaults, chatml_ids,
                                             end_token_ids)
 from lwm_jax.sampling.engine import Engine
@@ -163,7 +165,7 @@ class Sampler:
     for k in ("messages", "add_generation_prompt"):
       if k in kwargs:
         raise ValueError(f"chat_template_kwargs: '{k}' is set by the server, not by a request")
-    if self.chat_template is not None:
+    if self.chat_template is not None and self.chat_template.source not in OUR_TEMPLATES:
       text = self.chat_template.render(messages, add_generation_prompt=True, **kwargs)
       return self.chat_template.encode(text), text.rstrip().endswith(THINK_OPEN)
     unknown = sorted(set(kwargs) - {"enable_thinking"})
