@@ -31,10 +31,11 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 SP_MODEL = "tokenizer.model"
 # The ChatML layout our tokenizers encode (`Tokenizer.chat_text`), as a Jinja chat template;
 # `enable_thinking=false` closes an empty thinking block after the generation prompt, as
-# `chat_template.chatml_ids` does.
+# `chat_template.chatml_ids` does; a `developer` message is a system message (as our server reads it).
 CHATML_TEMPLATE = (
     "{%- for m in messages -%}"
-    "{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' -}}"
+    "{%- set role = 'system' if m['role'] == 'developer' else m['role'] -%}"
+    "{{- '<|im_start|>' + role + '\n' + m['content'] + '<|im_end|>' + '\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}"
     "{%- if enable_thinking is defined and enable_thinking is false -%}"

@@ -99,6 +99,7 @@ class _Rows:
   choice: jax.Array
   max_new: jax.Array
   stop_ids: jax.Array  # [B, K], -1 = unused
+  min_new: jax.Array  # [B]: stop ids are banned until this many tokens are generated
   repetition: jax.Array
   presence: jax.Array
   frequency: jax.Array
@@ -160,6 +161,9 @@ def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carr
   b = carry["pos"].shape[0]
   rows_b = jnp.arange(b)
   base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
+  vocab = carry["logits"].shape[-1]
+  stop_BxV = jnp.zeros((b, vocab), bool).at[
+      rows_b[:, None], jnp.clip(rows.stop_ids, 0, vocab - 1)].max(rows.stop_ids >= 0)
 
   def cond(c):
     return (c["i"] < steps) & ~jnp.all(c["done"])
@@ -168,7 +172,8 @@ def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carr
     keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
     tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
                             rows.min_p, (c["counts"], c["seen"], rows.repetition, rows.presence,
-                                         rows.frequency))
+                                         rows.frequency),
+                            stop_BxV & (c["n_gen"] < rows.min_new)[:, None])
     active = ~c["done"]
     i = c["i"]
     out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
@@ -420,7 +425,9 @@ class Engine:
         choice=self._put(ch),
         max_new=self._put(np.concatenate([np.array(max_new, np.int32),
                                           np.ones(b - n, np.int32)])),
-        stop_ids=self._put(stop_arr), repetition=f32("repetition_penalty"),
+        stop_ids=self._put(stop_arr),
+        min_new=self._put(np.array([p.min_tokens for p in allp], np.int32)),
+        repetition=f32("repetition_penalty"),
         presence=f32("presence_penalty"), frequency=f32("frequency_penalty"))
     done = np.zeros(b, bool)
     done[n:] = True
