@@ -41,7 +41,7 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
   port = free_port()
   proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
                            "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16",
-                           "--max_tokens=16"],
+                           "--max_tokens=16", f"--compilation_cache={checkpoint}/jax_cache"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
   try:
     deadline = time.time() + 180
@@ -65,9 +65,12 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
     proc.terminate()
     proc.wait(timeout=30)
   log = proc.stdout.read()
-  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 16: one cache bucket each.
-  assert re.search(r"warm-up: compiled 3 shapes \(batches up to 4 rows, prompts up to 16 tokens, "
-                   r"max_tokens 16\) in [0-9.]+ s", log), log[-3000:]
+  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 16: one cache bucket each;
+  # ready after the lone request's shape, the other two compiled while serving.
+  assert re.search(r"ready after [0-9.]+ s: 1 warm-up shapes compiled; 2 more in the background",
+                   log), log[-3000:]
+  assert re.search(r"warm-up finished after [0-9.]+ s \(3 shapes\)", log), log[-3000:]
+  assert os.listdir(checkpoint / "jax_cache")  # compiled shapes kept for the next start
 
 
 def test_serve_rejects_an_unknown_decode_dtype(checkpoint):

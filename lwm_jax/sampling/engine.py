@@ -374,6 +374,15 @@ class Engine:
     number of shapes and the seconds it took; a request outside these compiles on first use."""
     import time  # pylint: disable=import-outside-toplevel
     t0 = time.perf_counter()
+    plans = self.warmup_plans(max_prompt_len, max_new_tokens, batch_sizes)
+    for plan in plans:
+      self.warmup_plan(plan)
+    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+
+  def warmup_plans(self, max_prompt_len: int, max_new_tokens: Sequence[int],
+                   batch_sizes: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+    """The (batch, prefill chunk, cache length) shapes `warmup` compiles, smallest batch first
+    (a lone request's shapes are the commonest), then by cache length."""
     if batch_sizes is None:
       top, batch_sizes, x = _pow2(self.max_batch, self.min_batch_bucket), [], self.min_batch_bucket
       while x <= top:
@@ -387,10 +396,13 @@ class Engine:
           room = min(int(m), self.context - length)
           b, s, chunk, t = self.shapes([length] * n, [room])
           plans.add((n, chunk, t))  # compiled code depends on (batch, chunk, cache length)
-    for n, chunk, t in sorted(plans):
-      self._run([[0] * chunk] * n, [SamplingParams(temperature=0, max_new_tokens=1)] * n,
-                [[]] * n, None, [1] * n, self.shapes([chunk] * n, [1]), 0, None, cache_len=t)
-    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+    return sorted(plans, key=lambda p: (p[0], p[2], p[1]))
+
+  def warmup_plan(self, plan: tuple[int, int, int]) -> None:
+    """Compiles (and runs once, on dummy rows that stop after one step) one warm-up shape."""
+    n, chunk, t = plan
+    self._run([[0] * chunk] * n, [SamplingParams(temperature=0, max_new_tokens=1)] * n,
+              [[]] * n, None, [1] * n, self.shapes([chunk] * n, [1]), 0, None, cache_len=t)
 
   def _run(self, prompts, params, stop_ids, choices, max_new, shapes, top_n, on_chunk,
            cache_len: int | None = None) -> list[RowOutput]:

@@ -173,6 +173,53 @@ def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
   return info
 
 
+class BackgroundWarmup:
+  """Compiles warm-up shapes on a thread while the server answers: the `first` shapes (a lone
+  request's, the commonest), after which the server reports ready (/health 200, as vLLM does once
+  its engine is up; 503 "loading" before), then the rest, one shape at a time between batches
+  (each holds the sampler's lock only while it compiles)."""
+
+  def __init__(self, sampler: Sampler, first: Sequence, rest: Sequence):
+    self.sampler, self.first, self.rest = sampler, list(first), list(rest)
+    self.done = 0
+    self.ready_at: float | None = None
+    self.finished_at: float | None = None
+    self.error: str | None = None
+    self.t0 = time.monotonic()
+    self._thread = threading.Thread(target=self._loop, name="lwm-warmup", daemon=True)
+
+  def start(self) -> "BackgroundWarmup":
+    self._thread.start()
+    return self
+
+  def _loop(self) -> None:
+    try:
+      for i, plan in enumerate(self.first + self.rest):
+        with self.sampler.lock:
+          self.sampler.engine.warmup_plan(plan)
+        self.done += 1
+        if i + 1 == len(self.first):
+          self.ready_at = time.monotonic()
+          log.info("ready after %.1f s: %d warm-up shapes compiled; %d more in the background",
+                   self.ready_at - self.t0, len(self.first), len(self.rest))
+      if not self.first:
+        self.ready_at = time.monotonic()
+    except Exception as e:  # noqa: BLE001 - a failed warm-up leaves shapes to compile on use
+      self.error = f"{type(e).__name__}: {e}"
+      log.exception("warm-up failed; shapes will compile when first used")
+      self.ready_at = self.ready_at or time.monotonic()
+    self.finished_at = time.monotonic()
+    log.info("warm-up finished after %.1f s (%d shapes)", self.finished_at - self.t0, self.done)
+
+  def state(self) -> tuple[bool, str]:
+    total = len(self.first) + len(self.rest)
+    if self.ready_at is None:
+      return False, f"compiling warm-up shapes ({self.done} of {len(self.first)} before ready)"
+    if self.done < total and self.error is None:
+      return True, f"serving; {total - self.done} warm-up shapes still compiling in the background"
+    return True, ""
+
+
 # ------------------------------------------------------------------------------------ app
 def _post(loop, q, k: int, delta: Delta) -> None:
   """Hands a streamed delta to the request's event loop (a vanished client is not an error)."""
