@@ -9,9 +9,10 @@ Face folder (config.json + *.safetensors + tokenizer.json). Try it with
 Start-up: compiled shapes are kept in JAX's persistent compilation cache (--compilation_cache:
 auto = ~/.cache/lwm_jax/jax_cache, a folder, or off), so a restart reads them instead of compiling.
 The server listens at once and compiles the engine's shapes for prompts up to --warmup_prompt_len
-tokens and the default max_tokens (--warmup_max_tokens adds other budgets): a lone request's shapes
+tokens, the default max_tokens and the whole context (--warmup_max_tokens adds other budgets): a
+lone request's shapes
 first, after which /health (and /ping) answer 200 and requests are served, then the larger batch
-buckets up to --max_batch in the background, between batches. Before it is ready, /health answers
+buckets up to --max_batch in the background, beside the batches being served. Before it is ready, /health answers
 503 with what is compiling, and generation requests get 503 (as a vLLM server that is not up yet
 cannot serve them). --nowarmup_background compiles everything before listening (the old way);
 --nowarmup skips the warm-up (the first requests of each new shape then wait for their
@@ -79,7 +80,7 @@ def main(argv):
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling import compile_cache  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling.server import (BackgroundWarmup, create_app,  # pylint: disable=import-outside-toplevel
-                                       default_max_tokens, warmup)
+                                       default_max_tokens_for, warmup)
   logging.getLogger().setLevel(logging.INFO)
   f = flags.FLAGS
   compile_cache.enable(f.compilation_cache)
@@ -93,11 +94,14 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   name = f.model_name or os.path.basename(os.path.abspath(f.checkpoint).rstrip("/"))
-  max_tokens = default_max_tokens(sampler, f.max_tokens)
+  max_tokens = default_max_tokens_for(sampler, f.max_tokens)
   ready = None
   if f.warmup:
     try:
-      budgets = sorted({max_tokens} | {int(x) for x in f.warmup_max_tokens})
+      # The default budget, and the whole context: what a client asking for more than the
+      # context leaves gets (the official client asks for 32768).
+      budgets = sorted({max_tokens, sampler.engine.context} |
+                       {int(x) for x in f.warmup_max_tokens})
     except ValueError:
       print(f"error: --warmup_max_tokens: expected integers, got {f.warmup_max_tokens}",
             file=sys.stderr)

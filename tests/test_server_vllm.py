@@ -217,3 +217,26 @@ def test_endpoints_version_models_ping_metrics(served):
   ok = 'vllm:http_requests_total{endpoint="/v1/chat/completions",model_name="tiny-sp",status="200"}'
   assert after[ok] - before.get(ok, 0) == 1
   assert after["vllm:num_requests_waiting" + lab] == 0
+
+
+def test_readiness_gates_health_and_generation_then_background_warmup(served):
+  from lwm_jax.sampling.server import BackgroundWarmup  # pylint: disable=import-outside-toplevel
+  sampler, _, _ = served
+  state = {"ok": False}
+  app = create_app(sampler, MODEL, max_batch=4, window_ms=5,
+                   ready=lambda: (state["ok"], "compiling warm-up shapes (0 of 1 before ready)"))
+  with BackgroundServer(app) as server:
+    h = httpx.get(server.url + "/health")
+    assert h.status_code == 503 and h.json()["status"] == "loading"
+    assert httpx.get(server.url + "/ping").status_code == 503
+    r = _post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})
+    assert r.status_code == 503 and "not ready" in r.text
+    state["ok"] = True
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert _post(server.url, "/v1/chat/completions",
+                 {"messages": CHAT, "max_tokens": 2}).status_code == 200
+  plans = sampler.engine.warmup_plans(16, [4], batch_sizes=[4])
+  warm = BackgroundWarmup(sampler, plans[:1], plans[1:])
+  assert warm.state()[0] is False
+  warm.start()._thread.join(timeout=300)  # pylint: disable=protected-access
+  assert warm.state() == (True, "") and warm.done == len(plans) and warm.error is None

@@ -341,7 +341,7 @@ def parse_request(body: dict, chat: bool, model_name: str, default_max_tokens: i
       raise BadRequest("'continue_final_message' needs the last message to be the assistant's")
     tpl = body.get("chat_template")
     if tpl is not None and not (isinstance(tpl, str) and tpl.strip()):
-      raise BadRequest(f"'chat_template' must be a non-empty Jinja template string")
+      raise BadRequest("'chat_template' must be a non-empty Jinja template string")
     req.chat_template = tpl
     req.logprobs = _bool(body, "logprobs")
     top = _num(body, "top_logprobs", 0, 0, 20, True)

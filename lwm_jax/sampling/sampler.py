@@ -13,7 +13,6 @@ prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any, Callable, Sequence
 
 from lwm_jax.data.reply import THINK_CLOSE, THINK_OPEN, split_reasoning
@@ -135,8 +134,6 @@ class Sampler:
     self.defaults = defaults or GenerationDefaults()
     self.end_ids = end_token_ids(tokenizer, self.defaults)
     self.engine = Engine(model, mesh=mesh, **engine_kw)
-    # Held while the engine runs a batch: a background warm-up compiles between batches.
-    self.lock = threading.RLock()
 
   @classmethod
   def from_checkpoint(cls, path: str, *, tokenizer=None, mesh=None, **engine_kw: Any) -> "Sampler":
@@ -243,8 +240,7 @@ class Sampler:
 
   def run(self, rows: Sequence[RowRequest]) -> list[Generation]:
     """Generates prepared rows as one batch (what the server's batcher calls)."""
-    with self.lock:
-      return run_rows(self.engine, self.tokenizer, rows, self.end_ids)
+    return run_rows(self.engine, self.tokenizer, rows, self.end_ids)
 
   def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Generation:
     return self.generate([list(messages)], params)[0]

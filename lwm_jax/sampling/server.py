@@ -176,8 +176,8 @@ def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
 class BackgroundWarmup:
   """Compiles warm-up shapes on a thread while the server answers: the `first` shapes (a lone
   request's, the commonest), after which the server reports ready (/health 200, as vLLM does once
-  its engine is up; 503 "loading" before), then the rest, one shape at a time between batches
-  (each holds the sampler's lock only while it compiles)."""
+  its engine is up; 503 "loading" before), then the rest. A warm-up shape runs on its own dummy
+  rows (the engine keeps no state between calls), so it never blocks a batch being served."""
 
   def __init__(self, sampler: Sampler, first: Sequence, rest: Sequence):
     self.sampler, self.first, self.rest = sampler, list(first), list(rest)
@@ -195,8 +195,7 @@ class BackgroundWarmup:
   def _loop(self) -> None:
     try:
       for i, plan in enumerate(self.first + self.rest):
-        with self.sampler.lock:
-          self.sampler.engine.warmup_plan(plan)
+        self.sampler.engine.warmup_plan(plan)
         self.done += 1
         if i + 1 == len(self.first):
           self.ready_at = time.monotonic()
@@ -229,7 +228,7 @@ def _post(loop, q, k: int, delta: Delta) -> None:
     pass
 
 
-def default_max_tokens(sampler: Sampler, flag: int | None = None) -> int:
+def default_max_tokens_for(sampler: Sampler, flag: int | None = None) -> int:
   """A request's max_tokens when it sets none: the flag, else the checkpoint's
   generation_config.json `max_new_tokens`, else 1024."""
   return flag or sampler.defaults.max_new_tokens or 1024
@@ -244,7 +243,7 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
   batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
   max_rows = max_rows_per_request or max_batch
   defaults = sampler.defaults.sampling()
-  default_max = globals()["default_max_tokens"](sampler, default_max_tokens)
+  default_max = default_max_tokens_for(sampler, default_max_tokens)
   context = sampler.engine.context
   metrics = Metrics(model_name, running=lambda: batcher.running, waiting=batcher.waiting)
   ready = ready or (lambda: (True, ""))
