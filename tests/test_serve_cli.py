@@ -61,6 +61,10 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
         temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8 and isinstance(r.choices[0].message.content, str)
     assert r.choices[0].finish_reason == "length"
+    # /health says when the background warm-up is still compiling; wait for it to finish.
+    while "detail" in requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json():
+      assert time.time() < deadline + 180, "background warm-up did not finish"
+      time.sleep(0.5)
   finally:
     proc.terminate()
     proc.wait(timeout=30)
