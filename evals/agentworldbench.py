@@ -96,6 +96,11 @@ _J_STYLE = flags.DEFINE_enum("judge_style", "rubric", STYLES,
 _J_PROMPTS = flags.DEFINE_string("judge_prompts", None,
                                  "Directory laid out like the official repository's prompts/ "
                                  "({domain}/judge_system_prompt.txt), for --judge_style=official.")
+_J_CLIENT = flags.DEFINE_string(
+    "official_client", None, "Root of a checkout of the official Qwen-AgentWorld repository: "
+    "the judge request and the reply parsing are then its own code's (eval/eval.py, "
+    "lwm_eval_utils, prompts/), read at run time, so figures are comparable with published "
+    "ones. Implies --judge_style=official.")
 _J_BASELINES = flags.DEFINE_bool("judge_baselines", True, "Judge the baselines too.")
 _J_SYSTEMS = flags.DEFINE_list("judge_systems", None, "Only judge these systems.")
 _DROP_EMPTY = flags.DEFINE_bool(
@@ -163,9 +168,19 @@ def infer(records, out: str) -> None:
 
 def judge(records, out: str) -> None:
   try:
-    style = make_style(_J_STYLE.value, _J_PROMPTS.value, _J_CONTEXT.value)
+    if _J_CLIENT.value:
+      from lwm_jax.eval.official_client import (  # pylint: disable=import-outside-toplevel
+          OfficialClientError, official_client_style)
+      try:
+        style = official_client_style(_J_CLIENT.value)
+      except OfficialClientError as e:
+        raise ValueError(str(e)) from None
+    else:
+      style = make_style(_J_STYLE.value, _J_PROMPTS.value, _J_CONTEXT.value)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from None
+  from lwm_jax.eval.official_client import judge_protocol  # pylint: disable=import-outside-toplevel
+  print(judge_protocol(_J_STYLE.value, _J_CLIENT.value, _DROP_EMPTY.value))
   backend = _judge_backend()
   systems = _J_SYSTEMS.value or A.list_systems(out, A.PRED_DIR)
   if not _J_BASELINES.value:

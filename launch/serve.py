@@ -6,10 +6,17 @@ DIR is a training workdir (its latest checkpoint is served), a checkpoint step f
 Face folder (config.json + *.safetensors + tokenizer.json). Try it with
 `curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "hi"}]}'`.
 
-Before it listens, the server compiles the engine's shapes for batches up to --max_batch rows,
-prompts up to --warmup_prompt_len tokens and the default --max_tokens (--warmup_max_tokens adds
-other budgets), and logs how long that took; /health answers once it is done. --nowarmup skips it
-(the first requests of each new shape then wait for their compilation).
+Start-up: compiled shapes are kept in JAX's persistent compilation cache (--compilation_cache:
+auto = ~/.cache/lwm_jax/jax_cache, a folder, or off), so a restart reads them instead of compiling.
+The server listens at once and compiles the engine's shapes for prompts up to --warmup_prompt_len
+tokens, the default max_tokens and the whole context (--warmup_max_tokens adds other budgets): a
+lone request's shapes
+first, after which /health (and /ping) answer 200 and requests are served, then the larger batch
+buckets up to --max_batch in the background, beside the batches being served. Before it is ready, /health answers
+503 with what is compiling, and generation requests get 503 (as a vLLM server that is not up yet
+cannot serve them). --nowarmup_background compiles everything before listening (the old way);
+--nowarmup skips the warm-up (the first requests of each new shape then wait for their
+compilation).
 """
 import logging
 import os
@@ -25,7 +32,14 @@ flags.DEFINE_integer("port", 8000, "port", lower_bound=1, upper_bound=65535)
 flags.DEFINE_string("model_name", None, "model id reported by /v1/models (default: folder name)")
 flags.DEFINE_integer("max_batch", 32, "most rows decoded together", lower_bound=1)
 flags.DEFINE_float("window_ms", 10.0, "how long the batcher waits for requests to arrive together")
-flags.DEFINE_integer("max_tokens", 1024, "default max_tokens when a request gives none")
+flags.DEFINE_integer("max_tokens", None, "default max_tokens when a request gives none "
+                     "(default: generation_config.json's max_new_tokens, else 1024)")
+flags.DEFINE_string("compilation_cache", "auto",
+                    "JAX persistent compilation cache: auto (~/.cache/lwm_jax/jax_cache), a "
+                    "folder, or off")
+flags.DEFINE_boolean("warmup_background", True,
+                     "listen at once; compile a lone request's shapes, then report ready and "
+                     "compile the rest while serving")
 flags.DEFINE_integer("max_rows_per_request", 0,
                      "most sequences one request may ask for (n x prompts); 0: --max_batch")
 flags.DEFINE_boolean("warmup", True, "compile the engine's shapes before serving")
@@ -63,9 +77,12 @@ def main(argv):
   del argv
   import uvicorn  # pylint: disable=import-outside-toplevel
   from lwm_jax.sampling.sampler import Sampler  # pylint: disable=import-outside-toplevel
-  from lwm_jax.sampling.server import create_app, warmup  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling import compile_cache  # pylint: disable=import-outside-toplevel
+  from lwm_jax.sampling.server import (BackgroundWarmup, create_app,  # pylint: disable=import-outside-toplevel
+                                       default_max_tokens_for, warmup)
   logging.getLogger().setLevel(logging.INFO)
   f = flags.FLAGS
+  compile_cache.enable(f.compilation_cache)
   try:
     sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer, mesh=parse_mesh(f.mesh),
                                       chunk_steps=f.chunk_steps, max_batch=max(f.max_batch, 1),
@@ -76,17 +93,34 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   name = f.model_name or os.path.basename(os.path.abspath(f.checkpoint).rstrip("/"))
+  max_tokens = default_max_tokens_for(sampler, f.max_tokens)
+  ready = None
   if f.warmup:
     try:
-      budgets = sorted({f.max_tokens} | {int(x) for x in f.warmup_max_tokens})
+      # The default budget, and the whole context: what a client asking for more than the
+      # context leaves gets (the official client asks for 32768).
+      budgets = sorted({max_tokens, sampler.engine.context} |
+                       {int(x) for x in f.warmup_max_tokens})
     except ValueError:
       print(f"error: --warmup_max_tokens: expected integers, got {f.warmup_max_tokens}",
             file=sys.stderr)
       sys.exit(2)
-    warmup(sampler, f.max_batch, f.warmup_prompt_len, budgets)
+    if f.warmup_background:
+      engine = sampler.engine
+      sizes, x = [], engine.min_batch_bucket
+      while x < min(f.max_batch, engine.max_batch):
+        sizes.append(x)
+        x *= 2
+      sizes.append(x)
+      plans = engine.warmup_plans(f.warmup_prompt_len, budgets, batch_sizes=sizes)
+      first = [p for p in plans if p[0] == sizes[0]]
+      ready = BackgroundWarmup(sampler, first, [p for p in plans if p[0] != sizes[0]]).start()
+      ready = ready.state
+    else:
+      warmup(sampler, f.max_batch, f.warmup_prompt_len, budgets)
   uvicorn.run(create_app(sampler, name, max_batch=f.max_batch, window_ms=f.window_ms,
-                         default_max_tokens=f.max_tokens,
-                         max_rows_per_request=f.max_rows_per_request or None),
+                         default_max_tokens=max_tokens,
+                         max_rows_per_request=f.max_rows_per_request or None, ready=ready),
               host=f.host, port=f.port)
 
 

@@ -97,19 +97,21 @@ def _object_end(text: str, start: int) -> int | None:
   return None
 
 
-def json_objects(text: str) -> list[Any]:
-  """Every JSON object (trailing commas repaired) that starts at some `{`, in order of position.
+def json_objects(text: str, repair: Callable[[str], str] | None = None) -> list[Any]:
+  """Every JSON object (trailing commas repaired, or `repair` applied) that starts at some `{`,
+  in order of position.
 
   An object that parses is taken whole (its inner objects are not listed again); one that does
   not is skipped to the next `{`, so an object nested in broken text is still found.
   """
+  repair = repair or repair_json
   objs: list[Any] = []
   i = text.find("{")
   while i != -1:
     end = _object_end(text, i)
     if end is not None:
       try:
-        objs.append(json.loads(repair_json(text[i:end])))
+        objs.append(json.loads(repair(text[i:end])))
       except json.JSONDecodeError:
         pass
       else:
@@ -122,10 +124,10 @@ def json_objects(text: str) -> list[Any]:
 _FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
 
 
-def _fenced_then_bare(text: str) -> list[Any]:
+def _fenced_then_bare(text: str, repair: Callable[[str], str] | None = None) -> list[Any]:
   """Objects in fenced blocks, last first, then bare objects anywhere, last first."""
-  fenced = [o for m in _FENCE_RE.finditer(text) for o in json_objects(m.group(1))]
-  return list(reversed(fenced)) + list(reversed(json_objects(text)))
+  fenced = [o for m in _FENCE_RE.finditer(text) for o in json_objects(m.group(1), repair)]
+  return list(reversed(fenced)) + list(reversed(json_objects(text, repair)))
 
 
 # --------------------------------------------------------------------------- rubric style
@@ -378,28 +380,43 @@ def official_messages(system_prompt: str, context: History, action: str, predict
           {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def official_score(value: Any) -> int | None:
-  """One dimension by the official client's rules; None marks an invalid dimension.
+def official_score(value: Any) -> int:
+  """One dimension by the official client's rules, an integer as it records one.
 
   Integers are kept (JSON true and false count as 1 and 0, as Python ints there); floats are
   rounded with Python's `round`, i.e. half to even (3.5 -> 4, 2.5 -> 2, 4.5 -> 4); strings are
   read as an integer before any `/` ("4/5" -> 4; "4.5" is unreadable). A positive value is then
-  clamped to 1-5 (6 -> 5); 0, negative or unreadable values are invalid.
+  clamped to 1-5 (6 -> 5); 0 and negative values are kept as they are (the client averages a -2
+  into the dimension's mean), and a missing or unreadable value is 0, the client's mark of an
+  invalid dimension (left out of every mean; see `eval.metrics.aggregate`). Our rubric style is
+  stricter: there anything outside 1-5 is invalid (`valid_score`).
   """
   if isinstance(value, int):
     v = int(value)
   elif isinstance(value, float):
     if not math.isfinite(value):
-      return None
+      return 0
     v = int(round(value))
   elif isinstance(value, str):
     try:
       v = int(value.split("/")[0].strip())
     except ValueError:
-      return None
+      return 0
   else:
-    return None
-  return min(5, v) if v > 0 else None
+    return 0
+  return min(5, v) if v > 0 else v
+
+
+_SQ_KEY_RE = re.compile(r"'(\w+)'(?=\s*:)")
+_BARE_KEY_RE = re.compile(r"(?<=[{,])(\s*)([A-Za-z_]\w*)(\s*):")
+
+
+def repair_official_json(text: str) -> str:
+  """What the official parser repairs besides trailing commas: keys in single quotes
+  (`'format': 4`) or without quotes (`{format: 4}`) get double quotes."""
+  text = repair_json(text)
+  text = _SQ_KEY_RE.sub(r'"\1"', text)
+  return _BARE_KEY_RE.sub(r'\1"\2"\3:', text)
 
 
 def _as_list(value: Any) -> list[str]:
@@ -430,7 +447,7 @@ def parse_official_reply(text: str) -> dict[str, Any] | None:
   if not content:
     return None
   block = _last_tag_block(content, OFFICIAL_TAG)
-  for obj in _fenced_then_bare(block if block else content):
+  for obj in _fenced_then_bare(block if block else content, repair_official_json):
     if isinstance(obj, Mapping) and isinstance(obj.get("scores"), Mapping):
       scores = {d: official_score(obj["scores"].get(d)) for d in DIMENSIONS}
       weaknesses = _as_list(obj.get("weaknesses"))
@@ -479,6 +496,10 @@ class JudgeStyle:
   messages: Callable[[str, History, str, str, str], Messages]
   parse: Callable[[str], "dict[str, Any] | None"]
   usable: Callable[["dict[str, Any] | None"], bool]
+  # When set, the judge request is built from the whole benchmark record (a dict in the file's
+  # layout) and the prediction row (`gen` or `raw`, the generation as returned): the official
+  # client's own code does that (`lwm_jax.eval.official_client`).
+  record_messages: "Callable[[dict, Mapping[str, Any]], Messages] | None" = None
 
 
 def rubric_style(max_context_chars: int | None = None) -> JudgeStyle:
@@ -499,8 +520,9 @@ def official_style(prompts_dir: str | os.PathLike,
 
   def messages(dom: str, ctx: History, act: str, pred: str, ref: str) -> Messages:
     if dom not in prompts:
-      raise KeyError(f"{os.path.join(os.fspath(prompts_dir), dom, OFFICIAL_PROMPT_FILE)}: no judge "
-                     f"system prompt for domain '{dom}' (found: {', '.join(sorted(prompts))})")
+      raise FileNotFoundError(
+          f"{os.path.join(os.fspath(prompts_dir), dom, OFFICIAL_PROMPT_FILE)}: no judge system "
+          f"prompt for domain '{dom}' (found: {', '.join(sorted(prompts))})")
     return official_messages(prompts[dom], ctx, act, pred, ref, max_context_chars)
 
   return JudgeStyle("official", messages, parse_official_reply, lambda p: p is not None)

@@ -117,8 +117,8 @@ def test_official_rows_read_as_ours(tmp_path):
   assert {k: v["prediction"] for k, v in preds.items()} == {
       "terminal:1": "a.txt", "terminal:2": "b.txt", "mcp:1": ""}
   judged = official.read_judged(str(j))
-  assert judged["terminal:2"]["scores"] == dict(format=4, factuality=2, consistency=None,
-                                                realism=3, quality=3)
+  assert judged["terminal:2"]["scores"] == dict(format=4, factuality=2, consistency=0,
+                                                realism=3, quality=3)  # as the client wrote them
   assert judged["mcp:1"]["scores"] is None
   agg = aggregate(judged.values())
   # terminal: samples 5 and 3 -> mean 4 -> 75; mcp has no scored sample

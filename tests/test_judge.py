@@ -63,10 +63,10 @@ def test_rubric_reply_with_trailing_commas():
     (4, 4), (6, 5), (100, 5),            # clamped above 5
     (3.5, 4), (2.5, 2), (4.5, 4), (1.4, 1), (4.6, 5),  # Python round: half to even
     ("4", 4), (" 3 ", 3), ("4/5", 4), ("7", 5),
-    ("4.5", None), ("great", None), ("", None),          # unreadable strings are invalid
-    (0, None), (-2, None), (0.4, None),                  # 0 (or below) is invalid
-    (None, None), ([4], None), ({"score": 4}, None),     # nested object as a value: invalid
-    (float("nan"), None),
+    ("4.5", 0), ("great", 0), ("", 0),                   # unreadable strings: 0, invalid
+    (0, 0), (-2, -2), (0.4, 0),                          # 0 and below kept as the client does
+    (None, 0), ([4], 0), ({"score": 4}, 0),              # nested object as a value: invalid
+    (float("nan"), 0),
     (True, 1),                                           # JSON true is the int 1 in Python
 ])
 def test_official_score(value, expected):
@@ -81,8 +81,8 @@ def test_official_reply_nested_objects_and_commas():
            ' "scores": {"format": 6, "factuality": 3.5, "consistency": "4.5", "realism": "4/5",'
            ' "quality": 0,},\n}\n```\n</final_evaluation>')
   parsed = judge.parse_official_reply(reply)
-  assert parsed["scores"] == dict(format=5, factuality=4, consistency=None, realism=4,
-                                  quality=None)
+  assert parsed["scores"] == dict(format=5, factuality=4, consistency=0, realism=4,
+                                  quality=0)  # 0: the client's mark of an invalid dimension
   assert parsed["strengths"] == ["keeps {ids}", 'json: {"a": 1}']
   assert parsed["weaknesses"] == ["wrong count"]
 
@@ -114,7 +114,7 @@ def test_official_reply_where_the_json_is_read():
   assert judge.parse_official_reply("<think>hmm " + _verdict(FIVE))["scores"] == FIVE
   # all dimensions invalid is still a parsed reply (no retry), whose sample is later excluded
   assert judge.parse_official_reply(_verdict({"format": 0}))["scores"] == dict.fromkeys(
-      judge.DIMENSIONS)
+      judge.DIMENSIONS, 0)
 
 
 # --------------------------------------------------------------------------- official layout
@@ -153,7 +153,7 @@ def test_official_prompts_errors(tmp_path):
   with pytest.raises(ValueError, match="unknown judge style 'gpt'"):
     judge.make_style("gpt")
   style = judge.make_style("official", _prompts_dir(tmp_path, ["terminal"]))
-  with pytest.raises(KeyError, match=r"os/judge_system_prompt.txt.*found: terminal"):
+  with pytest.raises(FileNotFoundError, match=r"os/judge_system_prompt.txt.*found: terminal"):
     style.messages("os", [], "a", "b", "c")
 
 

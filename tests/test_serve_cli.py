@@ -41,7 +41,7 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
   port = free_port()
   proc = subprocess.Popen([sys.executable, SERVE, f"--checkpoint={ckpt}", f"--port={port}",
                            "--decode_dtype=bfloat16", "--max_batch=4", "--warmup_prompt_len=16",
-                           "--max_tokens=16"],
+                           "--max_tokens=16", f"--compilation_cache={checkpoint}/jax_cache"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
   try:
     deadline = time.time() + 180
@@ -61,13 +61,20 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
         temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8 and isinstance(r.choices[0].message.content, str)
     assert r.choices[0].finish_reason == "length"
+    # /health says when the background warm-up is still compiling; wait for it to finish.
+    while "detail" in requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json():
+      assert time.time() < deadline + 180, "background warm-up did not finish"
+      time.sleep(0.5)
   finally:
     proc.terminate()
     proc.wait(timeout=30)
   log = proc.stdout.read()
-  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, max_tokens 16: one cache bucket each.
-  assert re.search(r"warm-up: compiled 3 shapes \(batches up to 4 rows, prompts up to 16 tokens, "
-                   r"max_tokens 16\) in [0-9.]+ s", log), log[-3000:]
+  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, budgets 16 and the whole context: two
+  # cache buckets per batch size; ready after the lone request's two, four more while serving.
+  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 4 more in the background",
+                   log), log[-3000:]
+  assert re.search(r"warm-up finished after [0-9.]+ s \(6 shapes\)", log), log[-3000:]
+  assert os.listdir(checkpoint / "jax_cache")  # compiled shapes kept for the next start
 
 
 def test_serve_rejects_an_unknown_decode_dtype(checkpoint):

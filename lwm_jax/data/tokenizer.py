@@ -262,17 +262,26 @@ class HFTokenizer(Tokenizer):
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-  """A `.model` file (or a folder holding one) -> SentencePiece; tokenizer.json or its folder -> HF."""
+  """A `.model` file (or a folder holding one, even beside a tokenizer.json) -> SentencePiece;
+  tokenizer.json or its folder -> HF."""
   path = os.fspath(path)
   if path.endswith(".model"):
     return SentencePieceTokenizer(path)
   if path.endswith(".json"):
     return HFTokenizer(path)
   if os.path.isdir(path):
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-      return HFTokenizer(path)
+    has_json = os.path.isfile(os.path.join(path, "tokenizer.json"))
     models = sorted(f for f in os.listdir(path) if f.endswith(".model"))
     if len(models) == 1:
-      return SentencePieceTokenizer(os.path.join(path, models[0]))
+      # Our exports carry the SentencePiece model and a tokenizer.json converted from it (for
+      # other readers); the model itself is what we trained with. A folder whose .model lacks
+      # our chat tokens (another project's) is read through its tokenizer.json.
+      try:
+        return SentencePieceTokenizer(os.path.join(path, models[0]))
+      except ValueError:
+        if not has_json:
+          raise
+    if has_json:
+      return HFTokenizer(path)
   raise ValueError(f"cannot tell the tokenizer type of '{path}': expected a SentencePiece .model, "
                    "a tokenizer.json, or a folder holding one of them")

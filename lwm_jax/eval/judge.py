@@ -22,10 +22,15 @@ log = logging.getLogger(__name__)
 
 def judge_messages(rec: AWBRecord, prediction: str, truth: str,
                    max_context_chars: int | None = None,
-                   style: JudgeStyle | None = None) -> Messages:
+                   style: JudgeStyle | None = None,
+                   row: Mapping[str, Any] | None = None) -> Messages:
   """The judge conversation for one record: our rubric cut to `max_context_chars`, or `style`
-  (which carries its own context limit)."""
+  (which carries its own context limit). A style that builds requests from the whole record (the
+  official client's code) gets the record's dict and the prediction `row`."""
   style = style or rubric_style(max_context_chars)
+  if style.record_messages is not None:
+    return style.record_messages(rec.to_dict(), row if row is not None else
+                                 {"prediction": prediction})
   return style.messages(R.domain(rec), R.history(rec), rec.current_prompt, prediction, truth)
 
 
@@ -68,7 +73,8 @@ def run_judging(records: Iterable[AWBRecord], predictions: Mapping[str, Mapping[
                    "dropped_empty": True, "judge_style": style.name})
       continue
     by_key[key] = rec
-    jobs.append(Job(key, judge_messages(rec, prediction, truth, style=style)))
+    jobs.append(Job(key, judge_messages(rec, prediction, truth, style=style,
+                                        row=predictions[key])))
 
   def finish(job: Job, out: Completion, last: bool) -> dict[str, Any] | None:
     parsed = style.parse(out.text)

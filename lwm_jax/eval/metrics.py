@@ -7,7 +7,10 @@ excluded and counted, never scored 0. Domain score = (mean of sample scores - 1)
 overall is the unweighted mean of the domains that have at least one scored sample (the paper's
 table), reported with the number of domains in it and flagged when that is fewer than the
 benchmark's seven. The official client's `score` step prints another overall, the mean over all
-scored samples pooled across domains; it is reported beside ours as `pooled_overall`.
+scored samples pooled across domains; it is reported beside ours as `pooled_overall`. Rows judged
+in the official style (`judge_style: official`, or read from the client's files) are scored by the
+client's rules instead: a dimension counts unless it is 0 (a -2 or a JSON true, which is 1, is
+averaged in), and a sample's total is the mean of its dimensions above 0.
 
 Judge-free metrics (exact, token F1, edit similarity) live in `lwm_jax/textsim.py`; this module
 aggregates them per domain.
@@ -36,6 +39,26 @@ def sample_score(scores: Mapping[str, Any] | None) -> float | None:
   return sum(vals) / len(vals) if vals else None
 
 
+def _official_int(v: Any) -> int | None:
+  """A dimension as the official client stores it (an int; JSON true/false are 1/0), or None."""
+  if isinstance(v, bool):
+    return int(v)
+  return v if isinstance(v, int) else None
+
+
+def official_sample_score(scores: Mapping[str, Any] | None) -> float | None:
+  """The official client's per-sample total: the mean of the dimensions above 0 (None when none
+  is; such a sample enters the dimension means but not the totals)."""
+  if not isinstance(scores, Mapping):
+    return None
+  vals = [v for v in (_official_int(scores.get(d)) for d in DIMENSIONS) if v is not None and v > 0]
+  return sum(vals) / len(vals) if vals else None
+
+
+def _is_official(rec: Mapping[str, Any]) -> bool:
+  return rec.get("judge_style") == "official" or rec.get("source") == "official"
+
+
 def to_percent(mean_1_to_5: float) -> float:
   return (mean_1_to_5 - 1.0) / 4.0 * 100.0
 
@@ -58,6 +81,23 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       raise ValueError(f"judged record {i} (id {rec.get('id')!r}) has no 'task'")
     dom = domain_of(str(rec["task"]))
     scores = rec.get("scores")
+    if _is_official(rec):
+      # The official client's rules: a judged sample's dimensions enter their means unless 0
+      # (its invalid mark; -2 counts), its total (the mean of dimensions above 0) the domain's
+      # unless it has none.
+      if not isinstance(scores, Mapping) or rec.get("failed"):
+        excluded[dom] += 1
+        continue
+      for d in DIMENSIONS:
+        v = _official_int(scores.get(d))
+        if v:
+          per_dim[dom][d].append(float(v))
+      s = official_sample_score(scores)
+      if s is None:
+        excluded[dom] += 1
+      else:
+        per_domain[dom].append(s)
+      continue
     s = sample_score(scores)
     if s is None:
       excluded[dom] += 1

@@ -140,7 +140,9 @@ def _official_scores(row: Mapping[str, Any], where: str) -> dict[str, float | No
     raise ForeignFileError(f"{where}: field 'failed' is {failed!r}, expected 0 or 1")
   if failed:
     return None
-  return {d: valid_score(row.get(d)) for d in DIMENSIONS}
+  # Kept as the client recorded them (-2 and 0 included); `metrics.aggregate` reads rows from
+  # this source by the client's rules.
+  return {d: row.get(d) for d in DIMENSIONS}
 
 
 def read_judged(path: str, row_format: str = "auto",

@@ -83,7 +83,7 @@ class ChatTemplate:
                origin: str = "chat_template"):
     import jinja2  # pylint: disable=import-outside-toplevel
     from jinja2 import sandbox  # pylint: disable=import-outside-toplevel
-    self.tokenizer, self.origin = tokenizer, origin
+    self.tokenizer, self.origin, self.source = tokenizer, origin, source
     self.bos_token, self.eos_token = bos_token, eos_token
     env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
@@ -141,7 +141,10 @@ class ChatTemplate:
     return self._escape_re.sub(sub, text)
 
   def render(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-             **kwargs: Any) -> str:
+             continue_final_message: bool = False, **kwargs: Any) -> str:
+    """The prompt text. With `continue_final_message` the text ends where the last message's
+    content ends (what the template writes after it, such as its end marker, is cut), so the
+    reply continues that message, as transformers' option of the same name does."""
     safe = []
     for m in messages:
       keep = TAGS if m.get("role") == "assistant" else ()
@@ -150,8 +153,16 @@ class ChatTemplate:
     variables = dict(bos_token=self.bos_token, eos_token=self.eos_token, tools=None)
     variables.update(kwargs)
     try:
-      return self.template.render(messages=safe, add_generation_prompt=add_generation_prompt,
+      text = self.template.render(messages=safe, add_generation_prompt=add_generation_prompt,
                                   **variables)
+      if continue_final_message:
+        last = safe[-1].get("content") if safe else None
+        at = text.rfind(last.strip()) if isinstance(last, str) and last.strip() else -1
+        if at < 0:
+          raise TemplateError(f"{self.origin}: continue_final_message: the last message's "
+                              "content does not appear in the rendered prompt")
+        text = text[:at + len(last.strip())]
+      return text
     except TemplateError:
       raise
     except Exception as e:  # noqa: BLE001 - a template bug is the request's error, with context
@@ -171,14 +182,42 @@ class ChatTemplate:
 
 
 # ------------------------------------------------------------------------------------ ChatML
-def chatml_ids(tokenizer, messages: Sequence[dict], enable_thinking: bool | None = None
+def chatml_ids(tokenizer, messages: Sequence[dict], enable_thinking: bool | None = None,
+               add_generation_prompt: bool = True, continue_final_message: bool = False
                ) -> list[int]:
   """Our built-in ChatML with the assistant generation prompt; `enable_thinking=False` closes an
-  empty thinking block up front (what Qwen3's own template writes for that switch)."""
-  ids = tokenizer.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages],
-                              add_generation_prompt=True)
-  if enable_thinking is False:
+  empty thinking block up front (what Qwen3's own template writes for that switch). With
+  `continue_final_message` the last message is left open (no end marker) for the reply to go on."""
+  msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+  if continue_final_message:
+    last = msgs.pop()
+    return (tokenizer.encode_chat(msgs) + [tokenizer.im_start_id]
+            + tokenizer.encode(last["role"] + "\n")
+            + tokenizer.encode_content(last["role"], last["content"]))
+  ids = tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt)
+  if enable_thinking is False and add_generation_prompt:
     ids += tokenizer.encode_content("assistant", "<think>\n\n</think>\n\n")
+  return ids
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+  """Ids of a raw prompt string as vLLM reads one: the tokenizer's added tokens written in it
+  (`<|im_start|>`, ...) become their ids, the rest is ordinary text. For a SentencePiece model
+  these are the chat tokens, the added tokens of the tokenizer.json converted from it."""
+  if getattr(tokenizer, "path", "").endswith(".json"):
+    added = added_tokens(tokenizer)
+  else:
+    added = {t: i for t, i in getattr(tokenizer, "special_tokens", {}).items() if t not in TAGS}
+  if not added or not any(t in text for t in added):
+    return tokenizer.encode(text)
+  split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+                     + ")")
+  ids: list[int] = []
+  for piece in split.split(text):
+    if piece in added:
+      ids.append(added[piece])
+    elif piece:
+      ids.extend(tokenizer.encode(piece))
   return ids
 
 
@@ -191,6 +230,7 @@ class GenerationDefaults:
   top_k: int | None = None
   min_p: float | None = None
   repetition_penalty: float | None = None
+  max_new_tokens: int | None = None  # the default max_tokens of a request that sets none
   eos_token_ids: tuple[int, ...] = ()
   source: str = ""
 
@@ -219,7 +259,10 @@ class GenerationDefaults:
                          f"got {v!r}")
       return v
     out = cls(temperature=num("temperature"), top_p=num("top_p"), top_k=num("top_k", True),
-              min_p=num("min_p"), repetition_penalty=num("repetition_penalty"), source=source)
+              min_p=num("min_p"), repetition_penalty=num("repetition_penalty"),
+              max_new_tokens=num("max_new_tokens", True), source=source)
+    if out.max_new_tokens is not None and out.max_new_tokens < 1:
+      raise ValueError(f"{source}: 'max_new_tokens' must be >= 1, got {out.max_new_tokens}")
     if d.get("do_sample") is False:
       out.temperature = 0.0
     eos = d.get("eos_token_id")

@@ -99,6 +99,7 @@ class _Rows:
   choice: jax.Array
   max_new: jax.Array
   stop_ids: jax.Array  # [B, K], -1 = unused
+  min_new: jax.Array  # [B]: stop ids are banned until this many tokens are generated
   repetition: jax.Array
   presence: jax.Array
   frequency: jax.Array
@@ -160,6 +161,9 @@ def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carr
   b = carry["pos"].shape[0]
   rows_b = jnp.arange(b)
   base = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(rows.seed, rows.choice)
+  vocab = carry["logits"].shape[-1]
+  stop_BxV = jnp.zeros((b, vocab), bool).at[
+      rows_b[:, None], jnp.clip(rows.stop_ids, 0, vocab - 1)].max(rows.stop_ids >= 0)
 
   def cond(c):
     return (c["i"] < steps) & ~jnp.all(c["done"])
@@ -168,7 +172,8 @@ def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carr
     keys = jax.vmap(jax.random.fold_in)(base, c["n_gen"])
     tok, lp = sample_tokens(c["logits"], keys, rows.temperature, rows.top_k, rows.top_p,
                             rows.min_p, (c["counts"], c["seen"], rows.repetition, rows.presence,
-                                         rows.frequency))
+                                         rows.frequency),
+                            stop_BxV & (c["n_gen"] < rows.min_new)[:, None])
     active = ~c["done"]
     i = c["i"]
     out_tok = c["out_tok"].at[:, i].set(jnp.where(active, tok, -1))
@@ -369,6 +374,15 @@ class Engine:
     number of shapes and the seconds it took; a request outside these compiles on first use."""
     import time  # pylint: disable=import-outside-toplevel
     t0 = time.perf_counter()
+    plans = self.warmup_plans(max_prompt_len, max_new_tokens, batch_sizes)
+    for plan in plans:
+      self.warmup_plan(plan)
+    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+
+  def warmup_plans(self, max_prompt_len: int, max_new_tokens: Sequence[int],
+                   batch_sizes: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+    """The (batch, prefill chunk, cache length) shapes `warmup` compiles, smallest batch first
+    (a lone request's shapes are the commonest), then by cache length."""
     if batch_sizes is None:
       top, batch_sizes, x = _pow2(self.max_batch, self.min_batch_bucket), [], self.min_batch_bucket
       while x <= top:
@@ -382,10 +396,13 @@ class Engine:
           room = min(int(m), self.context - length)
           b, s, chunk, t = self.shapes([length] * n, [room])
           plans.add((n, chunk, t))  # compiled code depends on (batch, chunk, cache length)
-    for n, chunk, t in sorted(plans):
-      self._run([[0] * chunk] * n, [SamplingParams(temperature=0, max_new_tokens=1)] * n,
-                [[]] * n, None, [1] * n, self.shapes([chunk] * n, [1]), 0, None, cache_len=t)
-    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+    return sorted(plans, key=lambda p: (p[0], p[2], p[1]))
+
+  def warmup_plan(self, plan: tuple[int, int, int]) -> None:
+    """Compiles (and runs once, on dummy rows that stop after one step) one warm-up shape."""
+    n, chunk, t = plan
+    self._run([[0] * chunk] * n, [SamplingParams(temperature=0, max_new_tokens=1)] * n,
+              [[]] * n, None, [1] * n, self.shapes([chunk] * n, [1]), 0, None, cache_len=t)
 
   def _run(self, prompts, params, stop_ids, choices, max_new, shapes, top_n, on_chunk,
            cache_len: int | None = None) -> list[RowOutput]:
@@ -420,7 +437,9 @@ class Engine:
         choice=self._put(ch),
         max_new=self._put(np.concatenate([np.array(max_new, np.int32),
                                           np.ones(b - n, np.int32)])),
-        stop_ids=self._put(stop_arr), repetition=f32("repetition_penalty"),
+        stop_ids=self._put(stop_arr),
+        min_new=self._put(np.array([p.min_tokens for p in allp], np.int32)),
+        repetition=f32("repetition_penalty"),
         presence=f32("presence_penalty"), frequency=f32("frequency_penalty"))
     done = np.zeros(b, bool)
     done[n:] = True

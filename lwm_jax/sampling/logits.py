@@ -143,14 +143,18 @@ def _argmax(x_BxV):
   return jnp.minimum(jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1), v - 1)
 
 
-def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B, penalties=None):
+def sample_tokens(logits_BxV, keys_B, temperature_B, top_k_B, top_p_B, min_p_B, penalties=None,
+                  banned_BxV=None):
   """Returns (tokens [B], log p(token) under the raw distribution [B]).
 
   `penalties`, when given, is (counts [B, V], seen [B, V], repetition [B], presence [B],
-  frequency [B]) for `apply_penalties`; they change which token is chosen, not its logprob."""
+  frequency [B]) for `apply_penalties`; they change which token is chosen, not its logprob.
+  `banned_BxV` (bool) ids are never chosen (a request's `min_tokens` bans its stop ids)."""
   raw = logits_BxV.astype(jnp.float32)
   lse = jax.nn.logsumexp(raw, axis=-1)
   logits = raw if penalties is None else apply_penalties(raw, *penalties)
+  if banned_BxV is not None:
+    logits = jnp.where(banned_BxV, -jnp.inf, logits)
   greedy = _argmax(logits)
   sampling = temperature_B > 0
 

@@ -39,6 +39,8 @@ class SamplingParams:
   presence_penalty: float = 0.0
   frequency_penalty: float = 0.0
   top_logprobs: int = 0
+  min_tokens: int = 0                     # stop ids and stop strings wait for this many tokens
+  include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
 
   def validate(self) -> "SamplingParams":
     """Raises ValueError naming the first bad field."""
@@ -50,7 +52,7 @@ class SamplingParams:
       v = getattr(self, f)
       need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), f,
            f"must be a finite number, got {v!r}")
-    for f in ("top_k", "max_new_tokens", "n", "seed", "top_logprobs"):
+    for f in ("top_k", "max_new_tokens", "n", "seed", "top_logprobs", "min_tokens"):
       v = getattr(self, f)
       need(isinstance(v, int) and not isinstance(v, bool), f, f"must be an integer, got {v!r}")
     need(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
@@ -63,6 +65,8 @@ class SamplingParams:
          f"must be > 0, got {self.repetition_penalty}")
     need(0 <= self.top_logprobs <= 20, "top_logprobs", f"must be in [0, 20], got {self.top_logprobs}")
     need(self.n >= 1, "n", f"must be >= 1, got {self.n}")
+    need(0 <= self.min_tokens <= self.max_new_tokens, "min_tokens",
+         f"must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens}")
     need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
     need(all(isinstance(t, int) and 0 <= t <= INT32_MAX for t in self.stop_token_ids),
          "stop_token_ids", "must be non-negative token ids")
@@ -90,6 +94,12 @@ class Generation:
   content: str = ""
   # Per token, when asked for (SamplingParams.top_logprobs): the most likely (id, raw logprob).
   top_logprobs: list[list[tuple[int, float]]] | None = None
+  # The reply split at the thinking tags exactly as streamed (nothing stripped; the server's
+  # `content` and `reasoning_content`), and what ended it: the stop string, the stop token id
+  # from the request's stop_token_ids, or None (an end-of-turn token, the length limit).
+  raw_content: str = ""
+  raw_reasoning: str = ""
+  stop_reason: str | int | None = None
 
   @property
   def completion_tokens(self) -> int:

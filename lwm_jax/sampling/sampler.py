@@ -2,7 +2,8 @@
 
 A prompt is a string (used as is), a chat (a list of `{"role", "content"}` messages, rendered with
 the checkpoint's own Jinja chat template when it ships one, else the tokenizer's ChatML, plus the
-assistant generation prompt), or a list of token ids. Replies end at the end-of-turn token, the
+assistant generation prompt; a folder we exported ships our ChatML template, which is encoded turn by
+turn as in training, `chat_template.chatml_ids`), or a list of token ids. Replies end at the end-of-turn token, the
 end-of-text token and the checkpoint's `generation_config.json` eos ids; none of them ever appears
 in a reply's text.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
@@ -14,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from lwm_jax.data.reply import THINK_OPEN, split_reasoning
+from lwm_jax.data.reply import THINK_CLOSE, THINK_OPEN, split_reasoning
+from lwm_jax.hf_tokenizer import OUR_TEMPLATES
 from lwm_jax.sampling.chat_template import (ChatTemplate, GenerationDefaults, chatml_ids,
                                             end_token_ids)
 from lwm_jax.sampling.engine import Engine
@@ -47,7 +49,9 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
   """Generates every row in one batch; streams text deltas through each row's `on_delta`."""
   end_ids = list(end_ids or [tokenizer.eos_id])
   stops = [stop_token_ids(tokenizer, r.params, end_ids) for r in rows]
-  texts = [RowText(tokenizer, r.params.stop, s, hidden_ids=end_ids, thinking=r.starts_thinking)
+  texts = [RowText(tokenizer, r.params.stop, s, hidden_ids=end_ids, thinking=r.starts_thinking,
+                   min_tokens=r.params.min_tokens,
+                   include_stop=r.params.include_stop_str_in_output)
            for r, s in zip(rows, stops)]
 
   def on_chunk(new_t, new_l):
@@ -72,10 +76,15 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
     text = (THINK_OPEN + tr.text) if row.starts_thinking else tr.text
     reasoning, content = split_reasoning(text)
     top = None if out.top_logprobs is None else out.top_logprobs[:len(tr.ids)]
+    stop_reason = tr.stop_str
+    if stop_reason is None and out.finish_reason == "stop" and tr.ids and \
+        tr.ids[-1] in row.params.stop_token_ids and tr.ids[-1] not in end_ids:
+      stop_reason = tr.ids[-1]  # a stop token the request named (end tokens report None)
     results.append(Generation(text=tr.text, token_ids=tr.ids, logprobs=tr.logprobs,
                               finish_reason="stop" if tr.stopped else out.finish_reason,
                               prompt_tokens=len(row.prompt_ids), reasoning=reasoning,
-                              content=content, top_logprobs=top))
+                              content=content, top_logprobs=top, raw_content=tr.content,
+                              raw_reasoning=tr.reasoning, stop_reason=stop_reason))
   return results
 
 
@@ -96,6 +105,11 @@ def fit_chat(sampler: Any, messages: Sequence[dict], budget: int
       return None, dropped
     msgs = [msgs[0]] + msgs[3:]
     dropped += 1
+
+
+def _opens_thinking(text: str) -> bool:
+  """The text ends inside a `<think>` block it opened."""
+  return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
 
 
 def _is_chat(p: Any) -> bool:
@@ -137,14 +151,20 @@ class Sampler:
     """Token ids of one prompt; raises ValueError for a malformed one."""
     return self.prepare(prompt)[0]
 
-  def prepare(self, prompt: Prompt, chat_kwargs: dict | None = None) -> tuple[list[int], bool]:
+  def prepare(self, prompt: Prompt, chat_kwargs: dict | None = None, *,
+              add_generation_prompt: bool = True, continue_final_message: bool = False,
+              chat_template: str | None = None) -> tuple[list[int], bool]:
     """(token ids, whether the prompt leaves the reply inside an opened `<think>`) for one
-    prompt; `chat_kwargs` (e.g. `enable_thinking`) go to the chat template."""
+    prompt; `chat_kwargs` (e.g. `enable_thinking`) go to the chat template, as do
+    `add_generation_prompt` and `continue_final_message`; `chat_template` (Jinja source) replaces
+    the checkpoint's for this prompt."""
     thinking = False
     if isinstance(prompt, str):
       ids = self.tokenizer.encode(prompt)
     elif _is_chat(prompt):
-      ids, thinking = self._chat_ids(list(prompt), dict(chat_kwargs or {}))
+      ids, thinking = self._chat_ids(list(prompt), dict(chat_kwargs or {}),
+                                     add_generation_prompt, continue_final_message,
+                                     chat_template)
     elif _is_ids(prompt):
       ids = [int(t) for t in prompt]
       bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
@@ -156,16 +176,28 @@ class Sampler:
     self.engine.check_prompt(len(ids))
     return ids, thinking
 
-  def _chat_ids(self, messages: list[dict], kwargs: dict) -> tuple[list[int], bool]:
+  def _chat_ids(self, messages: list[dict], kwargs: dict, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, source: str | None = None
+                ) -> tuple[list[int], bool]:
     for i, m in enumerate(messages):
       if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
         raise ValueError(f"messages[{i}]: needs string fields 'role' and 'content'")
-    for k in ("messages", "add_generation_prompt"):
+    for k in ("messages", "add_generation_prompt", "continue_final_message"):
       if k in kwargs:
         raise ValueError(f"chat_template_kwargs: '{k}' is set by the server, not by a request")
-    if self.chat_template is not None:
-      text = self.chat_template.render(messages, add_generation_prompt=True, **kwargs)
-      return self.chat_template.encode(text), text.rstrip().endswith(THINK_OPEN)
+    if continue_final_message and messages[-1]["role"] != "assistant":
+      raise ValueError("continue_final_message: the last message must be the assistant's")
+    template = self.chat_template
+    if source is not None and (template is None or source != template.source):
+      base = template or ChatTemplate("", self.tokenizer)
+      template = ChatTemplate(source, self.tokenizer, base.bos_token, base.eos_token,
+                              origin="the request's chat_template")
+    if template is not None and template.source not in OUR_TEMPLATES:
+      text = template.render(messages, add_generation_prompt=add_generation_prompt,
+                             continue_final_message=continue_final_message, **kwargs)
+      opened = _opens_thinking(text) if continue_final_message else \
+          text.rstrip().endswith(THINK_OPEN)
+      return template.encode(text), opened
     unknown = sorted(set(kwargs) - {"enable_thinking"})
     if unknown:
       raise ValueError(f"chat_template_kwargs: {unknown[0]!r} is not understood by the built-in "
@@ -175,7 +207,9 @@ class Sampler:
     if think is not None and not isinstance(think, bool):
       raise ValueError(f"chat_template_kwargs.enable_thinking: must be true or false, got "
                        f"{think!r}")
-    return chatml_ids(self.tokenizer, messages, think), False
+    ids = chatml_ids(self.tokenizer, messages, think, add_generation_prompt,
+                     continue_final_message)
+    return ids, continue_final_message and _opens_thinking(messages[-1]["content"])
 
   def _split_prompts(self, prompts: Any) -> list[Prompt]:
     if isinstance(prompts, str) or _is_chat(prompts) or _is_ids(prompts):

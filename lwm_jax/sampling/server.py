@@ -1,15 +1,23 @@
 """An OpenAI-compatible HTTP server over a `Sampler` (FastAPI).
 
-Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`.
-Request fields: messages / prompt, model, temperature, top_p, max_tokens (or
-max_completion_tokens), stop, n, seed, stream (+ stream_options.include_usage), presence_penalty,
-frequency_penalty, logprobs (+ top_logprobs for chat); as in vLLM: top_k, min_p,
-repetition_penalty, ignore_eos, chat_template_kwargs (e.g. `{"enable_thinking": false}`). Every
-field is checked (`openai_request`): a bad value, an unsupported field or a lone surrogate is a 400
-naming it, an unknown model a 404. Fields a request leaves out take the checkpoint's
-`generation_config.json` defaults. Thinking (`<think>...</think>`) comes back as
-`message.reasoning_content`, apart from `content`; end tokens never appear in a reply.
-A `max_tokens` beyond the room the context leaves is cut to that room (finish_reason "length").
+Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, and as in vLLM `GET /health`,
+`GET|POST /ping`, `GET /v1/models`, `GET /v1/models/{id}`, `POST /tokenize`, `POST /detokenize`,
+`GET /version`, `GET /metrics` (Prometheus text, `metrics.py`). Request fields: messages / prompt,
+model, temperature, top_p, max_tokens (or max_completion_tokens), stop, n, seed, stream
+(+ stream_options.include_usage), presence_penalty, frequency_penalty, logprobs (+ top_logprobs
+for chat, streamed too); as in vLLM: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
+stop_token_ids, include_stop_str_in_output, chat_template_kwargs (e.g. `{"enable_thinking":
+false}`), add_generation_prompt, continue_final_message, chat_template; docs/serving.md lists
+every field, implemented or accepted and ignored. Every field is checked (`openai_request`): a bad
+value, an unsupported field or a lone surrogate is a 400 naming it, an unknown model a 404. Fields
+a request leaves out take the checkpoint's `generation_config.json` defaults (its
+`max_new_tokens` is the default max_tokens). Thinking (`<think>...</think>`) comes back as
+`message.reasoning_content`, apart from `content`; both are the text as generated (nothing
+stripped), the same whether streamed or not. End tokens never appear in a reply. A `max_tokens`
+that does not fit the context beside the prompt is a 400 naming the limit (as in vLLM); a request
+that sets none gets the default cut to the room left. `stop_reason` says which stop string or
+requested stop token ended a choice. In a `/v1/completions` prompt string the tokenizer's added
+tokens (`<|im_start|>`, ...) are read as their ids, as vLLM reads them.
 
 Batching: handlers never touch the model. Parsing the body and tokenizing run in a worker thread
 (the event loop keeps answering, e.g. /health, while a large body is tokenized). A request becomes
@@ -35,9 +43,13 @@ import uuid
 from typing import Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from lwm_jax.sampling.openai_request import BadRequest, ModelNotFound, load_body, parse_request
+
+from lwm_jax.sampling.chat_template import text_ids
+from lwm_jax.sampling.metrics import Metrics
+from lwm_jax.sampling.openai_request import (BadRequest, ModelNotFound, _bool, load_body,
+                                             parse_request)
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.sampler import RowRequest, Sampler
 from lwm_jax.sampling.text import Delta
@@ -70,6 +82,7 @@ class Batcher:
     self._q: queue.Queue[_Job | None] = queue.Queue()
     self._held: _Job | None = None
     self.batches = 0
+    self.running = 0  # rows of the batch being decoded
     self._thread = threading.Thread(target=self._loop, name="lwm-batcher", daemon=True)
     self._thread.start()
 
@@ -77,6 +90,9 @@ class Batcher:
     fut: concurrent.futures.Future = concurrent.futures.Future()
     self._q.put(_Job(rows, fut))
     return fut
+
+  def waiting(self) -> int:
+    return self._q.qsize() + (self._held is not None)
 
   def close(self) -> None:
     self._q.put(None)
@@ -128,7 +144,12 @@ class Batcher:
             j.future.set_exception(e1)
 
   def _run(self, jobs: list[_Job]) -> None:
-    gens = self.sampler.run([r for j in jobs for r in j.rows])
+    rows = [r for j in jobs for r in j.rows]
+    self.running = len(rows)
+    try:
+      gens = self.sampler.run(rows)
+    finally:
+      self.running = 0
     self.batches += 1
     at = 0
     for j in jobs:
@@ -152,6 +173,52 @@ def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
   return info
 
 
+class BackgroundWarmup:
+  """Compiles warm-up shapes on a thread while the server answers: the `first` shapes (a lone
+  request's, the commonest), after which the server reports ready (/health 200, as vLLM does once
+  its engine is up; 503 "loading" before), then the rest. A warm-up shape runs on its own dummy
+  rows (the engine keeps no state between calls), so it never blocks a batch being served."""
+
+  def __init__(self, sampler: Sampler, first: Sequence, rest: Sequence):
+    self.sampler, self.first, self.rest = sampler, list(first), list(rest)
+    self.done = 0
+    self.ready_at: float | None = None
+    self.finished_at: float | None = None
+    self.error: str | None = None
+    self.t0 = time.monotonic()
+    self._thread = threading.Thread(target=self._loop, name="lwm-warmup", daemon=True)
+
+  def start(self) -> "BackgroundWarmup":
+    self._thread.start()
+    return self
+
+  def _loop(self) -> None:
+    try:
+      for i, plan in enumerate(self.first + self.rest):
+        self.sampler.engine.warmup_plan(plan)
+        self.done += 1
+        if i + 1 == len(self.first):
+          self.ready_at = time.monotonic()
+          log.info("ready after %.1f s: %d warm-up shapes compiled; %d more in the background",
+                   self.ready_at - self.t0, len(self.first), len(self.rest))
+      if not self.first:
+        self.ready_at = time.monotonic()
+    except Exception as e:  # noqa: BLE001 - a failed warm-up leaves shapes to compile on use
+      self.error = f"{type(e).__name__}: {e}"
+      log.exception("warm-up failed; shapes will compile when first used")
+      self.ready_at = self.ready_at or time.monotonic()
+    self.finished_at = time.monotonic()
+    log.info("warm-up finished after %.1f s (%d shapes)", self.finished_at - self.t0, self.done)
+
+  def state(self) -> tuple[bool, str]:
+    total = len(self.first) + len(self.rest)
+    if self.ready_at is None:
+      return False, f"compiling warm-up shapes ({self.done} of {len(self.first)} before ready)"
+    if self.done < total and self.error is None:
+      return True, f"serving; {total - self.done} warm-up shapes still compiling in the background"
+    return True, ""
+
+
 # ------------------------------------------------------------------------------------ app
 def _post(loop, q, k: int, delta: Delta) -> None:
   """Hands a streamed delta to the request's event loop (a vanished client is not an error)."""
@@ -161,14 +228,25 @@ def _post(loop, q, k: int, delta: Delta) -> None:
     pass
 
 
+def default_max_tokens_for(sampler: Sampler, flag: int | None = None) -> int:
+  """A request's max_tokens when it sets none: the flag, else the checkpoint's
+  generation_config.json `max_new_tokens`, else 1024."""
+  return flag or sampler.defaults.max_new_tokens or 1024
+
+
 def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
-               window_ms: float = 10.0, default_max_tokens: int = 1024,
-               max_rows_per_request: int | None = None) -> FastAPI:
+               window_ms: float = 10.0, default_max_tokens: int | None = None,
+               max_rows_per_request: int | None = None, ready=None) -> FastAPI:
   """The app; a request may ask for at most `max_rows_per_request` sequences (n x prompts,
-  default `max_batch`)."""
+  default `max_batch`). `ready` (a callable returning (ready, detail)) gates /health and the
+  generating endpoints with 503 until it says ready (see `launch/serve.py`)."""
   batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
   max_rows = max_rows_per_request or max_batch
   defaults = sampler.defaults.sampling()
+  default_max = default_max_tokens_for(sampler, default_max_tokens)
+  context = sampler.engine.context
+  metrics = Metrics(model_name, running=lambda: batcher.running, waiting=batcher.waiting)
+  ready = ready or (lambda: (True, ""))
 
   @contextlib.asynccontextmanager
   async def lifespan(_app):
@@ -187,8 +265,23 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
 
   def prepare(raw: bytes, chat: bool):
     """Body -> (checked request, [(prompt ids, starts thinking)]); runs in a worker thread."""
-    req = parse_request(load_body(raw), chat, model_name, default_max_tokens, max_rows, defaults)
-    return req, [sampler.prepare(p, req.chat_kwargs if chat else None) for p in req.prompts]
+    req = parse_request(load_body(raw), chat, model_name, default_max, max_rows, defaults)
+    if chat:
+      prepared = [sampler.prepare(p, req.chat_kwargs,
+                                  add_generation_prompt=req.add_generation_prompt,
+                                  continue_final_message=req.continue_final_message,
+                                  chat_template=req.chat_template) for p in req.prompts]
+    else:
+      prepared = [sampler.prepare(text_ids(sampler.tokenizer, p) if isinstance(p, str) else p)
+                  for p in req.prompts]
+    mt = req.params.max_new_tokens
+    for ids, _ in prepared:
+      if len(ids) + mt > context and req.max_tokens_given:
+        raise BadRequest(
+            f"'max_tokens' is too large: the model's context is {context} tokens and the prompt "
+            f"takes {len(ids)}, which leaves room for {context - len(ids)} generated tokens; "
+            f"{mt} were asked for")
+    return req, prepared
 
   def rows_for(prepared, params: SamplingParams, loop, q) -> list[RowRequest]:
     rows = []
@@ -202,11 +295,19 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
     return rows
 
   async def handle(request: Request, chat: bool):
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    t0 = time.monotonic()
+    ok, detail = ready()
+    if not ok:
+      metrics.request(endpoint, 503)
+      return error(503, f"the model is not ready yet: {detail}")
     try:
       req, prepared = await asyncio.to_thread(prepare, await request.body(), chat)
     except ModelNotFound as e:
+      metrics.request(endpoint, 404)
       return error(404, str(e))
     except (BadRequest, ValueError) as e:
+      metrics.request(endpoint, 400)
       return error(400, str(e))
     loop = asyncio.get_running_loop()
     q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
@@ -214,13 +315,24 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
     fut = batcher.submit(rows)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     if req.stream:
-      return StreamingResponse(_stream(rid, chat, rows, fut, q, req.include_usage),
+      metrics.request(endpoint, 200)
+      return StreamingResponse(_stream(rid, chat, rows, fut, q, req.include_usage, req.logprobs,
+                                       t0),
                                media_type="text/event-stream")
     try:
       gens: list[Generation] = await asyncio.wrap_future(fut)
     except Exception as e:  # noqa: BLE001
+      metrics.request(endpoint, 500)
       return error(500, f"generation failed: {e}")
+    metrics.request(endpoint, 200)
+    _observe(gens, rows, t0)
     return JSONResponse(_response(rid, chat, gens, rows, req.logprobs))
+
+  def _observe(gens, rows, t0, first=None) -> None:
+    u = _usage(gens, rows)
+    metrics.generated(u["prompt_tokens"], u["completion_tokens"],
+                      [g.finish_reason for g in gens], time.monotonic() - t0,
+                      None if first is None else first - t0)
 
   def _token(i: int) -> tuple[str, list[int]]:
     t = sampler.tokenizer.decode([i]) if i < sampler.tokenizer.vocab_size else ""
@@ -266,20 +378,22 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
       if logprobs:
         lp = (_chat_logprobs if chat else _completion_logprobs)(g, r.params.top_logprobs)
       if chat:
-        msg = {"role": "assistant", "content": g.content}
-        if g.reasoning:
-          msg["reasoning_content"] = g.reasoning
+        msg = {"role": "assistant", "content": g.raw_content}
+        if g.raw_reasoning:
+          msg["reasoning_content"] = g.raw_reasoning
         choices.append({"index": i, "message": msg, "finish_reason": g.finish_reason,
-                        "logprobs": lp})
+                        "stop_reason": g.stop_reason, "logprobs": lp})
       else:
         choices.append({"index": i, "text": g.text, "finish_reason": g.finish_reason,
-                        "logprobs": lp})
+                        "stop_reason": g.stop_reason, "logprobs": lp})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model_name, "choices": choices,
             "usage": _usage(gens, rows)}
 
-  async def _stream(rid, chat, rows, fut, q, include_usage):
+  async def _stream(rid, chat, rows, fut, q, include_usage, logprobs=False, t0=None):
     obj = "chat.completion.chunk" if chat else "text_completion"
+    t0 = time.monotonic() if t0 is None else t0
+    first = None
 
     def chunk(choices, usage=None) -> str:
       d = {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
@@ -299,6 +413,7 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
         k, d = getter.result()
         c = _delta_choice(k, d, chat)
         if c is not None:
+          first = first or time.monotonic()
           yield chunk([c])
         continue
       getter.cancel()
@@ -314,9 +429,13 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
       yield f"data: {json.dumps({'error': {'message': f'generation failed: {e}'}})}\n\n"
       yield "data: [DONE]\n\n"
       return
-    for i, g in enumerate(gens):
-      fin = {"index": i, "finish_reason": g.finish_reason}
+    _observe(gens, rows, t0, first)
+    for i, (g, r) in enumerate(zip(gens, rows)):
+      fin = {"index": i, "finish_reason": g.finish_reason, "stop_reason": g.stop_reason}
       fin.update({"delta": {}} if chat else {"text": ""})
+      if logprobs:  # the choice's logprobs arrive whole with its last chunk
+        fin["logprobs"] = (_chat_logprobs if chat else _completion_logprobs)(
+            g, r.params.top_logprobs)
       yield chunk([fin])
     if include_usage:
       yield chunk([], usage=_usage(gens, rows))
@@ -336,13 +455,110 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
 
   @app.get("/health")
   async def health():
-    return {"status": "ok", "model": model_name, "batches": batcher.batches}
+    ok, detail = ready()
+    if not ok:
+      return JSONResponse(status_code=503, content={"status": "loading", "detail": detail,
+                                                    "model": model_name})
+    return {"status": "ok", "model": model_name, "batches": batcher.batches,
+            **({"detail": detail} if detail else {})}
+
+  @app.api_route("/ping", methods=["GET", "POST"])
+  async def ping():
+    ok, detail = ready()
+    return JSONResponse(status_code=200 if ok else 503, content={} if ok else {"detail": detail})
+
+  def card() -> dict:
+    return {"id": model_name, "object": "model", "created": created, "owned_by": "lwm_jax",
+            "root": model_name, "parent": None, "max_model_len": context}
 
   @app.get("/v1/models")
   async def models():
-    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                        "owned_by": "lwm_jax",
-                                        "max_model_len": sampler.cfg.max_position_embeddings}]}
+    return {"object": "list", "data": [card()]}
+
+  @app.get("/v1/models/{model_id:path}")
+  async def model(model_id: str):
+    if model_id != model_name:
+      return error(404, f"The model '{model_id}' does not exist (this server serves "
+                        f"'{model_name}')")
+    return card()
+
+  @app.get("/version")
+  async def version():
+    from lwm_jax import __version__  # pylint: disable=import-outside-toplevel
+    return {"version": __version__}
+
+  @app.get("/metrics")
+  async def prometheus():
+    return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+  def tokenize(raw: bytes) -> dict:
+    body = load_body(raw)
+    known = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+             "continue_final_message", "chat_template", "chat_template_kwargs",
+             "return_token_strs"}
+    bad = sorted(set(body) - known)
+    if bad:
+      raise BadRequest(f"unknown field '{bad[0]}'")
+    m = body.get("model")
+    if m is not None and m != model_name:
+      raise ModelNotFound(f"The model '{m}' does not exist (this server serves '{model_name}')")
+    if ("prompt" in body) == ("messages" in body):
+      raise BadRequest("give either 'prompt' (a string) or 'messages' (a chat)")
+    if "prompt" in body:
+      if not isinstance(body["prompt"], str):
+        raise BadRequest("'prompt' must be a string")
+      ids = text_ids(sampler.tokenizer, body["prompt"])
+    else:
+      req = parse_request({"messages": body["messages"],
+                           **{k: body[k] for k in ("add_generation_prompt",
+                                                   "continue_final_message", "chat_template",
+                                                   "chat_template_kwargs") if k in body}},
+                          True, model_name, default_max, max_rows, defaults)
+      ids, _ = sampler._chat_ids(req.prompts[0], dict(req.chat_kwargs),  # pylint: disable=protected-access
+                                 req.add_generation_prompt, req.continue_final_message,
+                                 req.chat_template)
+    out = {"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": None}
+    if _bool(body, "return_token_strs"):
+      out["token_strs"] = [sampler.tokenizer.decode([i]) for i in ids]
+    return out
+
+  def detokenize(raw: bytes) -> dict:
+    body = load_body(raw)
+    bad = sorted(set(body) - {"model", "tokens"})
+    if bad:
+      raise BadRequest(f"unknown field '{bad[0]}'")
+    m = body.get("model")
+    if m is not None and m != model_name:
+      raise ModelNotFound(f"The model '{m}' does not exist (this server serves '{model_name}')")
+    ids = body.get("tokens")
+    vocab = sampler.tokenizer.vocab_size
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in ids):
+      raise BadRequest("'tokens' must be a list of token ids")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+      raise BadRequest(f"'tokens': id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return {"prompt": sampler.tokenizer.decode(ids)}
+
+  async def _simple(request: Request, fn, endpoint: str):
+    try:
+      out = await asyncio.to_thread(fn, await request.body())
+    except ModelNotFound as e:
+      metrics.request(endpoint, 404)
+      return error(404, str(e))
+    except (BadRequest, ValueError) as e:
+      metrics.request(endpoint, 400)
+      return error(400, str(e))
+    metrics.request(endpoint, 200)
+    return out
+
+  @app.post("/tokenize")
+  async def tokenize_route(request: Request):
+    return await _simple(request, tokenize, "/tokenize")
+
+  @app.post("/detokenize")
+  async def detokenize_route(request: Request):
+    return await _simple(request, detokenize, "/detokenize")
 
   @app.post("/v1/chat/completions")
   async def chat_completions(request: Request):

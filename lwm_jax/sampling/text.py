@@ -42,10 +42,18 @@ class RowText:
   """Text state of one generated row (see the module docstring)."""
 
   def __init__(self, tokenizer, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-               hidden_ids: Sequence[int] = (), thinking: bool = False):
+               hidden_ids: Sequence[int] = (), thinking: bool = False, min_tokens: int = 0,
+               include_stop: bool = False):
     """`hidden_ids` (end tokens) never appear in the text, wherever they are generated (with
-    `ignore_eos` too); `thinking`: the prompt opened a `<think>` block the reply starts in."""
+    `ignore_eos` too); `thinking`: the prompt opened a `<think>` block the reply starts in.
+    Stop strings are looked for once `min_tokens` tokens are there (an occurrence that ends
+    before is text); `include_stop` keeps the stop string at the end of the text."""
     self.tok = tokenizer
+    self.min_tokens, self.include_stop = min_tokens, include_stop
+    self._stop_from = 0        # a stop string must end after this character
+    self.stop_str: str | None = None
+    self.content = ""          # everything handed out, split as streamed
+    self.reasoning = ""
     self.stop = [s for s in stop if s]
     self.stop_ids = set(int(t) for t in stop_token_ids)
     self.hidden = set(int(t) for t in hidden_ids)
@@ -72,15 +80,24 @@ class RowText:
     self.ids += [int(i) for i in ids]
     self.logprobs += [float(x) for x in logprobs]
     text = self._decode(self.ids)
-    cut = self._find_stop(text)
+    if len(self.ids) < self.min_tokens:  # too early to stop: all of this is text
+      self._stop_from = len(text)
+      cut = None
+    else:
+      first = max(start, self.min_tokens - 1)
+      if first > start:  # min_tokens is reached inside this chunk
+        self._stop_from = len(self._decode(self.ids[:first]))
+      cut = self._find_stop(text)
     if cut is not None:
       self.stopped = True
-      text = text[:cut]
+      hit = self.stop_str
       # Keep the tokens up to the one that completed the stop string.
-      for k in range(start + 1, len(self.ids) + 1):
+      for k in range(max(start, self.min_tokens - 1) + 1, len(self.ids) + 1):
         if self._find_stop(self._decode(self.ids[:k])) is not None:
           self.ids, self.logprobs = self.ids[:k], self.logprobs[:k]
           break
+      self.stop_str = hit
+      text = text[:cut + (len(hit) if self.include_stop else 0)]
     self.text = text
     if self.stopped:
       safe = len(text)
@@ -95,8 +112,13 @@ class RowText:
     return self._emit(len(self.text), final=True)
 
   def _find_stop(self, text: str) -> int | None:
-    hits = [i for i in (text.find(s, max(0, self._emitted - len(s))) for s in self.stop) if i >= 0]
-    return min(hits) if hits else None
+    hits = [(i, s) for i, s in ((text.find(s, max(0, self._emitted - len(s),
+                                                  self._stop_from - len(s) + 1)), s)
+                                for s in self.stop) if i >= 0]
+    if not hits:
+      return None
+    at, self.stop_str = min(hits)
+    return at
 
   def _emit(self, upto: int, final: bool) -> Delta:
     out = Delta()
@@ -121,5 +143,7 @@ class RowText:
   def _add(self, out: Delta, s: str) -> None:
     if self._thinking:
       out.reasoning += s
+      self.reasoning += s
     else:
       out.content += s
+      self.content += s
