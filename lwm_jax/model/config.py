@@ -55,6 +55,12 @@ class ModelConfig:
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
   remat: bool = False                  # rematerialise each block in the backward pass
+  # Run the layers (without a cache) as one `lax.scan` over their parameters stacked per period
+  # of identical layers (1 for Qwen3-MoE, full_attention_interval for the hybrid): the compiled
+  # program holds one period's body, so compile time stays flat in depth (MaxText's
+  # scan_layers). Parameters stay stored per layer (HF import/export and checkpoints unchanged);
+  # the stack is taken inside the step. Same values as the unrolled loop.
+  scan_layers: bool = False
   linear_attn_chunk_size: int = 64
   # RMSNorm / L2-norm gradients: "xla" (XLA's autodiff), "written" (layers.normalize_rows and
   # scale_channels: the sums as products with ones), "auto" (written for the hybrid, where it was

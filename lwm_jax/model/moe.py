@@ -21,7 +21,8 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               `lwm_jax.model.decode_layout` (a few rows per step touch nearly every expert anyway,
               and one large matmul in the weight-streaming form beats E small ones); a step with
               at most E/2 assignments (batch 1 or 2) runs only its chosen experts instead.
-`auto` picks ragged_dot on GPU/TPU and tiled on CPU (benchmarks/results/speed.md).
+`auto` picks ragged_dot on GPU/TPU and tiled on CPU (benchmarks/results/speed.md), by the platform
+being compiled for (`lwm_jax.model.platform`), not the host's.
 
 Under a device mesh the layer runs inside `shard_map`: tokens stay on their devices, expert weights
 are split over the `expert` mesh axis (and their hidden dim over `tensor`). When the batch is split
@@ -41,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
 from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn, tiled_ffn
+from lwm_jax.model import platform
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -274,7 +276,8 @@ class MoE(nnx.Module):
   def _backend(self) -> str:
     if self.backend != "auto":
       return self.backend
-    return "tiled" if jax.default_backend() == "cpu" else "ragged_dot"
+    # the platform being compiled for (an AOT compile for TPU on a CPU host is TPU code)
+    return "tiled" if platform.is_cpu() else "ragged_dot"
 
   def __call__(self, x_BxSxD: jax.Array, mask_BxS: jax.Array | None = None):
     b, s, d = x_BxSxD.shape
