@@ -244,6 +244,14 @@ def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, ca
   return out, dataclasses.replace(stats, dropped=dropped)
 
 
+def resolve_backend(backend: str) -> str:
+  """`auto` -> the backend for the platform being compiled for (`lwm_jax.model.platform`: an
+  ahead-of-time compile for TPU on a CPU host gets TPU code); other names pass through."""
+  if backend != "auto":
+    return backend
+  return "tiled" if platform.is_cpu() else "ragged_dot"
+
+
 def _batch_axes_for(mesh, batch: int) -> tuple[str, ...]:
   """The batch mesh axes (in order) whose product divides the batch size."""
   axes, size = [], 1
@@ -274,10 +282,7 @@ class MoE(nnx.Module):
     self.dtype = DTYPES[cfg.dtype]
 
   def _backend(self) -> str:
-    if self.backend != "auto":
-      return self.backend
-    # the platform being compiled for (an AOT compile for TPU on a CPU host is TPU code)
-    return "tiled" if platform.is_cpu() else "ragged_dot"
+    return resolve_backend(self.backend)
 
   def __call__(self, x_BxSxD: jax.Array, mask_BxS: jax.Array | None = None):
     b, s, d = x_BxSxD.shape
