@@ -116,6 +116,9 @@ _COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$")
 _REFS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations|called_computations)"
                    r"=(\{[^}]*\}|%?[\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
+_CONST = re.compile(r"s32\[\]\S* constant\((\d+)\)")
+_WHILE = re.compile(r"condition=%?([\w.\-]+), body=%?([\w.\-]+)")
 _IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _LIST = re.compile(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}")
 
@@ -166,16 +169,31 @@ def analyze_hlo(text: str, devices_per_slice: int | None = None) -> dict[str, An
         cur = None
       else:
         comps[cur].append(line)
+  def trip_count(line: str) -> int:
+    """A while loop's trip count: XLA's known_trip_count when printed, else the largest s32
+    constant its condition compares with (scans and fori loops count from 0; a loop that may
+    stop early, like the decode loop, gets its bound)."""
+    tm = _TRIP.search(line)
+    if tm:
+      return int(tm.group(1))
+    wm = _WHILE.search(line)
+    consts = [int(x) for x in _CONST.findall("\n".join(comps.get(wm.group(1), [])))] if wm else []
+    return max(consts) if consts else 1
+
   callers: dict[str, list[tuple[str, int]]] = {}
+  trips = []
   for name, lines in comps.items():
     for line in lines:
-      trip = 1
-      tm = _TRIP.search(line)
-      for kind, target in _REFS.findall(line):
+      refs = _REFS.findall(line)
+      if not refs:
+        continue
+      trip = trip_count(line) if " while(" in line else 1
+      if trip > 1:
+        trips.append(trip)
+      for kind, target in refs:
         names = [t.strip().lstrip("%") for t in target.strip("{}").split(",") if t.strip()]
         for t in names:
-          f = int(tm.group(1)) if (kind == "body" and tm) else trip
-          callers.setdefault(t, []).append((name, f))
+          callers.setdefault(t, []).append((name, trip if kind == "body" else 1))
 
   @functools.lru_cache(maxsize=None)
   def mult(name: str) -> int:
@@ -185,9 +203,22 @@ def analyze_hlo(text: str, devices_per_slice: int | None = None) -> dict[str, An
 
   out = {k: {"static": 0, "count": 0, "bytes": 0.0, "max_group": 0} for k in COLLECTIVES}
   cross = 0.0
+  shapes: dict[str, list[int]] = {}
+  for lines in comps.values():
+    for line in lines:
+      im = _INSTR.match(line)
+      if im:
+        arr = _ARRAY.search(im.group(2))
+        if arr:
+          shapes[im.group(1)] = [int(d) for d in arr.group(2).split(",") if d]
+  dot_static = dot_total = 0.0
   for name, lines in comps.items():
     k_mult = mult(name) if entry is not None else 1
     for line in lines:
+      f = _dot_flops(line, shapes)
+      if f:
+        dot_static += f
+        dot_total += f * k_mult
       m = _COLL.search(line)
       if not m:
         continue
@@ -220,8 +251,43 @@ def analyze_hlo(text: str, devices_per_slice: int | None = None) -> dict[str, An
       if devices_per_slice and groups and any(
           len({d // devices_per_slice for d in g}) > 1 for g in groups):
         cross += sent * k_mult
-  return {"collectives": out, "cross_slice_bytes": cross,
-          "loops": sorted({int(t) for t in _TRIP.findall(text)})}
+  return {"collectives": out, "cross_slice_bytes": cross, "loops": sorted(set(trips)),
+          "dot_flops_static": dot_static, "dot_flops": dot_total}
+
+
+def _dot_flops(line: str, shapes: dict[str, list[int]]) -> float:
+  """FLOPs of one dot or convolution instruction (2 x output size x contracted size), from the
+  operand shapes recorded by name; 0 for anything else."""
+  im = _INSTR.match(line)
+  if not im or im.group(3) not in ("dot", "convolution"):
+    return 0.0
+  out = _ARRAY.search(im.group(2))
+  if not out:
+    return 0.0
+  out_n = float(np.prod([int(d) for d in out.group(2).split(",") if d] or [1]))
+  operands = re.findall(r"%([\w.\-]+)", im.group(4).split(")")[0])
+  if len(operands) < 2:
+    return 0.0
+  if im.group(3) == "dot":
+    lhs = shapes.get(operands[0])
+    cm = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+    if lhs is None or not cm:
+      return 0.0
+    k = float(np.prod([lhs[int(i)] for i in cm.group(1).split(",") if i] or [1]))
+    return 2.0 * out_n * k
+  rhs = shapes.get(operands[1])
+  dm = re.search(r"dim_labels=\w+_(\w+)->", line)
+  wm = re.search(r"window=\{size=([\dx]+)", line)
+  if rhs is None or not dm:
+    return 0.0
+  labels = dm.group(1)
+  k = float(np.prod([d for d, c in zip(rhs, labels) if c == "i"] or [1]))
+  if wm:  # window dims that stand for batch dims (lhs dilated by the window) contract nothing
+    sizes = [int(x) for x in wm.group(1).split("x")]
+    dm2 = re.search(r"lhs_dilate=([\dx]+)", line)
+    dil = [int(x) for x in dm2.group(1).split("x")] if dm2 else [1] * len(sizes)
+    k *= float(np.prod([-(-sz // dl) for sz, dl in zip(sizes, dil)]))
+  return 2.0 * out_n * k
 
 
 def roofline(chip: Chip, flops: float, bytes_accessed: float, coll: dict, model_flops: float,
@@ -429,10 +495,19 @@ def compile_stage(c, stage: str, topology: str, slices: int = 1, *, preset: str 
     with open(dump_hlo, "w", encoding="utf-8") as f:
       f.write(text)
   coll = analyze_hlo(text, per_slice if slices > 1 else None)
+  # XLA's cost analysis counts a loop body once: with the layers scanned (and micro-batches
+  # accumulated in a scan) it undercounts. The matmul FLOPs counted from the HLO with each loop's
+  # trip count correct it; the bytes accessed are scaled by the same factor.
+  scale = coll["dot_flops"] / coll["dot_flops_static"] if coll["dot_flops_static"] else 1.0
+  row.update(flops_per_chip_xla=flops, bytes_accessed_per_chip_xla=bytes_acc,
+             matmul_flops_per_chip=coll["dot_flops"], loop_scale=scale)
+  flops, bytes_acc = max(flops * scale, coll["dot_flops"]), bytes_acc * scale
   row.update(flops_per_chip=flops, bytes_accessed_per_chip=bytes_acc,
              model_flops_per_chip=info["model_flops"] / chips,
              collectives=coll["collectives"], cross_slice_bytes=coll["cross_slice_bytes"],
              loop_trip_counts=coll["loops"])
+  # Pallas kernels (the TPU grouped matmul) are custom calls whose FLOPs XLA does not count:
+  # the compute time is at least the model's FLOPs at peak
   row.update(roofline(chip, max(flops, info["model_flops"] / chips), bytes_acc, coll,
                       info["model_flops"], info["tokens"], chips))
   return row

@@ -12,7 +12,7 @@ from typing import Any
 QWEN3_MOE = "qwen3_moe"
 QWEN35_MOE = "qwen3_5_moe_text"
 NORM_BACKWARDS = ("auto", "xla", "written")
-MOE_BACKENDS = ("auto", "ragged_dot", "tiled", "blocked", "capacity", "sorted", "dense")
+MOE_BACKENDS = ("auto", "ragged_dot", "gmm", "tiled", "blocked", "capacity", "sorted", "dense")
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   # ---- ours (not in HF configs) ----
   router_z_loss_coef: float = 0.0
-  moe_backend: str = "auto"            # auto | ragged_dot | tiled | blocked | capacity | sorted | dense
+  moe_backend: str = "auto"            # auto | ragged_dot | gmm | tiled | blocked | capacity | sorted | dense
   capacity_factor: float = 1.25        # for moe_backend="capacity"
   sorted_capacity_factor: float = 2.0  # for moe_backend="sorted"; drops are counted
   ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)

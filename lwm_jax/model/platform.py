@@ -52,3 +52,7 @@ def target_platform() -> str:
 
 def is_cpu() -> bool:
   return target_platform() == "cpu"
+
+
+def is_tpu() -> bool:
+  return target_platform() == "tpu"
