@@ -345,11 +345,19 @@ class MoE(nnx.Module):
     tp = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
     a2a = ep > 1 and "expert" in baxes
     bspec = P(baxes or None, None, None)
-    w_specs = (P(), P("expert" if ep > 1 else None, None, tp),
-               P("expert" if ep > 1 else None, None, tp), P("expert" if ep > 1 else None, tp, None))
+    # The experts' `embed` dim stays split over `fsdp` into the shard_map and is gathered here:
+    # the gather's transpose is a reduce-scatter, so each device receives only its shard of the
+    # experts' gradients. (Gathered by XLA before the shard_map, the gradients came back as an
+    # all-reduce of the full expert weights over fsdp: 0 reduce-scatters, docs/pods.md.)
+    fs = "fsdp" if mesh.shape.get("fsdp", 1) > 1 and d % mesh.shape["fsdp"] == 0 else None
+    ex = "expert" if ep > 1 else None
+    w_specs = (P(), P(ex, fs, tp), P(ex, fs, tp), P(ex, tp, fs))
     ep_cf = self.ep_capacity_factor
 
     def body(x_l, m_l, router, wg, wu, wd):
+      if fs:
+        wg, wu = (jax.lax.all_gather(w, "fsdp", axis=1, tiled=True) for w in (wg, wu))
+        wd = jax.lax.all_gather(wd, "fsdp", axis=2, tiled=True)
       bl, sl, _ = x_l.shape
       xf, mf = x_l.reshape(bl * sl, d), m_l.reshape(-1)
       if a2a:
