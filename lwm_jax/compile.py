@@ -98,6 +98,8 @@ def topology_devices(topology: str, slices: int = 1) -> list:
     raise RuntimeError(problem)
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # compile-only: no chip is claimed, so several processes may load libtpu at once
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   kw = {"num_slices": slices} if slices > 1 else {}
   desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kw)
   return list(desc.devices)
