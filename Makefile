@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test test-slow bench corpus more-worlds fixtures clean sandbox-tool reproduce world-model
+.PHONY: demo test test-slow test-tpu pods bench corpus more-worlds fixtures clean sandbox-tool reproduce world-model
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,6 +30,26 @@ test: $(VENV)/.installed sandbox-tool
 # a few minutes more; CI runs them after `make test`.
 test-slow: $(VENV)/.installed sandbox-tool
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m slow tests
+
+# TPU programs compiled on this host (lwm_jax/compile.py, docs/pods.md): a separate environment
+# with the `.[tpu]` extra (libtpu; it never enters $(VENV)), then the AOT compile tests. CI runs it
+# after `make test`; a minute or two once the environment exists.
+VENV_TPU ?= .venv-tpu
+$(VENV_TPU)/.installed: setup.py
+	test -x $(VENV_TPU)/bin/python || python3 -m venv $(VENV_TPU)
+	$(VENV_TPU)/bin/python -m pip install -q -U pip
+	$(VENV_TPU)/bin/python -m pip install -q -e '.[dev,tpu]'
+	touch $@
+
+test-tpu: $(VENV_TPU)/.installed
+	$(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider -n 0 tests/test_compile_tpu.py
+
+# The pod presets x stages table (benchmarks/results/pods.{md,json}); long: see docs/pods.md.
+POD_PRESET ?= qwen3_30b_a3b
+POD_TOPOLOGY ?= v5p:4x4x4
+POD_STAGES ?= cpt
+pods: $(VENV_TPU)/.installed
+	$(VENV_TPU)/bin/python launch/compile.py --preset=$(POD_PRESET) --topology=$(POD_TOPOLOGY) --stages=$(POD_STAGES)
 
 demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py

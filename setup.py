@@ -42,5 +42,9 @@ setup(
                 "apache-beam>=2.60"],
         # Only for generating Hugging Face parity fixtures; never imported by lwm_jax.
         "hf": ["torch==2.13.0", "transformers"],
+        # Ahead-of-time compilation for TPU topologies on any host (launch/compile.py,
+        # `make test-tpu`): jax[tpu] brings the libtpu that matches its jax. Kept out of the
+        # main environment: libtpu changes how JAX starts.
+        "tpu": ["jax[tpu]"],
     },
 )

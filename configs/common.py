@@ -18,7 +18,8 @@ from lwm_jax.model.config import get_preset
 def _pod(model: str, *, batch_size: int, seq_len: int, micro_batches: int, lr: float,
          expert: int = 8, checkpoint_every: int = 500) -> tuple[str, dict]:
   """A preset for a released size on a pod: experts split `expert` ways, parameters FSDP over the
-  rest of the devices, rematerialised layers, automatic precision."""
+  rest of the devices, rematerialised and scanned layers (one compiled layer body: compile time
+  flat in depth, docs/pods.md), automatic precision."""
   return (model, dict(
       train=dict(num_steps=10000, batch_size=batch_size, seq_len=seq_len,
                  micro_batches=micro_batches, log_every=10, eval_every=500, eval_batches=8,
@@ -26,7 +27,7 @@ def _pod(model: str, *, batch_size: int, seq_len: int, micro_batches: int, lr: f
       optim=dict(lr=lr, warmup_steps=100),
       mesh=dict(data=1, fsdp=-1, expert=expert, tensor=1),
       checkpoint=dict(every=checkpoint_every, keep=3),
-      model=dict(remat=True)))
+      model=dict(remat=True, scan_layers=True)))
 
 
 # name -> (model preset, overrides of train/optim/mesh/checkpoint)

@@ -12,7 +12,7 @@ from typing import Any
 QWEN3_MOE = "qwen3_moe"
 QWEN35_MOE = "qwen3_5_moe_text"
 NORM_BACKWARDS = ("auto", "xla", "written")
-MOE_BACKENDS = ("auto", "ragged_dot", "tiled", "blocked", "capacity", "sorted", "dense")
+MOE_BACKENDS = ("auto", "ragged_dot", "gmm", "tiled", "blocked", "capacity", "sorted", "dense")
 
 
 @dataclasses.dataclass
@@ -48,13 +48,19 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   # ---- ours (not in HF configs) ----
   router_z_loss_coef: float = 0.0
-  moe_backend: str = "auto"            # auto | ragged_dot | tiled | blocked | capacity | sorted | dense
+  moe_backend: str = "auto"            # auto | ragged_dot | gmm | tiled | blocked | capacity | sorted | dense
   capacity_factor: float = 1.25        # for moe_backend="capacity"
   sorted_capacity_factor: float = 2.0  # for moe_backend="sorted"; drops are counted
   ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
   remat: bool = False                  # rematerialise each block in the backward pass
+  # Run the layers (without a cache) as one `lax.scan` over their parameters stacked per period
+  # of identical layers (1 for Qwen3-MoE, full_attention_interval for the hybrid): the compiled
+  # program holds one period's body, so compile time stays flat in depth (MaxText's
+  # scan_layers). Parameters stay stored per layer (HF import/export and checkpoints unchanged);
+  # the stack is taken inside the step. Same values as the unrolled loop.
+  scan_layers: bool = False
   linear_attn_chunk_size: int = 64
   # RMSNorm / L2-norm gradients: "xla" (XLA's autodiff), "written" (layers.normalize_rows and
   # scale_channels: the sums as products with ones), "auto" (written for the hybrid, where it was

@@ -1,7 +1,9 @@
 """Mixture-of-experts layer: fp32 softmax router, top-k, and its dispatch backends.
 
 Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
-  ragged_dot  dropless: sort assignments by expert, `jax.lax.ragged_dot` grouped matmul (GPU/TPU).
+  ragged_dot  dropless: sort assignments by expert, `jax.lax.ragged_dot` grouped matmul (GPU).
+  gmm         the same with the Pallas grouped matmul of TPU (megablox); XLA's ragged_dot on TPU
+              computes every local expert on every row (docs/pods.md).
   blocked     dropless: sort by expert, pad each expert's rows to whole blocks, one batched einsum
               over blocks with each block's expert weights gathered (fast on CPU, where ragged_dot is
               ~20x slower than a batched einsum). Rows move by gathers only, forward and backward
@@ -21,7 +23,8 @@ Backends (all compute `sum_k w_k * expert_{i_k}(x)` for every token):
               `lwm_jax.model.decode_layout` (a few rows per step touch nearly every expert anyway,
               and one large matmul in the weight-streaming form beats E small ones); a step with
               at most E/2 assignments (batch 1 or 2) runs only its chosen experts instead.
-`auto` picks ragged_dot on GPU/TPU and tiled on CPU (benchmarks/results/speed.md).
+`auto` picks gmm on TPU, ragged_dot on GPU and tiled on CPU (benchmarks/results/speed.md), by the platform
+being compiled for (`lwm_jax.model.platform`), not the host's.
 
 Under a device mesh the layer runs inside `shard_map`: tokens stay on their devices, expert weights
 are split over the `expert` mesh axis (and their hidden dim over `tensor`). When the batch is split
@@ -41,6 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from lwm_jax.model.config import ModelConfig
 from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn, tiled_ffn
+from lwm_jax.model import platform
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -71,7 +75,7 @@ def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend:
   if backend in DROPLESS_FFN:
     return DROPLESS_FFN[backend](x_NxD, expert_N[:, None], valid_N[:, None], wg_ExDxI, wu_ExDxI,
                                  wd_ExIxD)[:, 0]
-  if backend != "ragged_dot":
+  if backend not in ("ragged_dot", "gmm"):
     raise ValueError(f"grouped_ffn: unknown backend '{backend}'")
   e = wg_ExDxI.shape[0]
   key = jnp.where(valid_N, expert_N, e)  # invalid rows sort last
@@ -79,11 +83,36 @@ def grouped_ffn(x_NxD, expert_N, valid_N, wg_ExDxI, wu_ExDxI, wd_ExIxD, backend:
   xs = x_NxD[order]
   ks = key[order]
   group_sizes = jnp.bincount(key, length=e + 1)[:e].astype(jnp.int32)
-  h = jax.nn.silu(jax.lax.ragged_dot(xs, wg_ExDxI, group_sizes)) * jax.lax.ragged_dot(
-      xs, wu_ExDxI, group_sizes)
-  ys = jax.lax.ragged_dot(h, wd_ExIxD, group_sizes)
+  d, f = wg_ExDxI.shape[1:]
+  # the kernel's tiles need both dims of the weights in multiples of 128
+  mm = gmm_matmul if backend == "gmm" and d % 128 == 0 and f % 128 == 0 else jax.lax.ragged_dot
+  h = jax.nn.silu(mm(xs, wg_ExDxI, group_sizes)) * mm(xs, wu_ExDxI, group_sizes)
+  ys = mm(h, wd_ExIxD, group_sizes)
   ys = jnp.where((ks < e)[:, None], ys, 0)
   return jnp.zeros_like(ys).at[order].set(ys)
+
+
+def gmm_matmul(x_AxD, w_ExDxF, group_sizes_E):
+  """`jax.lax.ragged_dot` through the Pallas grouped matmul of TPU (megablox `gmm`, with its
+  written backward pass: `tgmm` for the weights). XLA's own ragged_dot on TPU (jax 0.10) becomes
+  a masked product over every local expert, forward and backward: E_local times the FLOPs
+  (docs/pods.md). Rows are padded to the kernel's tile; on another platform the kernel runs in
+  interpret mode (tests)."""
+  from jax.experimental.pallas.ops.tpu.megablox import ops as megablox  # pylint: disable=import-outside-toplevel
+  a, d = x_AxD.shape
+  f = w_ExDxF.shape[2]
+  tm = 128 if a >= 128 else -(-a // 8) * 8
+  pad = -a % tm
+  xp = jnp.pad(x_AxD, ((0, pad), (0, 0))) if pad else x_AxD
+  tile = next(t for t in (512, 256, 128) if d % t == 0 and f % t == 0)
+  tiling = (tm, tile, tile)
+  # rows past the last group are left unwritten by the kernel (forward and backward): selects
+  # on both sides keep them out of the values and the gradients
+  inside = (jnp.arange(a + pad) < jnp.sum(group_sizes_E))[:, None]
+  xp = jnp.where(inside, xp, 0)
+  y = megablox.gmm(xp, w_ExDxF.astype(x_AxD.dtype), group_sizes_E, x_AxD.dtype, tiling,
+                   None, None, False, not platform.is_tpu())
+  return jnp.where(inside, y, 0)[:a]
 
 
 def capacity_ffn(x_NxD, expert_N, valid_N, wg, wu, wd, capacity: int):
@@ -242,6 +271,16 @@ def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, ca
   return out, dataclasses.replace(stats, dropped=dropped)
 
 
+def resolve_backend(backend: str) -> str:
+  """`auto` -> the backend for the platform being compiled for (`lwm_jax.model.platform`: an
+  ahead-of-time compile for TPU on a CPU host gets TPU code); other names pass through."""
+  if backend != "auto":
+    return backend
+  if platform.is_cpu():
+    return "tiled"
+  return "gmm" if platform.is_tpu() else "ragged_dot"
+
+
 def _batch_axes_for(mesh, batch: int) -> tuple[str, ...]:
   """The batch mesh axes (in order) whose product divides the batch size."""
   axes, size = [], 1
@@ -272,9 +311,7 @@ class MoE(nnx.Module):
     self.dtype = DTYPES[cfg.dtype]
 
   def _backend(self) -> str:
-    if self.backend != "auto":
-      return self.backend
-    return "tiled" if jax.default_backend() == "cpu" else "ragged_dot"
+    return resolve_backend(self.backend)
 
   def __call__(self, x_BxSxD: jax.Array, mask_BxS: jax.Array | None = None):
     b, s, d = x_BxSxD.shape
@@ -308,11 +345,19 @@ class MoE(nnx.Module):
     tp = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
     a2a = ep > 1 and "expert" in baxes
     bspec = P(baxes or None, None, None)
-    w_specs = (P(), P("expert" if ep > 1 else None, None, tp),
-               P("expert" if ep > 1 else None, None, tp), P("expert" if ep > 1 else None, tp, None))
+    # The experts' `embed` dim stays split over `fsdp` into the shard_map and is gathered here:
+    # the gather's transpose is a reduce-scatter, so each device receives only its shard of the
+    # experts' gradients. (Gathered by XLA before the shard_map, the gradients came back as an
+    # all-reduce of the full expert weights over fsdp: 0 reduce-scatters, docs/pods.md.)
+    fs = "fsdp" if mesh.shape.get("fsdp", 1) > 1 and d % mesh.shape["fsdp"] == 0 else None
+    ex = "expert" if ep > 1 else None
+    w_specs = (P(), P(ex, fs, tp), P(ex, fs, tp), P(ex, tp, fs))
     ep_cf = self.ep_capacity_factor
 
     def body(x_l, m_l, router, wg, wu, wd):
+      if fs:
+        wg, wu = (jax.lax.all_gather(w, "fsdp", axis=1, tiled=True) for w in (wg, wu))
+        wd = jax.lax.all_gather(wd, "fsdp", axis=2, tiled=True)
       bl, sl, _ = x_l.shape
       xf, mf = x_l.reshape(bl * sl, d), m_l.reshape(-1)
       if a2a:

@@ -128,7 +128,10 @@ class Transformer(nnx.Module):
     x = jnp.take(self.embed_tokens[...], tokens_BxS, axis=0).astype(DTYPES[cfg.dtype])
     x = sharding.constrain_batch(x)
     all_stats, new_cache = [], []
-    for i, layer in enumerate(self.layers):
+    period = self.scan_period() if cfg.scan_layers and cache is None else 0
+    if period:
+      x, all_stats = self._scanned(x, positions, segment_ids, token_mask, period)
+    for i, layer in enumerate(self.layers if not period else ()):
       layer_cache = None if cache is None else cache[i]
       if cfg.remat and cache is None:
         x, stats, c = nnx.remat(lambda blk, *a: blk(*a))(layer, x, positions, segment_ids,
@@ -150,6 +153,48 @@ class Transformer(nnx.Module):
     else:
       logits = self.lm_head(x)
     return self._output(logits, all_stats, new_cache if cache is not None else None)
+
+  def scan_period(self) -> int:
+    """The smallest p such that layer i and layer i + p are alike (same kind of attention, same
+    kind of MLP) for every i and p divides the depth; 0 when scanning would not help (the
+    period is the whole depth) or the model is a decode-layout copy."""
+    if self.decode_layout:
+      return 0
+    sig = [(layer.kind, layer.is_moe) for layer in self.layers]
+    n = len(sig)
+    for p in range(1, n // 2 + 1):
+      if n % p == 0 and all(sig[i] == sig[i % p] for i in range(n)):
+        return p
+    return 0
+
+  def _scanned(self, x, positions, segment_ids, token_mask, period: int):
+    """The layers as one `lax.scan` over groups of `period` layers whose parameters are stacked
+    here (a [groups, ...] array per parameter of each position in the period); rematerialised
+    per group when `cfg.remat`. Returns (x, router stats per MoE layer in layer order)."""
+    n = len(self.layers)
+    groups = n // period
+    graphdefs, stacked = [], []
+    for j in range(period):
+      graphdefs.append(nnx.graphdef(self.layers[j]))
+      states = [nnx.state(self.layers[g * period + j]) for g in range(groups)]
+      stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+    def body(h, states):
+      stats = []
+      for gd, st in zip(graphdefs, states):
+        h, st_j, _ = nnx.merge(gd, st)(h, positions, segment_ids, token_mask, None)
+        stats.append(st_j)
+      return h, stats
+
+    if self.cfg.remat:
+      body = jax.checkpoint(body)
+    x, stats = jax.lax.scan(body, x, stacked)
+    ordered = []
+    for g in range(groups):
+      for st in stats:
+        if st is not None:
+          ordered.append(jax.tree.map(lambda v, g=g: v[g], st))
+    return x, ordered
 
   def head_DxV(self) -> jax.Array:
     """The output head as a [D, V] matrix in the compute dtype: the embedding transposed when tied."""

@@ -53,6 +53,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from lwm_jax import sharding
+from lwm_jax.model import platform
 from lwm_jax.model.decode_layout import for_decoding, resolve_dtype
 from lwm_jax.sampling.logits import NEG_INF, sample_tokens  # noqa: F401 - re-exported
 from lwm_jax.sampling.params import SamplingParams
@@ -258,7 +259,7 @@ class Engine:
       if decode_moe_backend == "auto":
         # Measured on CPU (benchmarks/sampling.py): the dropless capacity layout beats sorting
         # into blocks for decode batches up to at least 8.
-        decode_moe_backend = "capacity" if jax.default_backend() == "cpu" else None
+        decode_moe_backend = "capacity" if platform.is_cpu() else None
       self.decode_moe_backend = decode_moe_backend or self.cfg.moe_backend
       self.decode_state = self.state
       self.decode_graphdef = _Graph(
@@ -274,7 +275,7 @@ class Engine:
     """"rows" on CPU without a mesh when two copies of the weights fit in available memory
     (measured on CPU, benchmarks/sampling.py: 1.2-1.3x the capacity backend's tokens/s at batch 8
     in fp32), else "model"."""
-    if jax.default_backend() != "cpu" or self.mesh is not None:
+    if not platform.is_cpu() or self.mesh is not None:
       return "model"
     need, free = _copy_bytes(self.state, decode_dtype), _available_memory()
     if free is None or 2 * need < free:

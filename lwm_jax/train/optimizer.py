@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import optax
 
+from lwm_jax.model import platform
 from lwm_jax.model.config import ModelConfig
 
 
@@ -44,13 +45,14 @@ def make_optimizer(optim_cfg: Any, total_steps: int) -> tuple[optax.GradientTran
 def compute_dtype(precision: str, backend: str | None = None) -> str:
   """`auto` -> bfloat16 on GPU/TPU, float32 on CPU; otherwise the named dtype."""
   if precision == "auto":
-    backend = backend or jax.default_backend()
+    backend = backend or platform.target_platform()
     return "float32" if backend == "cpu" else "bfloat16"
   if precision not in ("float32", "bfloat16"):
     raise ValueError(f"train.precision: '{precision}' is not auto, float32 or bfloat16")
   return precision
 
 
-def apply_precision(cfg: ModelConfig, precision: str) -> ModelConfig:
-  """fp32 parameters, compute dtype from the policy."""
-  return cfg.replace(dtype=compute_dtype(precision), param_dtype="float32")
+def apply_precision(cfg: ModelConfig, precision: str, backend: str | None = None) -> ModelConfig:
+  """fp32 parameters, compute dtype from the policy (for `backend`, default the target platform,
+  `lwm_jax.model.platform`)."""
+  return cfg.replace(dtype=compute_dtype(precision, backend), param_dtype="float32")

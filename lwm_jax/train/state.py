@@ -72,19 +72,35 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh, rules=shd.DEFAULT_RU
                     step=rep, rng=rep)
 
 
+def _initializer(cfg: ModelConfig, tx: optax.GradientTransformation) -> Callable:
+  def init(key, p=None) -> TrainState:
+    pkey, skey = jax.random.split(key)
+    if p is None:
+      _, p = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=pkey)))
+    return TrainState(params=p, opt_state=tx.init(p), step=jnp.zeros((), jnp.int32), rng=skey)
+  return init
+
+
+def abstract_train_state(cfg: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh,
+                         rules=shd.DEFAULT_RULES) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+  """(graphdef, shape-only state whose leaves are ShapeDtypeStructs carrying their shardings,
+  the shardings): what `create_train_state` would place on `mesh`, with nothing allocated (for
+  ahead-of-time compilation, `lwm_jax.compile`)."""
+  graphdef, _ = abstract_model(cfg)
+  abstract = jax.eval_shape(_initializer(cfg, tx), jax.random.PRNGKey(0))
+  shardings = state_shardings(abstract, mesh, rules)
+  with_sh = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, shardings)
+  return graphdef, with_sh, shardings
+
+
 def create_train_state(cfg: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh, seed: int,
                        params: Any = None, rules=shd.DEFAULT_RULES
                        ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
   """(graphdef, state placed on the mesh, its shardings). Fresh parameters come from `seed`;
   `params` (an nnx.State, e.g. from a Hugging Face checkpoint) replaces them when given."""
   graphdef, _ = abstract_model(cfg)
-
-  def init(key, p=None) -> TrainState:
-    pkey, skey = jax.random.split(key)
-    if p is None:
-      _, p = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=pkey)))
-    return TrainState(params=p, opt_state=tx.init(p), step=jnp.zeros((), jnp.int32), rng=skey)
-
+  init = _initializer(cfg, tx)
   key = jax.random.PRNGKey(seed)
   abstract = jax.eval_shape(init, key)
   shardings = state_shardings(abstract, mesh, rules)

@@ -242,6 +242,8 @@ class CompiledStep:
       x = batch[k]
       if isinstance(x, jax.Array):
         out[k] = x
+      elif isinstance(x, jax.ShapeDtypeStruct):  # ahead-of-time lowering (lwm_jax.compile)
+        out[k] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
       else:
         out[k] = jax.make_array_from_process_local_data(s, np.asarray(x))
     return out
