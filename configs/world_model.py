@@ -119,6 +119,24 @@ def model_of(stage: ml_collections.ConfigDict) -> str:
   return os.path.join(stage.output, "hf") if stage.kind == "train" else stage.output
 
 
+def command(stage: ml_collections.ConfigDict) -> list[str]:
+  """The launch script and flags of a reproduce or collect stage (relative to the repository
+  root): its `args` with `--cpt_from=init_from` (when it has one) and `--ship=output`, or
+  `--out=output`."""
+  args = dict(stage.args)
+  if stage.kind == "reproduce":
+    if stage.init_from:
+      args["cpt_from"] = stage.init_from
+    args["ship"] = stage.output
+    script = "launch/reproduce.py"
+  elif stage.kind == "collect":
+    args["out"] = stage.output
+    script = "launch/collect.py"
+  else:
+    raise ValueError(f"a {stage.kind} stage runs in the trainer, not as a command")
+  return [script] + [f"--{k}={v}" for k, v in args.items()]
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   all_stages = stages()
   if arg is not None and arg not in all_stages:

@@ -38,19 +38,6 @@ def plan(config) -> list[str]:
   return order
 
 
-def command(stage) -> list[str]:
-  """The command line of a reproduce or collect stage."""
-  args = dict(stage.args)
-  if stage.kind == "reproduce":
-    script = "launch/reproduce.py"
-    if stage.init_from:
-      args["cpt_from"] = stage.init_from
-    args["ship"] = stage.output
-  else:
-    script, args["out"] = "launch/collect.py", stage.output
-  return [sys.executable, os.path.join(ROOT, script)] + [f"--{k}={v}" for k, v in args.items()]
-
-
 def train(name: str, stage) -> dict:
   """A train stage: the trainer on the stage's config, then OUTPUT/hf/provenance.json."""
   from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
@@ -88,10 +75,10 @@ def main(argv):
         continue
       print(json.dumps(train(name, stage)), flush=True)
       continue
-    cmd = command(stage)
-    print(" ".join(cmd[1:]), flush=True)
+    cmd = recipe.command(stage)
+    print(" ".join(cmd), flush=True)
     if not flags.FLAGS.plan_only:
-      subprocess.run(cmd, check=True, cwd=ROOT)
+      subprocess.run([sys.executable] + cmd, check=True, cwd=ROOT)
 
 
 if __name__ == "__main__":
