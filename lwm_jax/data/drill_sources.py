@@ -9,6 +9,8 @@ loss weights, rendered as the SFT pipeline renders a sample), and a source draws
   ListingMix       each batch: listing rows, ordinary SFT rows of a corpus (a share `mix_share`)
                    and copy rows (a share `copy_share`), drawn with replacement
   DepartureRows    the rows of the departure pairs in a fresh random order each pass
+  InductionRows    rows of random ids, each segment written twice (`drills.induction_rows`), loss
+                   on every token: the induction drill of launch/copy_drill.py
 
 Both draw from one seeded NumPy stream in the order the experiment scripts drew theirs
 (experiments/made_up_names/, experiments/perturb_vs_plain/departure_drill/), so a seed gives the
@@ -31,14 +33,15 @@ from lwm_jax.data import drills, lengths, pipeline, prompts, schema, splits
 from lwm_jax.data.jsonl import iter_jsonl
 
 Row = tuple  # (ids, weights) or (ids, weights, segment ids)
-KINDS = ("listing", "departures")
+KINDS = ("listing", "departures", "induction")
 ARMS = ("paired", "plain")
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The `data.drills` section.
 
-  kind:        listing | departures
+  kind:        listing | departures | induction (rows of train.seq_len random ids, the whole
+               vocabulary from id 3 up; segments of `drills.segment_range(seq_len)` written twice)
   listing:     comma list of terminal episode files (launch/collect.py output) whose listing turns
                among each episode's first `max_turn` turns are trained on
   mix:         a corpus folder whose training split gives the ordinary SFT rows (every turn)
@@ -291,14 +294,48 @@ class DepartureRows(_Seeded):
     return f"departure drill: {len(self.all_rows)} rows"
 
 
+class InductionRows(_Seeded):
+  """Batches of induction rows (`drills.induction_rows`: ids `first_id` .. `first_id + alphabet -
+  1`, each segment written twice), loss weight 1 on every token, from one seeded stream."""
+
+  def __init__(self, *, batch: int, seq_len: int, alphabet: int, first_id: int = 3,
+               seed: int = 0, process_index: int = 0, process_count: int = 1):
+    super().__init__(batch, seq_len, seed, process_index, process_count)
+    if alphabet < 2:
+      raise ValueError(f"data.drills: an induction row needs an alphabet of 2 ids or more, "
+                       f"got {alphabet}")
+    self.alphabet, self.first_id = alphabet, first_id
+
+  def next_rows(self) -> list[Row]:
+    toks, _ = drills.induction_rows(self.rng, self.batch, self.seq_len, self.alphabet,
+                                    drills.segment_range(self.seq_len), self.first_id)
+    return [(r.tolist(), [1.0] * self.seq_len) for r in toks]
+
+  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
+    del state
+    return self._batch(self.next_rows())
+
+  def get_state(self) -> dict[str, Any]:
+    return self._state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._set(state)
+
+  def describe(self) -> str:
+    return f"induction drill: rows of {self.seq_len} ids"
+
+
 def make_source(drill: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict, tok,
                 tokenizer_path: str, *, batch: int, seed: int = 0, process_index: int = 0,
-                process_count: int = 1):
+                process_count: int = 1, vocab_size: int = 0):
   """The batch source of a `data.drills` section; `cfg` is the run's pipeline config (its
-  `seq_len`, `seed` and `thinking` render the SFT rows)."""
+  `seq_len`, `seed` and `thinking` render the SFT rows); `vocab_size` (the model's) bounds the
+  induction drill's ids."""
   if drill.kind not in KINDS:
     raise ValueError(f"data.drills.kind: {drill.kind!r} is not one of {', '.join(KINDS)}")
   where = dict(seed=seed, process_index=process_index, process_count=process_count)
+  if drill.kind == "induction":
+    return InductionRows(batch=batch, seq_len=cfg.seq_len, alphabet=vocab_size - 3, **where)
   if drill.kind == "listing":
     if not drill.listing:
       raise ValueError("data.drills.listing: name the terminal episode files to drill on")

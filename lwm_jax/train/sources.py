@@ -173,6 +173,11 @@ def drill_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, process_i
   from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   from lwm_jax.data import drill_sources, tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   drill = c.data.drills
+  if drill.kind == "induction":  # random ids: no tokenizer, no rendering
+    return drill_sources.make_source(
+        drill, data_config(c, 1), None, "", batch=c.train.batch_size, seed=c.seed,
+        process_index=process_index, process_count=process_count,
+        vocab_size=model_cfg.vocab_size), None, ""
   tok = tok_lib.load_tokenizer(c.data.tokenizer)
   if tok.vocab_size > model_cfg.vocab_size:
     raise ValueError(f"config.model.vocab_size: {model_cfg.vocab_size} is smaller than the "
