@@ -189,3 +189,26 @@ def test_trainer_trains_a_drill_mixture_and_resumes_exactly(tmp_path):
   assert cfg["data"]["source"] == "drills" and cfg["data"]["drills"]["copy_short"] == 32
   rows = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+def test_induction_source_draws_the_old_copy_drills_rows():
+  """launch/copy_drill.py drew `induction_rows(rng, n, row, vocab - 3, segment_range(row))` from
+  one default_rng(0) per phase, loss on every token; the induction source draws the same."""
+  rng = np.random.default_rng(0)
+  src = drill_sources.InductionRows(batch=8, seq_len=64, alphabet=97, seed=0)
+  for _ in range(3):
+    want, _ = drills.induction_rows(rng, 8, 64, 97, drills.segment_range(64))
+    b = src.next_batch()
+    np.testing.assert_array_equal(b["tokens"], want)
+    assert b["loss_weights"].min() == 1.0 and (b["segment_ids"] == 1).all()
+  np.testing.assert_array_equal(b["positions"][0], np.arange(64))
+
+
+def test_trainable_pattern_freezes_the_rest_and_is_checked():
+  from lwm_jax.train import optimizer
+  params = {"layers": {"0": {"self_attn": {"q": np.ones((2, 2), np.float32)},
+                             "mlp": {"w": np.ones((2, 2), np.float32)}}}}
+  assert optimizer.trainable_labels(params, "self_attn") == \
+      {"layers": {"0": {"self_attn": {"q": "train"}, "mlp": {"w": "frozen"}}}}
+  with pytest.raises(ValueError, match="optim.trainable: 'experts' matches no parameter"):
+    optimizer.trainable_labels(params, "experts")
