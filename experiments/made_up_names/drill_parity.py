@@ -11,7 +11,9 @@ reads both and writes OUT/parity.json and OUT/parity.md.
 
 The old script is run unchanged, its `train_step` wrapped to record each step's loss (it prints
 every tenth) and its final save replaced by a stop (the episode play after training is not part
-of the comparison). Both read the same tour files (--train) and start from the same model.
+of the comparison). Both read the same tour files (--train) and start from the same model. The
+loss compared is what each optimises: the weighted cross-entropy plus 0.001 x the MoE
+auxiliary loss (the trainer logs the two apart).
 """
 import argparse
 import json
@@ -77,10 +79,22 @@ def run_new(steps: int, train: str, start: str, out: str) -> dict:
   c.export_hf = False
   t0 = time.time()
   summary = trainer.train(c, out)
-  return {"path": "new", "config": "configs/world_model.py:cs1", "seconds": round(time.time() - t0, 1),
-          "overrides": {"train.num_steps": steps, "data.drills.listing": train,
-                        "init_from_hf": start},
-          "loss": summary["losses"]}
+  res = {"path": "new", "config": "configs/world_model.py:cs1",
+         "seconds": round(time.time() - t0, 1),
+         "overrides": {"train.num_steps": steps, "data.drills.listing": train,
+                       "init_from_hf": start}}
+  return dict(res, **_objective(out, summary["losses"]))
+
+
+def _objective(workdir: str, losses: list) -> dict:
+  """The trainer logs the cross-entropy (`loss`) and the MoE auxiliary loss apart; the old
+  script's loss is their sum as optimised, cross-entropy + aux_loss_coef * aux_loss (0.001,
+  the model's router_aux_loss_coef and the old script's StepConfig default)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = {r["step"]: r for r in map(json.loads, f) if r.get("split", "train") == "train"}
+  aux = [rows[i + 1]["aux_loss"] for i in range(len(losses))]
+  return {"xent": losses, "aux_loss": aux,
+          "loss": [x + 0.001 * a for x, a in zip(losses, aux)]}
 
 
 def compare(out: str) -> None:
@@ -88,6 +102,8 @@ def compare(out: str) -> None:
   for p in ("old", "new"):
     with open(os.path.join(out, f"parity_{p}.json")) as f:
       runs[p] = json.load(f)
+  if "xent" not in runs["new"]:  # written before the aux term was added: read it now
+    runs["new"].update(_objective(os.path.join(out, "new"), runs["new"]["loss"]))
   old, new = runs["old"]["loss"], runs["new"]["loss"]
   n = min(len(old), len(new))
   diff = [abs(a - b) for a, b in zip(old[:n], new[:n])]
@@ -108,6 +124,17 @@ def compare(out: str) -> None:
             f"{n} steps: max abs diff {res['max_abs_diff']:.2e}, mean {res['mean_abs_diff']:.2e}"
             f" (max relative {res['max_rel_diff']:.2e}); the median change of the loss from one "
             f"step to the next is {res['median_step_to_step_change']:.3f}.\n")
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot(range(1, n + 1), old[:n], label="old: listing_drill.py (own train step)", lw=2)
+  ax.plot(range(1, n + 1), new[:n], "--", label="new: configs/world_model.py:cs1 (trainer)")
+  ax.set(xlabel="step", ylabel="training loss (xent + 0.001 aux)",
+         title="listing drill cs1, seed 0: old path and new")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "parity.png"), dpi=100)
   print(open(os.path.join(out, "parity.md")).read())
 
 
