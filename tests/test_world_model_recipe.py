@@ -128,3 +128,22 @@ def test_unknown_stage_is_named():
   with pytest.raises(ConfigError, match="no stage 'cs4'.*close matches"):
     world_model.get_config("cs4")
   assert world_model.get_config("cs2").order == "cs2"
+
+
+def test_runner_plans_the_stages_it_is_given():
+  import subprocess
+  import sys
+  run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "world_model.py"),
+                        "--plan_only", "--stages=cpt6000,tour_usual,cs3"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+  assert run.returncode == 0, run.stderr[-2000:]
+  lines = [l for l in run.stdout.splitlines() if l.startswith(("===", "launch/"))]
+  assert lines[0] == "=== cpt6000 (reproduce): runs/world_model_4000 -> data/world_model"
+  assert lines[1].startswith("launch/reproduce.py ") and "--cpt_lr=0.001" in lines[1]
+  assert lines[3].startswith("launch/collect.py ") and "--seed=31" in lines[3]
+  assert lines[4] == "=== cs3 (train): runs/cs2/hf -> runs/cs3/hf"
+  bad = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "world_model.py"),
+                        "--plan_only", "--stages=cs9"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert bad.returncode != 0 and "no stage 'cs9'" in bad.stderr
