@@ -1,6 +1,7 @@
 """Drill sources (lwm_jax/data/drill_sources.py) as batch sources of the one trainer.
 
-The reference for the rows is the code they replace: tests/fixtures/drill_rows_golden.json holds
+The reference for the rows is the code they replace: tests/fixtures/drill_rows_golden.json
+(written by experiments/made_up_names/make_drill_rows_golden.py) holds
 the digests of the rows that experiments/made_up_names/listing_drill.py and
 experiments/perturb_vs_plain/departure_drill.py built at commit e7b63f9 (their own loops and
 render functions, run from a checkout of that commit) for seed 0, on the bundled corpus and
