@@ -63,34 +63,21 @@ REPRODUCE_FLAGS ?=
 reproduce: $(VENV)/.installed
 	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
 
-# The shipped world model (data/world_model/, used by the demo's last part): five runs of the
-# full reproduction, then a copying stage, about 7 h 30 min on 2 idle cores in all. The first trains 2000 CPT steps from
-# scratch and 300 SFT steps (about 66 minutes: experiments/reproduce_cpt2000); the second
-# continues its CPT from that model for 2000 more steps, then 300 SFT steps
-# (experiments/reproduce_cpt4000); the third does the same from the second at a CPT peak
-# learning rate of 1e-3 and an SFT one of 3e-4 (experiments/reproduce_cpt6000); the fourth
-# repeats the third from the third's model and ships over it (experiments/reproduce_cpt8000); the
-# fifth repeats it once more with 10,500 episodes of new worlds (make more-worlds) beside the
-# corpus and ships over it (experiments/reproduce_more_worlds). The copying stage (about 2 h,
+# The shipped world model (data/world_model/, used by the demo's last part): the stages of
+# configs/world_model.py run in order by launch/world_model.py, about 7 h 30 min on 2 idle cores.
+# Five runs of the full reproduction (2000 CPT steps from scratch and 300 SFT steps, then four
+# continuations, the last with 10,500 episodes of new worlds from `make more-worlds`: measured in
+# experiments/reproduce_cpt2000 .. reproduce_more_worlds), then a copying stage (about 2 h,
 # experiments/made_up_names, last sections): terminal tour episodes with usual and made-up names,
-# three listing-drill runs with synthetic copy rows (packed rows of 64, of 512, then far rows:
-# the model learns to copy names from the initial state), then an 800-step CPT continuation with
-# far copy rows in its batches and 300 SFT steps, shipped over data/world_model.
-# The shipped model has no time limit, and more CPT was the largest gain measured. Each copy has
-# its provenance.json (command, settings, corpus sha256, scores; each nests the one before).
-LISTING_TOURS = runs/listing_usual_tour/terminal_train.jsonl.gz,runs/listing_madeup_tour/terminal_train.jsonl.gz
+# three listing-drill runs of the one trainer on a drill mixture (listing turns, ordinary SFT rows
+# and synthetic copy rows: packed rows of 64, of 512, then far rows; the model learns to copy
+# names from the initial state), then an 800-step CPT continuation with far copy rows in its
+# batches and 300 SFT steps, shipped over data/world_model. One stage: `$(PY) launch/world_model.py
+# --stages=cs1`; the plan: `--plan_only`. The shipped model has no time limit, and more CPT was
+# the largest gain measured. Each shipped copy has its provenance.json (command, settings, corpus
+# sha256, scores; each nests the one before).
 world-model: $(VENV)/.installed more-worlds
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --workdir=runs/reproduce_ship --ship=runs/world_model_2000
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=runs/world_model_2000 --workdir=runs/reproduce_ship_more --ship=runs/world_model_4000
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=runs/world_model_4000 --cpt_lr=1e-3 --sft_lr=3e-4 --workdir=runs/reproduce_ship_more_lr1e-3 --ship=data/world_model
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=data/world_model --cpt_lr=1e-3 --sft_lr=3e-4 --workdir=runs/reproduce_ship_8000 --ship=data/world_model
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=2000 --cpt_from=data/world_model --cpt_lr=1e-3 --sft_lr=3e-4 --more_worlds=runs/more_worlds --workdir=runs/reproduce_ship_worlds --ship=data/world_model
-	$(PY) launch/collect.py --env=terminal --episodes=2000 --seed=31 --workers=1 --task=tour --out=runs/listing_usual_tour/terminal_train.jsonl.gz
-	$(PY) launch/collect.py --env=terminal --episodes=2000 --seed=33 --workers=1 --names=made_up --task=tour --out=runs/listing_madeup_tour/terminal_train.jsonl.gz
-	$(PY) experiments/made_up_names/listing_drill.py --train=$(LISTING_TOURS) --batch=8 --out=runs/cs1 --steps=1200 --every=100 --lr=1e-3 --mix_share=0.25 --copy_share=0.5 --copy_short=64
-	$(PY) experiments/made_up_names/listing_drill.py --start=runs/cs1/hf --train=$(LISTING_TOURS) --batch=8 --out=runs/cs2 --steps=700 --every=100 --lr=1e-3 --mix_share=0.25 --copy_share=0.5 --copy_short=512
-	$(PY) experiments/made_up_names/listing_drill.py --start=runs/cs2/hf --train=$(LISTING_TOURS) --batch=8 --out=runs/cs3 --steps=500 --every=100 --lr=1e-3 --mix_share=0.25 --copy_share=0.5
-	$(PY) launch/reproduce.py --budget=full --cpt_steps=800 --cpt_from=runs/cs3/hf --cpt_lr=1e-3 --sft_lr=3e-4 --more_worlds=runs/more_worlds --drill_share=0.125 --drill_rows=far1024 --workdir=runs/reproduce_ship_copy --ship=data/world_model
+	$(PY) launch/world_model.py --config=configs/world_model.py
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/model_step.py

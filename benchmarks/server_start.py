@@ -18,8 +18,7 @@ import time
 import requests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from lwm_jax.sampling.background import free_port  # noqa: E402
+from lwm_jax.sampling.background import free_port
 
 
 def start(checkpoint: str, cache: str, extra: list[str], limit: float) -> dict:

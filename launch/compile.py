@@ -14,7 +14,6 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_string("preset", "tiny", "configs preset (tiny, small, qwen3_30b_a3b, ...)")
 flags.DEFINE_list("stages", ["cpt"], "cpt, sft, gspo, logprobs, agent-rl, prefill, decode")

@@ -9,8 +9,11 @@ on the classic induction task (random ids, each segment written twice) it sits o
 (docs/reproduce.md, "Copying"). Short rows shorten the plateau: the drill trains on rows of 64
 ids first (segments of 2-8 ids) and then on rows of 512 (segments of 16-64), loss on every
 token, AdamW at a constant learning rate after a 20-step warm-up, a fresh optimizer and the same
-row seed in each phase. Every `--every` steps it scores 16 held-out rows: the mean NLL of the
-first and of the second copies (a model that copies prices the second far below the first).
+row seed in each phase, each phase a run of the one trainer on the induction rows of
+lwm_jax/data/drill_sources.py (weight decay on matrices only, as every run of the trainer). Every
+`--every` steps (and at a phase's last) it scores 16 held-out rows with that step's checkpoint:
+the mean NLL of the first and of the second copies (a model that copies prices the second far
+below the first).
 
 The drill overwrites what the start knew about trajectories (random ids are all it sees; with
 --train=attention too). A CPT continuation with copy drills in its knowledge text
@@ -24,17 +27,18 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags
 from flax import nnx
 
 from lwm_jax import hf, run_folder  # pylint: disable=wrong-import-position
+from lwm_jax.model import abstract_model  # pylint: disable=wrong-import-position
 from lwm_jax.checkpoints import read_provenance  # pylint: disable=wrong-import-position
-from lwm_jax.data.drills import induction_rows, segment_range  # pylint: disable=wrong-import-position
+from lwm_jax.data.drills import induction_rows, parse_phases, segment_range  # pylint: disable=wrong-import-position
 from lwm_jax.train.losses import token_logprobs  # pylint: disable=wrong-import-position
 
 
@@ -42,57 +46,64 @@ TOKENS_PER_STEP = 8192
 WARMUP = 20
 
 
-def parse_phases(text: str) -> list[tuple[int, int]]:
-  """'64:1000,512:400' -> [(64, 1000), (512, 400)], each row a divisor of 8,192 and >= 8."""
-  phases = []
-  for part in text.split(","):
-    try:
-      row, steps = (int(x) for x in part.split(":"))
-    except ValueError:
-      raise SystemExit(f"--phases: {part!r} is not ROW:STEPS") from None
-    if row < 8 or TOKENS_PER_STEP % row or steps < 1:
-      raise SystemExit(f"--phases: {part!r}: ROW must divide {TOKENS_PER_STEP} and be >= 8, "
-                       "STEPS >= 1")
-    phases.append((row, steps))
-  return phases
+def drill_config(row: int, steps: int, lr: float, every: int, train: str = "all"):
+  """The trainer's config of one phase: induction rows of `row` ids (`data.drills.kind =
+  "induction"`), TOKENS_PER_STEP ids a step, loss on every token (no MoE auxiliary loss), AdamW
+  without clipping at a constant rate `lr` after a linear warm-up of min(WARMUP, steps // 2)
+  steps, a checkpoint every `every` steps (scored afterwards); `train` = "attention" changes only
+  the parameters under a layer's `self_attn`."""
+  from configs import common  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import drill_sources  # pylint: disable=import-outside-toplevel
+  c = common.get_stage_config("cpt", "tiny")
+  c.train.update(num_steps=steps, batch_size=TOKENS_PER_STEP // row, seq_len=row,
+                 log_every=every, eval_every=0, aux_loss_coef=0.0, precision="float32",
+                 progress=False)
+  c.optim.update(lr=lr, warmup_steps=min(WARMUP, steps // 2), end_lr_ratio=1.0, b2=0.999,
+                 grad_clip=0.0)
+  c.optim.trainable = "" if train == "all" else "self_attn"
+  c.checkpoint.update(every=every, keep=steps // every + 2, use_async=False)
+  c.data.source = "drills"
+  c.data.drills = drill_sources.default_config()
+  c.data.drills.kind = "induction"
+  c.export_hf = True
+  return c
 
 
 def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = "all") -> None:
-  """One phase on `model` (in place): fresh AdamW, rows of `row` ids, the same seeds each phase;
-  `train` = "attention" changes only the parameters under a layer's `self_attn`."""
-  vocab, seg = model.cfg.vocab_size, segment_range(row)
-  warm = min(WARMUP, steps // 2)
-  sched = optax.join_schedules([optax.linear_schedule(0.0, lr, warm), optax.constant_schedule(lr)],
-                               [warm])
-  wrt = nnx.Param if train == "all" else nnx.All(nnx.Param, nnx.PathContains("self_attn"))
-  opt = nnx.Optimizer(model, optax.adamw(sched, weight_decay=0.1), wrt=wrt)
-
-  def nll(m, toks):
-    return -token_logprobs(m(toks).logits[:, :-1], toks[:, 1:])[0]
-
-  @nnx.jit
-  def step(m, o, toks):
-    loss, g = nnx.value_and_grad(lambda m: nll(m, toks).mean(), argnums=nnx.DiffState(0, wrt))(m)
-    o.update(m, g)
-    return loss
-
-  score = nnx.jit(nll)
-  rows = lambda rng, n: induction_rows(rng, n, row, vocab - 3, seg)  # noqa: E731
-  rng, (test, second) = np.random.default_rng(0), rows(np.random.default_rng(123), 16)
-  t0 = time.time()
-  for s in range(1, steps + 1):
-    loss = step(model, opt, jnp.asarray(rows(rng, TOKENS_PER_STEP // row)[0]))
-    if s % every == 0 or s in (1, steps):
-      n, m = np.asarray(score(model, jnp.asarray(test))), second[:, 1:]
-      log({"row": row, "step": s, "train_loss": round(float(loss), 3),
-           "first": round(float(n[~m].mean()), 3), "second": round(float(n[m].mean()), 3),
+  """One phase on `model` (in place), trained by the one trainer (lwm_jax/train/trainer.py)
+  from a fresh optimizer, rows of `row` ids, the same row seed each phase. Logs, at every
+  `every`-th step and the last, the step's training loss and the held-out scores of its
+  checkpoint."""
+  from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  vocab = model.cfg.vocab_size
+  test, second = induction_rows(np.random.default_rng(123), 16, row, vocab - 3,
+                                segment_range(row))
+  score = nnx.jit(lambda m, toks: -token_logprobs(m(toks).logits[:, :-1], toks[:, 1:])[0])
+  with tempfile.TemporaryDirectory() as tmp:
+    start, wd = os.path.join(tmp, "start"), os.path.join(tmp, "run")
+    hf.save_pretrained(model, start)
+    c = drill_config(row, steps, lr, every, train)
+    c.init_from_hf = start
+    c.model = type(c.model)(model.cfg.to_dict())  # the start's architecture (checked before)
+    t0 = time.time()
+    summary = trainer.train(c, wd)
+    losses = summary["losses"]
+    for step_dir in reversed(checkpoints.step_dirs(wd)):
+      cfg, params, info = checkpoints.restore_params(step_dir)
+      m = nnx.merge(abstract_model(cfg)[0], params)
+      n, s = np.asarray(score(m, jnp.asarray(test))), second[:, 1:]
+      log({"row": row, "step": info["step"], "train_loss": round(losses[info["step"] - 1], 3),
+           "first": round(float(n[~s].mean()), 3), "second": round(float(n[s].mean()), 3),
            "s": round(time.time() - t0)})
+    trained = hf.load_pretrained(summary["export_hf"], dtype="float32")
+  nnx.update(model, nnx.state(trained))
 
 
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
-  phases = parse_phases(FLAGS.phases)
+  phases = parse_phases(FLAGS.phases, TOKENS_PER_STEP)
   sp = os.path.join(FLAGS.start, "tokenizer.model")
   if not os.path.isfile(os.path.join(FLAGS.start, "config.json")) or not os.path.isfile(sp):
     raise SystemExit(f"--start: {FLAGS.start} needs config.json and tokenizer.model")

@@ -23,14 +23,13 @@ import tempfile
 import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
-from lwm_jax import judge as judge_lib  # noqa: E402
-from lwm_jax.data.bench_records import read_awb_jsonl  # noqa: E402
-from lwm_jax.eval import judge as eval_judge  # noqa: E402
-from lwm_jax.eval import records as R  # noqa: E402
-from lwm_jax.eval.official_client import official_client_style  # noqa: E402
-from lwm_jax.sampling.backends import Backend, Completion  # noqa: E402
+from lwm_jax import judge as judge_lib
+from lwm_jax.data.bench_records import read_awb_jsonl
+from lwm_jax.eval import judge as eval_judge
+from lwm_jax.eval import records as R
+from lwm_jax.eval.official_client import official_client_style
+from lwm_jax.sampling.backends import Backend, Completion
 
 DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
 SCORES = '"format": {}, "factuality": {}, "consistency": {}, "realism": {}, "quality": {}'

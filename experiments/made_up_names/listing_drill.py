@@ -23,7 +23,6 @@ part 6 does).
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -39,61 +38,22 @@ from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.eval import episodes as episodes_lib
 from configs import stages
 from departure_drill import pad, render, save, score, train_step, trainable  # noqa: E402
-from listing_probe import HELD_OUT, is_listing  # noqa: E402
+from listing_probe import HELD_OUT  # noqa: E402
 from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
-from lwm_jax.data import drills, schema  # noqa: E402
+from lwm_jax.data import drill_sources, drills  # noqa: E402
 from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
 
 
-def listing_turns(paths, max_turn: int) -> list[tuple[schema.Trajectory, int]]:
-  """(episode, turn) for every listing turn among the first `max_turn` turns of each episode."""
-  out = []
-  for path in paths:
-    n = 0
-    for traj in schema.read_jsonl(path):
-      for k, turn in enumerate(traj.turns[:max_turn]):
-        if is_listing(turn.action):
-          out.append((traj, k))
-          n += 1
-    print(f"{path}: {n} listing turns", flush=True)
-  return out
-
-
-def word_pieces(sp_path: str) -> np.ndarray:
-  """Ids of the tokenizer's plain word pieces (letters and digits, with or without the leading
-  space mark): what the synthetic copy rows are drawn from."""
-  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
-  sp = spm.SentencePieceProcessor(model_file=sp_path)
-  return np.array([i for i in range(sp.get_piece_size())
-                   if re.fullmatch(r"\u2581?[A-Za-z0-9]+", sp.id_to_piece(i))], np.int32)
+# the drill's rows are the library's (lwm_jax/data/drill_sources.py; the recipe's stages in
+# configs/world_model.py train the same mixture with the one trainer)
+listing_turns = drill_sources.listing_turns
+word_pieces = drills.word_piece_ids
 
 
 def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0) -> tuple:
-  """(ids, weights) of a copy row of random word pieces, the loss on the targets
-  only copying predicts: the lookup an `ls` answer needs, on its own. `short` 0: one far row of
-  the induction drill (`drills.far_rows`: segments over the first half, the same segments in a
-  shuffled order over the second); else seq_len // short induction rows of `short` pieces
-  (`drills.induction_rows`: each segment written twice at once), packed as documents of their
-  own (positions from 0, attention inside each only; their segment ids come third): the short
-  rows that lead a model off the copy plateau (experiments/copy_drills_random/README.md, "Short
-  rows first")."""
-  if not short:
-    pos, copied = drills.far_rows(rng, 1, seq_len, len(pieces), first_id=0)
-    return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist()
-  n = seq_len // short
-  pos, copied = drills.induction_rows(rng, n, short, len(pieces), drills.segment_range(short),
-                                      first_id=0)
-  return (pieces[pos.reshape(-1)].tolist(), copied.reshape(-1).astype(np.float32).tolist(),
-          np.repeat(np.arange(1, n + 1), short))
-
-
-def pad_segments(rows, seq_len: int):
-  """Segment ids [B, seq_len] for `pad`'s batch of rows: a row's third item where it has one
-  (a packed copy row), else 1 (one document); 0 on padding."""
-  segs = np.zeros((len(rows), seq_len), np.int32)
-  for r, row in enumerate(rows):
-    segs[r, :len(row[0])] = row[2][:len(row[0])] if len(row) == 3 else 1
-  return jnp.asarray(segs)
+  """`drills.copy_row` without the segment ids of a far row (one document)."""
+  row = drills.copy_row(rng, pieces, seq_len, short)
+  return row if row[2] is not None else row[:2]
 
 
 def held_out_nll(model, rows, seq_len: int, batch: int) -> float:
@@ -152,12 +112,12 @@ def main():
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
         f"{ {k: len(v) for k, v in held.items()} } ({time.time() - t0:.0f} s)", flush=True)
   model, opt = trainable(start, c, args.lr, args.steps)
-  rng = np.random.default_rng(0)
-  n_mix = int(round(args.batch * args.mix_share))
-  n_copy = int(round(args.batch * args.copy_share))
-  if n_mix + n_copy > args.batch:
-    raise SystemExit(f"--mix_share {args.mix_share} and --copy_share {args.copy_share} "
-                     f"together exceed one batch of {args.batch}")
+  try:
+    mix = drill_sources.ListingMix(listing, ordinary, tok, cfg, batch=args.batch,
+                                   mix_share=args.mix_share, copy_share=args.copy_share,
+                                   copy_short=args.copy_short, pieces=pieces, seed=0)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   os.makedirs(args.out, exist_ok=True)
   log = open(os.path.join(args.out, "log.jsonl"), "w")
   for step in range(args.steps + 1):
@@ -170,14 +130,10 @@ def main():
       log.flush()
     if step == args.steps:
       break
-    take = ([listing[i] for i in rng.integers(0, len(listing), args.batch - n_mix - n_copy)] +
-            [ordinary[i] for i in rng.integers(0, len(ordinary), n_mix)])
-    rows = ([render(t, k, tok, cfg) for t, k in take] +
-            [copy_row(rng, pieces, args.seq_len, args.copy_short) for _ in range(n_copy)])
-    toks, wts = pad([r[:2] for r in rows], args.seq_len)
+    b = drill_sources.pack(mix.next_rows(), args.seq_len)
     # the packed short rows need their segments; other rows are one document each
-    segs = pad_segments(rows, args.seq_len) if args.copy_short else None
-    loss = train_step(model, opt, toks, wts, segs)
+    segs = jnp.asarray(b["segment_ids"]) if args.copy_short else None
+    loss = train_step(model, opt, jnp.asarray(b["tokens"]), jnp.asarray(b["loss_weights"]), segs)
     if step % 10 == 0:
       print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
   hf_dir = save(model, args.out, start, sp, cfg.thinking)

@@ -18,16 +18,14 @@ import sys
 import numpy as np
 
 from lwm_jax.eval import episodes as episodes_lib
-from lwm_jax.data import schema  # noqa: E402
+from lwm_jax.data import drills, schema  # noqa: E402
 from lwm_jax.sampling import Sampler  # noqa: E402
 
 HELD_OUT = {"usual": "runs/terminal_usual_heldout/terminal_test.jsonl.gz",
             "made_up": "runs/terminal_made_up_heldout/terminal_test.jsonl.gz"}
 
 
-def is_listing(action: str) -> bool:
-  """A listing turn: an `ls` command, answered from the initial state's file list."""
-  return action.split()[:1] == ["ls"]
+is_listing = drills.is_listing  # an `ls` command, answered from the initial state's file list
 
 
 def main(out_dir: str, models: list[str]) -> None:

@@ -39,7 +39,6 @@ experiments/perturb_vs_plain/departure_drill/README.md)
 """
 import argparse
 import dataclasses
-import difflib
 import json
 import os
 import shutil
@@ -59,8 +58,7 @@ from lwm_jax.data import corpus as corpus_lib
 from configs import stages
 from lwm_jax import hf  # noqa: E402
 from lwm_jax.checkpoints import read_provenance, recorded_thinking  # noqa: E402
-from lwm_jax.data import lengths, pipeline, prompts  # noqa: E402
-from lwm_jax.data.jsonl import iter_jsonl  # noqa: E402
+from lwm_jax.data import drill_sources, drills  # noqa: E402
 from lwm_jax.data.schema import Trajectory  # noqa: E402
 from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from lwm_jax.train import losses  # noqa: E402
@@ -72,91 +70,21 @@ DOMAINS = ("mcp", "search", "web")
 
 def departures(copies: str, split: str, domains=DOMAINS
                ) -> list[tuple[Trajectory, Trajectory, int]]:
-  """(perturbed episode, its plain twin, turn) for every turn whose observations differ while
-  every action up to it agrees. Episodes without a twin in the plain copy (its de-duplication can
-  drop one) are skipped and counted. (A world's split follows from a hash of its id, so no copy's
-  training split holds a world of the bundled corpus's validation or test split.)"""
-  out, no_twin = [], 0
-  for d in domains:
-    pert_path = os.path.join(copies, "corpus_perturbed", f"{d}_{split}.jsonl.gz")
-    plain_path = os.path.join(copies, "corpus_plain", f"{d}_{split}.jsonl.gz")
-    for p in (pert_path, plain_path):
-      if not os.path.exists(p):
-        raise SystemExit(f"{p} is missing: make both copies first (see --copies)")
-    plain = {r["id"]: r for _, r in iter_jsonl(plain_path)}
-    for _, rec in iter_jsonl(pert_path):
-      if not str(rec.get("simulation_instruction", "")).strip():
-        continue
-      if rec["id"] not in plain:
-        no_twin += 1
-        continue
-      a, b = Trajectory.from_dict(rec), Trajectory.from_dict(plain[rec["id"]])
-      out += [(a, b, k) for k, d in enumerate(fidelity.departing_turns(a, b)) if d]
-  print(f"{copies} {split}: {len(out)} departures; skipped {no_twin} perturbed episodes "
-        f"without a plain twin", flush=True)
+  """(perturbed episode, its plain twin, turn) for every departure of a copies folder
+  (`drill_sources.departure_pairs`); a missing copy stops the script naming it."""
+  try:
+    out = drill_sources.departure_pairs(copies, split, domains)
+  except FileNotFoundError as e:
+    raise SystemExit(f"{e}: make both copies first (see --copies)") from None
+  print(f"{copies} {split}: {len(out)} departures", flush=True)
   return out
 
 
-def template_of(traj: Trajectory, cfg, v0_share: float = 0.0) -> int:
-  """The template an episode's samples are rendered in: the evaluation template (variant 0,
-  what SimulatedEnv and evals/fidelity.py prompt with) for a share `v0_share` of the episodes,
-  fixed by the episode id (so a perturbed episode and its plain twin agree), else the SFT
-  pipeline's seeded choice among 2-11."""
-  # the pipeline's own seeded hash (the one its target turns are drawn with)
-  u = pipeline._hash_int("v0", traj.id) / 2.0**64  # pylint: disable=protected-access
-  if u < v0_share:
-    return 0
-  return prompts.variant_for("sft", traj.id, cfg.seed)
-
-
-def render(traj: Trajectory, turn: int, tok, cfg, variant: int | None = None
-           ) -> tuple[list[int], list[float]]:
-  """The SFT sample of `turn` as the pipeline renders it (history cut to fit the row), in
-  template `variant` (None: the pipeline's choice for the episode)."""
-  if variant is None:
-    variant = template_of(traj, cfg)
-  msgs = pipeline.sft_messages(traj, turn, variant, tok, cfg)
-  ids, w, _, _ = lengths.fit_history(tok, msgs, cfg.seq_len, 1.0)
-  return ids, w
-
-
-def departing(ids_a, w_a, ids_b, w_b) -> tuple[list[int], list[int]]:
-  """Positions (in each sample) of the target tokens outside the diff's equal blocks; where one
-  side only lacks tokens, the other side's token at that point (the one written instead)."""
-  pa = [i for i, x in enumerate(w_a) if x > 0]
-  pb = [i for i, x in enumerate(w_b) if x > 0]
-  ta, tb = [ids_a[i] for i in pa], [ids_b[i] for i in pb]
-  da, db = set(), set()
-  for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
-    if tag == "equal":
-      continue
-    da.update(range(i1, max(i2, min(i1 + 1, len(ta)))))
-    db.update(range(j1, max(j2, min(j1 + 1, len(tb)))))
-  return [pa[i] for i in sorted(da)], [pb[j] for j in sorted(db)]
-
-
-def rows_of(pairs, arm: str, k_weight: float, tok, cfg, rest_weight: float = 1.0,
-            v0_share: float = 0.0):
-  """The arm's training rows: (ids, weights) pairs, in episode order. In the paired arm the
-  target tokens outside the departure weigh `rest_weight` (0: the loss is the decision only).
-  A share `v0_share` of the episodes is rendered in the evaluation template (`template_of`)."""
-  rows = []
-  for a, b, k in pairs:
-    v = template_of(a, cfg, v0_share)
-    ids_a, w_a = render(a, k, tok, cfg, v)
-    ids_b, w_b = render(b, k, tok, cfg, v)
-    if arm == "paired":
-      da, db = departing(ids_a, w_a, ids_b, w_b)
-      for ids, w, dep in ((ids_a, w_a, da), (ids_b, w_b, db)):
-        w = [x * rest_weight for x in w]
-        for i in dep:
-          w[i] = k_weight
-        rows.append((ids, w))
-    else:
-      other = k + 1 if k + 1 < len(b.turns) else max(k - 1, 0)
-      rows.append((ids_b, w_b))
-      rows.append(render(b, other, tok, cfg, v))
-  return rows
+# the rows are the library's (the trainer's `data.drills.kind = "departures"` draws the same)
+template_of = drill_sources.template_of
+render = drill_sources.sft_row
+departing = drills.departing
+rows_of = drill_sources.departure_rows
 
 
 class HeldOut(NamedTuple):

@@ -235,3 +235,86 @@ def induction_sample(index: int, rows: Sequence[Union[int, DrillRow]], alphabet:
   weights = np.ones(len(ids), np.float32)
   weights[0] = 0.0
   return sample_arrays(ids, weights, n_drill=len(ids))
+
+
+# ----------------------------------------------------------------------- rows of the listing drill
+def is_listing(action: str) -> bool:
+  """A listing turn: an `ls` command, answered from the initial state's file list."""
+  return action.split()[:1] == ["ls"]
+
+
+def word_piece_ids(sp_path: str) -> np.ndarray:
+  """Ids of a SentencePiece model's plain word pieces (letters and digits, with or without the
+  leading space mark): what the listing drill's copy rows are drawn from."""
+  import re  # pylint: disable=import-outside-toplevel
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  sp = spm.SentencePieceProcessor(model_file=sp_path)
+  ids = np.array([i for i in range(sp.get_piece_size())
+                  if re.fullmatch(r"\u2581?[A-Za-z0-9]+", sp.id_to_piece(i))], np.int32)
+  if len(ids) < 2:
+    raise ValueError(f"{sp_path}: {len(ids)} plain word pieces; copy rows need at least 2")
+  return ids
+
+
+def copy_row(rng: np.random.Generator, pieces: np.ndarray, seq_len: int, short: int = 0
+             ) -> tuple[list[int], list[float], np.ndarray | None]:
+  """(ids, weights, segment ids or None) of a copy row of random word `pieces`, the loss on the
+  targets only copying predicts. `short` 0: one far row (`far_rows`: segments over the first
+  half, the same segments in a shuffled order over the second; segment ids None: one document);
+  else seq_len // short induction rows of `short` pieces (`induction_rows`, segments of
+  `segment_range(short)` written twice), packed as documents of their own, segment ids 1, 2, ...
+  (positions restart and attention stays inside each)."""
+  if not short:
+    pos, copied = far_rows(rng, 1, seq_len, len(pieces), first_id=0)
+    return pieces[pos[0]].tolist(), copied[0].astype(np.float32).tolist(), None
+  n = seq_len // short
+  pos, copied = induction_rows(rng, n, short, len(pieces), segment_range(short), first_id=0)
+  return (pieces[pos.reshape(-1)].tolist(), copied.reshape(-1).astype(np.float32).tolist(),
+          np.repeat(np.arange(1, n + 1), short))
+
+
+# ----------------------------------------------------------------------- rows of the departure drill
+def departing_turns(perturbed, plain) -> list[bool]:
+  """Per turn of `perturbed` (a schema.Trajectory): whether its perturbation changed the real
+  observation there, i.e. every action up to it agrees with the `plain` twin's (the same episode
+  played without perturbation) and the observations differ. All False without a twin."""
+  out, agree = [], plain is not None
+  for k, turn in enumerate(perturbed.turns):
+    twin = plain.turns[k] if agree and k < len(plain.turns) else None
+    agree = twin is not None and twin.action == turn.action
+    out.append(agree and twin.observation != turn.observation)
+  return out
+
+
+def departing(ids_a: Sequence[int], w_a: Sequence[float], ids_b: Sequence[int],
+              w_b: Sequence[float]) -> tuple[list[int], list[int]]:
+  """Positions (in each of two rendered samples) of the target tokens outside the equal blocks of
+  a diff of the two targets; where one side only lacks tokens, the other side's token at that
+  point (the one written instead)."""
+  import difflib  # pylint: disable=import-outside-toplevel
+  pa = [i for i, x in enumerate(w_a) if x > 0]
+  pb = [i for i, x in enumerate(w_b) if x > 0]
+  ta, tb = [ids_a[i] for i in pa], [ids_b[i] for i in pb]
+  da, db = set(), set()
+  for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes():
+    if tag == "equal":
+      continue
+    da.update(range(i1, max(i2, min(i1 + 1, len(ta)))))
+    db.update(range(j1, max(j2, min(j1 + 1, len(tb)))))
+  return [pa[i] for i in sorted(da)], [pb[j] for j in sorted(db)]
+
+
+def parse_phases(text: str, tokens_per_step: int = 8192) -> list[tuple[int, int]]:
+  """'64:1000,512:400' -> [(64, 1000), (512, 400)], each row a divisor of
+  `tokens_per_step` (the induction drill's batch) and >= 8; a bad part is named as `--phases`."""
+  phases = []
+  for part in text.split(","):
+    try:
+      row, steps = (int(x) for x in part.split(":"))
+    except ValueError:
+      raise SystemExit(f"--phases: {part!r} is not ROW:STEPS") from None
+    if row < 8 or tokens_per_step % row or steps < 1:
+      raise SystemExit(f"--phases: {part!r}: ROW must divide {tokens_per_step} and be >= 8, "
+                       "STEPS >= 1")
+    phases.append((row, steps))
+  return phases

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from lwm_jax.data import schema
+from lwm_jax.data import drills, schema
 from lwm_jax.envs import base, perturb, recorder
 from lwm_jax import textsim
 
@@ -363,16 +363,8 @@ def episode_of(trajectory_id: str) -> str:
   return trajectory_id.split("|")[0]
 
 
-def departing_turns(perturbed: schema.Trajectory, plain: schema.Trajectory | None) -> list[bool]:
-  """Per turn of `perturbed`: whether its perturbation changed the real observation there, i.e.
-  every action up to it agrees with the `plain` twin's (the same episode played without
-  perturbation) and the observations differ. All False without a twin."""
-  out, agree = [], plain is not None
-  for k, turn in enumerate(perturbed.turns):
-    twin = plain.turns[k] if agree and k < len(plain.turns) else None
-    agree = twin is not None and twin.action == turn.action
-    out.append(agree and twin.observation != turn.observation)
-  return out
+# per turn: whether the perturbation changed the real observation there (lwm_jax/data/drills.py)
+departing_turns = drills.departing_turns
 
 
 def measure(trajs: Sequence[schema.Trajectory], with_obs: Sequence[Sequence[str]],

@@ -1,6 +1,8 @@
 """AdamW with linear warmup + cosine decay, global-norm clipping and a weight-decay mask; precision.
 
 Weight decay applies only to matrices (ndim >= 2): norms, biases and other 1-D parameters are exempt.
+`optim.trainable` (optional, "" = every parameter) is a regular expression over parameter paths
+(e.g. "self_attn"): the parameters it does not match keep their values.
 Precision policy: parameters and optimizer state are always float32; the compute dtype is bfloat16 on
 GPU/TPU and float32 on CPU unless `train.precision` names one explicitly.
 """
@@ -39,7 +41,27 @@ def make_optimizer(optim_cfg: Any, total_steps: int) -> tuple[optax.GradientTran
     parts.append(optax.clip_by_global_norm(optim_cfg.grad_clip))
   parts.append(optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
                            weight_decay=optim_cfg.weight_decay, mask=decay_mask))
-  return optax.chain(*parts), schedule
+  tx = optax.chain(*parts)
+  trainable = optim_cfg.get("trainable", "") if hasattr(optim_cfg, "get") else ""
+  if trainable:
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                               lambda params: trainable_labels(params, trainable))
+  return tx, schedule
+
+
+def trainable_labels(params: Any, pattern: str) -> Any:
+  """'train' for each parameter whose path ('layers/0/self_attn/q_proj/kernel') matches
+  `pattern`, else 'frozen'; a pattern matching no parameter is an error naming it."""
+  import re  # pylint: disable=import-outside-toplevel
+  rx = re.compile(pattern)
+  def path_of(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                    for k in path)
+  labels = jax.tree_util.tree_map_with_path(
+      lambda p, _: "train" if rx.search(path_of(p)) else "frozen", params)
+  if "train" not in jax.tree.leaves(labels):
+    raise ValueError(f"optim.trainable: {pattern!r} matches no parameter path")
+  return labels
 
 
 def compute_dtype(precision: str, backend: str | None = None) -> str:

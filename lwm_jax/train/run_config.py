@@ -19,6 +19,7 @@ from lwm_jax.model.config import ModelConfig
 STAGES = ("cpt", "sft", "rl", "agent-bc", "agent-rl")
 POLICY_STAGES = ("rl", "agent-rl")  # sampled batches, the GSPO step
 THINKING_TARGETS = ("empty", "recorded", "instruction")
+DATA_SOURCES = ("synthetic", "pipeline", "rollouts", "drills")
 
 
 def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
@@ -51,10 +52,10 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
   if c.mesh.expert > 1:
     need(model.num_experts % c.mesh.expert == 0, "mesh.expert",
          f"{c.mesh.expert} does not divide model.num_experts={model.num_experts}")
-  need(c.data.source in ("synthetic", "pipeline", "rollouts"), "data.source",
-       f"'{c.data.source}' is not synthetic, pipeline or rollouts")
+  need(c.data.source in DATA_SOURCES, "data.source",
+       f"'{c.data.source}' is not one of {', '.join(DATA_SOURCES)}")
   if c.stage in POLICY_STAGES:
-    need(c.data.source != "pipeline", "data.source",
+    need(c.data.source not in ("pipeline", "drills"), "data.source",
          f"the {c.stage} stage samples its batches: 'rollouts' (from the policy, on the RL "
          "pool of data.pipeline.jsonl, or agent episodes) or 'synthetic' (a toy task)")
   else:
@@ -65,6 +66,12 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
     # agent-rl plays episodes in environments: its tasks are seeds, not trajectories
     need(c.stage == "agent-rl" or bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir),
          "data.pipeline.jsonl", "set data.pipeline.jsonl or data.pipeline.tfds_dir")
+  if c.data.source == "drills":
+    need("drills" in c.data, "data.drills", "the drill's section is missing "
+         "(lwm_jax.data.drill_sources.default_config())")
+    if c.data.drills.get("kind") != "induction":  # random ids need no tokenizer
+      need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the drills")
+      need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
   if c.stage == "agent-rl":
     need(c.rl.kl_coef == 0, "rl.kl_coef", "agent-rl has no reference policy term (set 0)")
     if "agent" in c and c.agent.get("credit", "episode") == "turn":

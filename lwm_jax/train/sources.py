@@ -10,7 +10,8 @@ A source gives this process's rows of each global batch and can be checkpointed:
                                                      given once before the first batch
   describe()                                         (optional) names the data, for errors
 
-CPT and SFT read the Grain pipeline (`pipeline_source`); any iterator with get_state/set_state
+CPT and SFT read the Grain pipeline (`pipeline_source`) or a drill (`drill_source`: listing,
+copy and departure rows, lwm_jax/data/drill_sources.py); any iterator with get_state/set_state
 (the pipeline's DataIterator, `synthetic.SyntheticIterator`) becomes a source through
 `as_source`. Rollout sources for RL live with RL (lwm_jax/rl/); `synthetic.SyntheticRollouts` is
 a toy one for tests and smoke runs.
@@ -162,3 +163,33 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
       return make(ecfg, tok, stage, process_index, process_count)
   return (IteratorSource(it, data_description(c.data)), evals,
           os.path.abspath(c.data.tokenizer))
+
+
+def drill_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, process_index: int = 0,
+                 process_count: int = 1) -> tuple[BatchSource, None, str]:
+  """(train source, None, tokenizer path) of `data.source = "drills"`: the drill mixture of
+  `c.data.drills` (lwm_jax/data/drill_sources.py), its SFT rows rendered with the run's pipeline
+  config in the start model's reply mode (`drills.thinking` auto: `init_from_hf`'s recorded one)."""
+  from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  from lwm_jax.data import drill_sources, tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  drill = c.data.drills
+  if drill.kind == "induction":  # random ids: no tokenizer, no rendering
+    return drill_sources.make_source(
+        drill, data_config(c, 1), None, "", batch=c.train.batch_size, seed=c.seed,
+        process_index=process_index, process_count=process_count,
+        vocab_size=model_cfg.vocab_size), None, ""
+  tok = tok_lib.load_tokenizer(c.data.tokenizer)
+  if tok.vocab_size > model_cfg.vocab_size:
+    raise ValueError(f"config.model.vocab_size: {model_cfg.vocab_size} is smaller than the "
+                     f"tokenizer's {tok.vocab_size} ({c.data.tokenizer})")
+  dcfg = data_config(c, 1)
+  if drill.thinking == "auto":
+    dcfg.thinking = checkpoints.recorded_thinking(c.init_from_hf) if c.init_from_hf else True
+  elif drill.thinking in ("on", "off"):
+    dcfg.thinking = drill.thinking == "on"
+  else:
+    raise ValueError(f"config.data.drills.thinking: {drill.thinking!r} is not auto, on or off")
+  source = drill_sources.make_source(drill, dcfg, tok, c.data.tokenizer,
+                                     batch=c.train.batch_size, seed=c.seed,
+                                     process_index=process_index, process_count=process_count)
+  return source, None, os.path.abspath(c.data.tokenizer)

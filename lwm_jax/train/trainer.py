@@ -6,7 +6,7 @@ source's state) -> the stage's compiled step -> loop: next batch, step, metrics,
 checkpoint -> final save, loss plot, optional HF export. Returns a summary dict.
 
 Stages differ only in their step (`STEPS`) and their batch source (lwm_jax/train/sources.py):
-the Grain pipeline for CPT/SFT, rollouts for RL (toy ones in lwm_jax/train/synthetic.py).
+the Grain pipeline or a drill mixture for CPT/SFT, rollouts for RL (toy ones in lwm_jax/train/synthetic.py).
 """
 from __future__ import annotations
 
@@ -251,6 +251,8 @@ def _sources(c, model_cfg, given, given_eval):
     return sources_lib.as_source(given), given_eval, tok
   if c.data.source == "synthetic":
     source, evals, tok = synthetic.sources_from_config(c, model_cfg.vocab_size, pi, pc)
+  elif c.data.source == "drills":
+    source, evals, tok = sources_lib.drill_source(c, model_cfg, pi, pc)
   else:
     source, evals, tok = sources_lib.pipeline_source(c, model_cfg, c.stage, pi, pc)
   if given is not None:
