@@ -92,7 +92,7 @@ flags.DEFINE_enum("warmup_rl", "real", ["real", "sim"], "the agent RL of the war
 flags.DEFINE_integer("wm_rl_steps", 0, "warmup: world-model GSPO steps (4 per rollout; 0: the "
                      "budget's)")
 flags.DEFINE_float("wm_rl_lr", 0.0, "warmup: world-model GSPO learning rate (0: the budget's)")
-flags.DEFINE_integer("workers", 2, "processes stepping the real envs")
+flags.DEFINE_integer("workers", 2, "processes stepping the real envs (0: in this process)")
 flags.DEFINE_string("bc_from", "", "an earlier --out of this script whose BC runs (bc_SEED, and "
                     "bc_warm_SEED when there) are copied instead of trained again; their recorded "
                     "BC time is kept")
@@ -534,9 +534,6 @@ def plot(out: str, runs: dict) -> str:
   return path
 
 
-ARMS = ("bc", "real", "sim", "warmup")
-
-
 def _check_flags() -> None:
   """Raises SystemExit naming the first bad flag (before any folder is made or replaced)."""
   bad = [a for a in FLAGS.arms if a not in ARMS]
@@ -559,8 +556,8 @@ def _check_flags() -> None:
     if not os.path.isdir(spec.split(":")[0]):
       raise SystemExit(f"--merge: {spec.split(':')[0]} is not a folder")
   for k in ("seeds", "episodes", "eval_tasks", "bc_steps", "eval_every", "workers"):
-    if getattr(FLAGS, k) < 0 or (k == "workers" and FLAGS.workers < 1):
-      raise SystemExit(f"--{k} must not be negative (workers: at least 1), got {getattr(FLAGS, k)}")
+    if getattr(FLAGS, k) < 0:
+      raise SystemExit(f"--{k} must not be negative, got {getattr(FLAGS, k)}")
 
 
 def main(argv):

@@ -274,7 +274,7 @@ def test_sampler_backend_contract():
   assert isinstance(out[2], RuntimeError) and isinstance(out[3], RuntimeError)
 
 
-def test_http_client_errors_fail_fast_and_reasoning_fallback(tmp_path):
+def test_http_client_errors_fail_fast_and_reasoning_is_no_prediction(tmp_path):
   recs = _write_bench(tmp_path / "b.jsonl")[:1]
   srv = _Server(lambda body: (400, "bad request"))
   try:
@@ -292,4 +292,5 @@ def test_http_client_errors_fail_fast_and_reasoning_fallback(tmp_path):
 
   path = str(tmp_path / "q.jsonl")
   A.run_inference(recs, ReasoningOnly(None), path, progress=False)
-  assert A.load_rows(path)["terminal:t#t1"]["prediction"] == "hello"
+  # the official rule: a block written inside the reasoning is reasoning, not a prediction
+  assert A.load_rows(path)["terminal:t#t1"]["prediction"] == ""

@@ -83,6 +83,7 @@ def test_bad_arguments_name_the_flag(tmp_path, capsys):
   assert "--engine: expected a JSON object, got list" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # about 3 minutes on 2 cores (its teacher-forced part): `make test-slow`
 def test_fidelity_report_on_a_tiny_random_checkpoint(tmp_path):
   from tests.sim_helpers import save_tiny_checkpoint
   ckpt = save_tiny_checkpoint(str(tmp_path / "ckpt"))

@@ -60,7 +60,11 @@ class Limits:
   file_mb: int = 256
   processes: int = 1024     # per user by ulimit; per sandbox by a pids cgroup
   output_bytes: int = 1 << 20   # what the host reads back from one command; the rest is dropped
-  disk_mb: int = 1024       # the episode directory's tmpfs (with its tmp/)
+  # > 0: the episode directory (with its tmp/) is a tmpfs of this size, which bounds the disk an
+  # episode fills. Off by default: a tmpfs reports other directory sizes in `ls -l` (80, not
+  # 4096) than the filesystem the corpus was recorded on, so the real environment would stop
+  # reproducing its own recorded observations (the replay reward, `make corpus`).
+  disk_mb: int = 0
 
 
 _probe_result: str | None = None
@@ -119,8 +123,8 @@ def describe() -> dict[str, str]:
           "seccomp": (f"{len(seccomp.REFUSED)} calls refused ({platform.machine()})"
                       if seccomp.program() else f"none (unknown architecture {platform.machine()})"),
           "cgroups": sandbox_limits.kind(),
-          "disk": ("size-limited tmpfs per episode" if os.geteuid() == 0 else
-                   "per file only (ulimit -f; mounting a tmpfs needs root)")}
+          "disk": ("per file (ulimit -f); a size-limited tmpfs per episode with "
+                   "Limits(disk_mb=N), as root")}
 
 
 def available() -> bool:
@@ -236,7 +240,7 @@ class SandboxedEnv(base.Env):
     one; returns where commands see it."""
     self._make_dir(prefix)
     uid = drop_uid() if self.isolated else None
-    if self.isolated and os.geteuid() == 0:
+    if self.isolated and os.geteuid() == 0 and self.limits.disk_mb > 0:
       owner = os.geteuid() if uid is None else uid
       self.tmpfs = sandbox_limits.mount_tmpfs(self.sandbox, self.limits.disk_mb, owner, owner)
       if self.tmpfs:  # an env dropped without close() still gives its mount back (at the latest
