@@ -43,6 +43,7 @@ def test_bad_phases_are_named(bad):
     drills.parse_phases(bad)
 
 
+@pytest.mark.slow  # half a minute: `make test-slow`
 def test_drill_end_to_end(tmp_path):
   start = tmp_path / "start"  # a tiny random model with its SentencePiece tokenizer.model
   save_tiny_checkpoint_for(shortest_terminal_test_trajectory(), start, 64)
