@@ -47,11 +47,9 @@ flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the acc
 
 def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
             valid: str, init_from_hf: str = ""):
-  """The demo's config of a stage (the `demo` preset with this run's data and shapes)."""
-  return stages.stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=FLAGS.batch,
-                             seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
-                             train=train, valid=valid, init_from_hf=init_from_hf,
-                             export_hf=stage == "cpt")
+  return stages.demo_config(stage, vocab=vocab, steps=steps, batch=FLAGS.batch,
+                            seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
+                            train=train, valid=valid, init_from_hf=init_from_hf)
 
 
 def main(_):

@@ -48,3 +48,11 @@ def stage_config(stage: str, *, preset: str, vocab: int, steps: int, batch: int,
   return c
 
 
+def demo_config(stage: str, *, vocab: int, steps: int, batch: int, seq_len: int, workdir: str,
+                tokenizer: str, train: str, valid: str, init_from_hf: str = ""):
+  """The demo's config of a stage: the `demo` preset with this run's data and shapes, CPT
+  exported as a Hugging Face folder for SFT to start from (launch/demo.py,
+  benchmarks/long_prompts.py)."""
+  return stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=batch,
+                      seq_len=seq_len, workdir=workdir, tokenizer=tokenizer, train=train,
+                      valid=valid, init_from_hf=init_from_hf, export_hf=stage == "cpt")

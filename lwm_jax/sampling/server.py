@@ -303,12 +303,8 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
       return error(503, f"the model is not ready yet: {detail}")
     try:
       req, prepared = await asyncio.to_thread(prepare, await request.body(), chat)
-    except ModelNotFound as e:
-      metrics.request(endpoint, 404)
-      return error(404, str(e))
-    except (BadRequest, ValueError) as e:
-      metrics.request(endpoint, 400)
-      return error(400, str(e))
+    except (ModelNotFound, BadRequest, ValueError) as e:
+      return _refused(endpoint, e)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue | None = asyncio.Queue() if req.stream else None
     rows = rows_for(prepared, req.params, loop, q)
@@ -540,15 +536,17 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
       raise BadRequest(f"'tokens': id {bad[0]} is outside the vocabulary [0, {vocab})")
     return {"prompt": sampler.tokenizer.decode(ids)}
 
+  def _refused(endpoint: str, e: Exception):
+    """A request refused before generation: 404 for an unknown model, else 400, counted."""
+    status = 404 if isinstance(e, ModelNotFound) else 400
+    metrics.request(endpoint, status)
+    return error(status, str(e))
+
   async def _simple(request: Request, fn, endpoint: str):
     try:
       out = await asyncio.to_thread(fn, await request.body())
-    except ModelNotFound as e:
-      metrics.request(endpoint, 404)
-      return error(404, str(e))
-    except (BadRequest, ValueError) as e:
-      metrics.request(endpoint, 400)
-      return error(400, str(e))
+    except (ModelNotFound, BadRequest, ValueError) as e:
+      return _refused(endpoint, e)
     metrics.request(endpoint, 200)
     return out
 
