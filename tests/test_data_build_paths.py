@@ -25,7 +25,8 @@ except ImportError:
   HAVE_BEAM = False
 needs_beam = pytest.mark.skipif(not HAVE_BEAM, reason="apache-beam is not installed (pip install "
                                 "-e '.[beam]'): the Beam build path cannot run")
-BEAM_OPTS = ["--direct_num_workers=2", "--direct_running_mode=multi_threading"]
+# Worker processes: Beam's threaded DirectRunner loses records (`build_beam.options` refuses it).
+BEAM_OPTS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
 def _worlds_by_split(n_each: int) -> dict[str, list[str]]:
@@ -215,14 +216,35 @@ def test_bundled_corpus_memory_and_stream(tmp_path):
 
 @needs_beam
 @pytest.mark.slow
-@pytest.mark.xfail(reason="after the 2026-12-06 integration the DirectRunner keeps 1653/198 train/test "
-                   "trajectories of the bundled corpus where the memory path keeps 1657/213 "
-                   "(issue 70, open); the crafted-input test still agrees", strict=False)
 def test_bundled_corpus_beam(tmp_path):
   logging.getLogger("apache_beam").setLevel(logging.ERROR)
   files = sorted(glob.glob(os.path.join(CORPUS, "*.jsonl.gz")))
   kw = dict(split_by="world", dedup=True)
   _same(_build(tmp_path, "m", files, "memory", **kw), _build(tmp_path, "b", files, "beam", **kw))
+
+
+@needs_beam
+def test_threaded_direct_runner_is_refused():
+  from lwm_jax.data import build_beam
+  with pytest.raises(ValueError, match="multi_threading.*loses records.*multi_processing"):
+    build_beam.options("--direct_num_workers=2,--direct_running_mode=multi_threading")
+  build_beam.options(["--direct_num_workers=1", "--direct_running_mode=multi_threading"])
+  build_beam.options(BEAM_OPTS)
+
+
+def test_a_build_that_loses_records_fails(crafted, tmp_path):
+  """The conservation check: what passed hygiene = duplicates + kept = what the writer wrote."""
+  _, _, man = _build(tmp_path, "m", crafted, "memory", mode="skip", split_by="world", dedup=True)
+  sizes = {s: man["splits"][s]["trajectories"] for s in splits.SPLITS}
+  corpus_build.check_conservation(man, sizes)            # the real build balances
+  short = dict(sizes, train=sizes["train"] - 1)
+  with pytest.raises(RuntimeError, match=r"lost records: the counts say .* but the writer wrote"):
+    corpus_build.check_conservation(man, short, where="beam")
+  lost = json.loads(json.dumps(man))
+  lost["splits"]["test"]["trajectories"] -= 1
+  lost["kept"] -= 1
+  with pytest.raises(RuntimeError, match=r"passed hygiene, 3 were dropped as duplicates"):
+    corpus_build.check_conservation(lost)
 
 
 def test_duplicate_filter_by_key_equals_by_trajectory():

@@ -32,7 +32,21 @@ def options(args: Sequence[str] | str | None) -> beam.options.pipeline_options.P
   """PipelineOptions from a list of flags or one comma/space separated string of them."""
   if isinstance(args, str):
     args = [a for a in args.replace(",", " ").split() if a]
-  return beam.options.pipeline_options.PipelineOptions(list(args or []))
+  opts = beam.options.pipeline_options.PipelineOptions(list(args or []))
+  std = opts.view_as(beam.options.pipeline_options.StandardOptions)
+  direct = opts.view_as(beam.options.pipeline_options.DirectOptions)
+  if (std.runner in (None, "DirectRunner", "BundleBasedDirectRunner")
+      and (direct.direct_num_workers or 1) != 1
+      and direct.direct_running_mode == "multi_threading"):
+    # Measured with apache-beam 2.78 on the bundled corpus: with two threads the DirectRunner's
+    # GroupByKey lost whole keys of large records in 3 runs out of 10 (2077 records in, 2065-2077
+    # out), and TFDS's writer after it lost more; one worker, or worker processes, never did.
+    raise ValueError(
+        "--direct_running_mode=multi_threading with --direct_num_workers="
+        f"{direct.direct_num_workers} loses records in Beam's DirectRunner (GroupByKey drops "
+        "keys of large elements at random); use --direct_running_mode=multi_processing "
+        "for several local workers")
+  return opts
 
 
 class _ReadShard(beam.DoFn):

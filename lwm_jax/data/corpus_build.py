@@ -374,6 +374,30 @@ def manifest(cfg: BuildConfig, summary: dict[str, Any], duplicates: dict[str, in
   }
 
 
+def check_conservation(man: dict[str, Any], written: dict[str, int] | None = None,
+                       where: str = "") -> None:
+  """Every trajectory that passed hygiene is either dropped as a duplicate or kept in one split,
+  and (given `written`, the split sizes the writer reports) the writer wrote each split's kept
+  count: otherwise records went missing between reading and writing, and the build fails loudly
+  rather than ship a silently smaller dataset."""
+  passed = man["hygiene"]["kept"]
+  dups = sum(man["duplicates"].values())
+  per_split = {s: man["splits"][s]["trajectories"] for s in SPLITS}
+  problems = []
+  if passed != dups + man["kept"] or man["kept"] != sum(per_split.values()):
+    problems.append(f"{passed} trajectories passed hygiene, {dups} were dropped as duplicates, "
+                    f"but {sum(per_split.values())} were kept ({per_split})")
+  if written is not None:
+    got = {s: int(written.get(s, 0)) for s in SPLITS}
+    if got != per_split:
+      problems.append(f"the counts say {per_split} but the writer wrote {got}")
+  if problems:
+    raise RuntimeError(
+        f"the dataset build{' (' + where + ')' if where else ''} lost records: "
+        + "; ".join(problems) + ". Nothing was kept silently smaller: rebuild into a fresh "
+        "folder; on Beam's DirectRunner use --direct_running_mode=multi_processing.")
+
+
 def nothing_to_build(paths: Sequence[str], summary: dict[str, Any]) -> ValueError:
   reports = load_reports(summary)
   return ValueError(

@@ -290,6 +290,9 @@ def build(jsonl_paths: Sequence[str], data_dir: str, build_path: str = "memory",
       finally:
         tfds_shuffle.MAX_MEM_BUFFER_SIZE, tfds_shuffle.tf = buffer, tf_module
       manifest = builder._finish()  # pylint: disable=protected-access
+      corpus_build.check_conservation(
+          manifest, {name: int(info.num_examples) for name, info in builder.info.splits.items()},
+          where=f"build_path={build_path}")
       manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
   finally:
     builder._cleanup()  # pylint: disable=protected-access
