@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +35,6 @@ from absl import app, flags
 from flax import nnx
 
 from lwm_jax import hf, run_folder  # pylint: disable=wrong-import-position
-from lwm_jax.model import abstract_model  # pylint: disable=wrong-import-position
 from lwm_jax.checkpoints import read_provenance  # pylint: disable=wrong-import-position
 from lwm_jax.data.drills import induction_rows, parse_phases, segment_range  # pylint: disable=wrong-import-position
 from lwm_jax.train.losses import token_logprobs  # pylint: disable=wrong-import-position
@@ -74,28 +72,24 @@ def drill(model, row: int, steps: int, lr: float, every: int, log, train: str = 
   from a fresh optimizer, rows of `row` ids, the same row seed each phase. Logs, at every
   `every`-th step and the last, the step's training loss and the held-out scores of its
   checkpoint."""
-  from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
-  from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  from lwm_jax.train import scored_run  # pylint: disable=import-outside-toplevel
   vocab = model.cfg.vocab_size
   test, second = induction_rows(np.random.default_rng(123), 16, row, vocab - 3,
                                 segment_range(row))
-  score = nnx.jit(lambda m, toks: -token_logprobs(m(toks).logits[:, :-1], toks[:, 1:])[0])
+  nll = nnx.jit(lambda m, toks: -token_logprobs(m(toks).logits[:, :-1], toks[:, 1:])[0])
+  s = second[:, 1:]
+
+  def score(m) -> dict:
+    n = np.asarray(nll(m, jnp.asarray(test)))
+    return {"first": round(float(n[~s].mean()), 3), "second": round(float(n[s].mean()), 3)}
+
   with tempfile.TemporaryDirectory() as tmp:
     start, wd = os.path.join(tmp, "start"), os.path.join(tmp, "run")
     hf.save_pretrained(model, start)
     c = drill_config(row, steps, lr, every, train)
     c.init_from_hf = start
     c.model = type(c.model)(model.cfg.to_dict())  # the start's architecture (checked before)
-    t0 = time.time()
-    summary = trainer.train(c, wd)
-    losses = summary["losses"]
-    for step_dir in reversed(checkpoints.step_dirs(wd)):
-      cfg, params, info = checkpoints.restore_params(step_dir)
-      m = nnx.merge(abstract_model(cfg)[0], params)
-      n, s = np.asarray(score(m, jnp.asarray(test))), second[:, 1:]
-      log({"row": row, "step": info["step"], "train_loss": round(losses[info["step"] - 1], 3),
-           "first": round(float(n[~s].mean()), 3), "second": round(float(n[s].mean()), 3),
-           "s": round(time.time() - t0)})
+    summary = scored_run.train_and_score(c, wd, score, log, extra={"row": row})
     trained = hf.load_pretrained(summary["export_hf"], dtype="float32")
   nnx.update(model, nnx.state(trained))
 

@@ -358,3 +358,12 @@ def start_record(path: str) -> dict[str, str]:
   if not os.path.exists(path):
     return {"path": path, "sha256": "", "note": "missing when recorded"}
   return {"path": path, "sha256": folder_sha256(path)}
+
+
+def models_by_step(path: str):
+  """(step, model) for every checkpoint of a workdir, oldest first: each step's parameters merged
+  into a fresh model (on this process's first device), for scoring a run step by step."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  for step_dir in reversed(step_dirs(path)):
+    cfg, params, info = _restore_step(step_dir, None, None)
+    yield int(info["step"]), nnx.merge(abstract_model(cfg)[0], params)

@@ -213,3 +213,62 @@ def test_trainable_pattern_freezes_the_rest_and_is_checked():
       {"layers": {"0": {"self_attn": {"q": "train"}, "mlp": {"w": "frozen"}}}}
   with pytest.raises(ValueError, match="optim.trainable: 'experts' matches no parameter"):
     optimizer.trainable_labels(params, "experts")
+
+
+def test_flag_rows_put_the_answer_the_flag_decides():
+  """Checked against the drill's definition, row by row: one flag in the first 48 ids, the query
+  9 from the end, the flag's answer last, weight on the answer only, the same answers for a
+  vocabulary (experiments/perturb_vs_plain/flag_drill.py drew them from default_rng(7))."""
+  toks, w = drills.flag_rows(np.random.default_rng(0), 64, 128, 2048)
+  want = np.random.default_rng(7).choice(np.arange(16, 2048), 16, replace=False)
+  assert set(drills.flag_answers(2048)[drills.FLAG_A]) == set(want[:8])
+  for r in range(64):
+    flags = [i for i in range(128) if toks[r, i] in (drills.FLAG_A, drills.FLAG_B)]
+    assert len(flags) == 1 and flags[0] < 48
+    answer = want[:8] if toks[r, flags[0]] == drills.FLAG_A else want[8:]
+    np.testing.assert_array_equal(toks[r, -8:], answer)
+    assert toks[r, -9] == drills.FLAG_QUERY and toks[r, :-9].min() >= 3
+    assert w[r, -8:].tolist() == [1.0] * 8 and w[r, :-8].sum() == 0
+  both = {int(toks[r, [i for i in range(48) if toks[r, i] in (3, 4)][0]]) for r in range(64)}
+  assert both == {drills.FLAG_A, drills.FLAG_B}
+  with pytest.raises(ValueError, match="a flag row needs at least 57 ids"):
+    drills.flag_rows(np.random.default_rng(0), 1, 40, 2048)
+
+
+def test_induction_alphabet_bounds_the_ids():
+  c = drill_sources.default_config()
+  c.update(kind="induction", alphabet=5)
+  src = drill_sources.make_source(c, types.SimpleNamespace(seq_len=64), None, "", batch=4,
+                                  vocab_size=100)
+  b = src.next_batch()
+  assert set(np.unique(b["tokens"])) <= set(range(3, 8))
+  c.alphabet = 98
+  with pytest.raises(ValueError, match="data.drills.alphabet: 98 ids"):
+    drill_sources.make_source(c, types.SimpleNamespace(seq_len=64), None, "", batch=4,
+                              vocab_size=100)
+
+
+def test_scored_run_scores_each_checkpoint_of_the_trainer(tmp_path):
+  """The flag drill trained by the one trainer, scored at its checkpoints: a record per saved
+  step with that step's training loss, and the last record's score is the exported model's."""
+  from lwm_jax import hf
+  from lwm_jax.eval import row_nll
+  from lwm_jax.train import scored_run
+  c = _tiny_drill()
+  c.data.drills = drill_sources.default_config()
+  c.data.drills.kind = "flag"
+  c.data.tokenizer = ""
+  c.train.seq_len = 64
+  c.export_hf = True
+  test, w = drills.flag_rows(np.random.default_rng(5), 8, 64, 2048)
+  rows = [(t.tolist(), x.tolist()) for t, x in zip(test, w)]
+  score = lambda m: {"answer_nll": row_nll.weighted_nll(m, rows, 64, 8)}
+  logged = []
+  summary = scored_run.train_and_score(c, str(tmp_path / "run"), score, logged.append,
+                                       extra={"phase": 0})
+  assert [r["step"] for r in logged] == [3, 6] and summary["scores"] == logged
+  assert [r["train_loss"] for r in logged] == [round(summary["losses"][i], 4) for i in (2, 5)]
+  assert all(r["phase"] == 0 and np.isfinite(r["answer_nll"]) for r in logged)
+  exported = hf.load_pretrained(summary["export_hf"], dtype="float32")
+  np.testing.assert_allclose(score(exported)["answer_nll"], logged[-1]["answer_nll"], rtol=1e-5)
+  assert logged[0]["answer_nll"] != logged[1]["answer_nll"]

@@ -9,7 +9,6 @@ instruction can sit that far before the observation that should follow it).
 """
 import gzip, json, os, sys
 import numpy as np, jax.numpy as jnp
-sys.path.insert(0, os.path.dirname(__file__))
 from pilot import random_drills, TOKENIZER
 from lwm_jax import checkpoints
 from lwm_jax.train.losses import token_logprobs

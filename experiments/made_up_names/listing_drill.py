@@ -26,22 +26,23 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+from configs import stages
+from configs import world_model as recipe
+from listing_probe import HELD_OUT  # this folder (the script's own, first on the import path)
+from lwm_jax import hf
+from lwm_jax.checkpoints import recorded_thinking
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.data import drill_sources, drills
+from lwm_jax.data.tokenizer import load_tokenizer
+from lwm_jax.eval import episodes as episodes_lib
+from lwm_jax.eval import row_nll
+from lwm_jax.train import scored_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
-from lwm_jax.data import corpus as corpus_lib
-from lwm_jax.eval import episodes as episodes_lib
-from configs import stages
-from departure_drill import pad, render, save, score, train_step, trainable  # noqa: E402
-from listing_probe import HELD_OUT  # noqa: E402
-from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
-from lwm_jax.data import drill_sources, drills  # noqa: E402
-from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
+render = drill_sources.sft_row
 
 
 # the drill's rows are the library's (lwm_jax/data/drill_sources.py; the recipe's stages in
@@ -56,17 +57,7 @@ def copy_row(rng, pieces: np.ndarray, seq_len: int, short: int = 0) -> tuple:
   return row if row[2] is not None else row[:2]
 
 
-def held_out_nll(model, rows, seq_len: int, batch: int) -> float:
-  """Mean NLL a target token over `rows` ((ids, weights) pairs)."""
-  total, count = 0.0, 0.0
-  for s in range(0, len(rows), batch):
-    chunk = rows[s:s + batch]
-    toks, wts = pad(chunk + [chunk[-1]] * (batch - len(chunk)), seq_len)
-    nll, _ = jax.device_get(score(model, toks))
-    w = np.asarray(wts)[:len(chunk), 1:]
-    total += float((nll[:len(chunk)] * w).sum())
-    count += float(w.sum())
-  return total / max(count, 1.0)
+held_out_nll = row_nll.weighted_nll
 
 
 def main():
@@ -111,32 +102,34 @@ def main():
                                    args.copy_short)[:2] for i in range(16)]
   print(f"{len(listing)} listing turns, {len(ordinary)} ordinary turns; held out "
         f"{ {k: len(v) for k, v in held.items()} } ({time.time() - t0:.0f} s)", flush=True)
-  model, opt = trainable(start, c, args.lr, args.steps)
-  try:
-    mix = drill_sources.ListingMix(listing, ordinary, tok, cfg, batch=args.batch,
-                                   mix_share=args.mix_share, copy_share=args.copy_share,
-                                   copy_short=args.copy_short, pieces=pieces, seed=0)
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
+  c = recipe.listing_drill(start, args.out, steps=args.steps, lr=args.lr,
+                           copy_short=args.copy_short, batch=args.batch, seq_len=args.seq_len,
+                           mix_share=args.mix_share, copy_share=args.copy_share).config
+  c.data.drills.update(listing=args.train, mix=args.mix, max_turn=args.max_turn)
+  c.data.tokenizer = sp
+  c.checkpoint.update(every=args.every, keep=args.steps // args.every + 2)
+  hf_dir = c.export_hf_dir = os.path.join(args.out, "hf")
   os.makedirs(args.out, exist_ok=True)
-  log = open(os.path.join(args.out, "log.jsonl"), "w")
-  for step in range(args.steps + 1):
-    if step % args.every == 0 or step == args.steps:
-      rec = {"step": step, "seconds": round(time.time() - t0, 1),
-             **{f"held_out_{k}": round(held_out_nll(model, v, args.seq_len, args.batch), 4)
-                for k, v in held.items()}}
+
+  def scores(model) -> dict:
+    return {f"held_out_{k}": round(held_out_nll(model, v, args.seq_len, args.batch), 4)
+            for k, v in held.items()}
+
+  with open(os.path.join(args.out, "log.jsonl"), "w") as log_file:
+    def log(rec):
       print(json.dumps(rec), flush=True)
-      log.write(json.dumps(rec) + "\n")
-      log.flush()
-    if step == args.steps:
-      break
-    b = drill_sources.pack(mix.next_rows(), args.seq_len)
-    # the packed short rows need their segments; other rows are one document each
-    segs = jnp.asarray(b["segment_ids"]) if args.copy_short else None
-    loss = train_step(model, opt, jnp.asarray(b["tokens"]), jnp.asarray(b["loss_weights"]), segs)
-    if step % 10 == 0:
-      print(f"step {step} loss {float(loss):.4f} ({time.time() - t0:.0f} s)", flush=True)
-  hf_dir = save(model, args.out, start, sp, cfg.thinking)
+      log_file.write(json.dumps(rec) + "\n")
+      log_file.flush()
+    log({"step": 0, "seconds": round(time.time() - t0, 1),
+         **scores(hf.load_pretrained(start, dtype="float32"))})
+    try:
+      summary = scored_run.train_and_score(c, os.path.join(args.out, "run"), scores, log)
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
+  del summary
+  with open(os.path.join(hf_dir, "provenance.json"), "w") as f:  # the reply mode, for the evals
+    json.dump({"made_by": " ".join(["python"] + sys.argv), "start": start,
+               "settings": {"thinking": "on" if cfg.thinking else "off"}}, f, indent=1)
   from lwm_jax.sampling import Sampler  # pylint: disable=import-outside-toplevel
   sim = episodes_lib.simulated_terminal_episodes(Sampler.from_checkpoint(hf_dir), corpus.test,
                                            max_new_tokens=320)

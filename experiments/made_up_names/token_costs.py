@@ -6,24 +6,19 @@ for every piece.
   python experiments/made_up_names/token_costs.py data/world_model [--turns=3] [--naming=made_up]
 """
 import argparse
-import os
-import sys
 
 import jax
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "experiments", "perturb_vs_plain"))
-from lwm_jax.data import corpus as corpus_lib
 from configs import stages
-from departure_drill import pad, render, score  # noqa: E402
-from listing_probe import HELD_OUT, is_listing  # noqa: E402
-from lwm_jax import hf  # noqa: E402
-from lwm_jax.checkpoints import recorded_thinking  # noqa: E402
-from lwm_jax.data import schema  # noqa: E402
-from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from listing_probe import HELD_OUT, is_listing  # this folder (the script's own, on the path)
+from lwm_jax import hf
+from lwm_jax.checkpoints import recorded_thinking
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.data import schema
+from lwm_jax.data.drill_sources import sft_row as render
+from lwm_jax.data.tokenizer import load_tokenizer
+from lwm_jax.eval.row_nll import pad, score
 
 
 def main():

@@ -41,30 +41,23 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+
+from configs import stages
+from lwm_jax import hf
+from lwm_jax.checkpoints import read_provenance, recorded_thinking
+from lwm_jax.data import corpus as corpus_lib
+from lwm_jax.data import drill_sources, drills
+from lwm_jax.data.schema import Trajectory
+from lwm_jax.data.tokenizer import load_tokenizer
+from lwm_jax.eval import row_nll
+from lwm_jax.train import scored_run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, ROOT)
-from lwm_jax.eval import fidelity
-from lwm_jax.data import corpus as corpus_lib
-from configs import stages
-from lwm_jax import hf  # noqa: E402
-from lwm_jax.checkpoints import read_provenance, recorded_thinking  # noqa: E402
-from lwm_jax.data import drill_sources, drills  # noqa: E402
-from lwm_jax.data.schema import Trajectory  # noqa: E402
-from lwm_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from lwm_jax.train import losses  # noqa: E402
-from lwm_jax.train import optimizer as opt_lib  # noqa: E402
-from lwm_jax.train.steps import StepConfig  # noqa: E402
-
 DOMAINS = ("mcp", "search", "web")
 
 
@@ -113,38 +106,7 @@ def held_out(pairs, tok, cfg, limit: int, variant: int | None = None) -> list[He
   return out
 
 
-def pad(rows, seq_len: int):
-  toks = np.zeros((len(rows), seq_len), np.int32)
-  wts = np.zeros((len(rows), seq_len), np.float32)
-  for r, (ids, w) in enumerate(rows):
-    toks[r, :len(ids)], wts[r, :len(w)] = ids, w
-  return jnp.asarray(toks), jnp.asarray(wts)
-
-
-def token_nll(model, toks, segs=None):
-  """NLL of each next token [B, S-1], whether it is the argmax, and the MoE aux loss; `segs`
-  (optional [B, S] segment ids) packs several documents into a row, each with its own positions
-  and attention inside it only."""
-  out = model(toks, segment_ids=segs)
-  logp, _ = losses.token_logprobs(out.logits[:, :-1], toks[:, 1:])
-  return -logp, jnp.argmax(out.logits[:, :-1], -1) == toks[:, 1:], out.aux_loss
-
-
-@nnx.jit
-def train_step(model, opt, toks, wts, segs=None):
-  def loss_fn(m):
-    nll, _, aux = token_nll(m, toks, segs)
-    w = wts[:, 1:]
-    return (nll * w).sum() / jnp.maximum(w.sum(), 1e-8) + StepConfig.aux_loss_coef * aux
-  loss, grads = nnx.value_and_grad(loss_fn)(model)
-  opt.update(model, grads)
-  return loss
-
-
-@nnx.jit
-def score(model, toks):
-  nll, hit, _ = token_nll(model, toks)
-  return nll, hit
+pad, token_nll, score = row_nll.pad, row_nll.token_nll, row_nll.score
 
 
 def evaluate(model, items, seq_len: int, batch: int) -> dict:
@@ -192,24 +154,33 @@ def evaluate(model, items, seq_len: int, batch: int) -> dict:
   return out
 
 
-def trainable(start: str, c, lr: float, steps: int):
-  """The start model in float32 and an optimizer for it: the SFT config `c`'s optimizer at peak
-  learning rate `lr`, its schedule stretched over `steps`."""
-  model = hf.load_pretrained(start, dtype="float32")
-  c.optim.lr = lr
-  tx, _ = opt_lib.make_optimizer(c.optim, steps)
-  return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+def drill_config(args, start: str, sp: str):
+  """The trainer's config of the drill: the SFT demo config (its optimizer: AdamW, warm-up,
+  cosine decay over --steps) at peak --lr, from --start, on the departure rows of --copies
+  (`data.drills.kind = "departures"`, the rows this script drew itself before 2026-12-07, the
+  same seed giving the same rows), a checkpoint every --every steps for the held-out scores."""
+  c = stages.STAGE_CONFIGS["sft"].get_config("demo")
+  c.seed = 0
+  c.train.update(num_steps=args.steps, batch_size=args.batch, seq_len=args.seq_len,
+                 log_every=10, eval_every=0, progress=False)
+  c.optim.lr = args.lr
+  c.checkpoint.update(every=args.every, keep=args.steps // args.every + 2, use_async=False)
+  c.data.source = "drills"
+  c.data.tokenizer = sp
+  c.data.drills = drill_sources.default_config()
+  c.data.drills.update(kind="departures", copies=args.copies, domains=args.domains,
+                       arm=args.arm, weight=args.weight, rest_weight=args.rest_weight,
+                       v0_share=args.v0_share)
+  c.init_from_hf = start
+  c.export_hf = True
+  c.export_hf_dir = os.path.join(args.out, "hf")
+  return c
 
 
-def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
-  """Writes the trained model as a Hugging Face folder OUT/hf with the start's generation config
-  and a provenance.json holding the command, the start's reply mode (where evals/fidelity.py
-  --thinking=auto and these scripts look for it) and the start's own provenance.json where it has
-  one (so a chain of runs stays traceable to its first model); returns the folder."""
-  hf_dir = os.path.join(out, "hf")
-  hf.save_pretrained(model, hf_dir, tokenizer=sp)
-  shutil.copyfile(os.path.join(start, "generation_config.json"),
-                  os.path.join(hf_dir, "generation_config.json"))
+def write_provenance(hf_dir: str, start: str, thinking: bool) -> None:
+  """provenance.json of the trained model: the command, the start's reply mode (where
+  evals/fidelity.py --thinking=auto and these scripts look for it) and the start's own
+  provenance.json where it has one (a chain of runs stays traceable to its first model)."""
   prov = {"made_by": " ".join(["python"] + sys.argv), "start": start,
           "settings": {"thinking": "on" if thinking else "off"}}
   earlier = read_provenance(start)
@@ -217,7 +188,6 @@ def save(model, out: str, start: str, sp: str, thinking: bool) -> str:
     prov["start_provenance"] = earlier
   with open(os.path.join(hf_dir, "provenance.json"), "w") as f:
     json.dump(prov, f, indent=1)
-  return hf_dir
 
 
 def main():
@@ -268,35 +238,24 @@ def main():
   if args.eval_only:
     print(json.dumps(scores(hf.load_pretrained(start, dtype="float32"))))
     return
-  train_of = {f: departures(f, "train", domains) for f in dict.fromkeys(folders)}  # read once
-  train = [x for f in folders for x in train_of[f]]
-  rows = rows_of(train, args.arm, args.weight, tok, cfg, args.rest_weight, args.v0_share)
-  print(f"{len(train)} training departures -> {len(rows)} rows; {len(items)} held out "
-        f"({time.time() - t0:.0f} s)", flush=True)
-  model, opt = trainable(start, c, args.lr, args.steps)
-  rng = np.random.default_rng(0)
-  order: list[int] = []
+  train = [x for f in folders for x in departures(f, "train", domains)]
+  print(f"{len(train)} training departures; {len(items)} held out ({time.time() - t0:.0f} s)",
+        flush=True)
   os.makedirs(args.out, exist_ok=True)
-  log = open(os.path.join(args.out, "log.jsonl"), "w")
-  for step in range(args.steps + 1):
-    if step % args.every == 0 or step == args.steps:
-      rec = {"step": step, "seconds": round(time.time() - t0, 1), **scores(model)}
+  with open(os.path.join(args.out, "log.jsonl"), "w") as log_file:
+    def log(rec):
       print(json.dumps(rec), flush=True)
-      log.write(json.dumps(rec) + "\n")
-      log.flush()
-    if step == args.steps:
-      break
-    if len(order) < args.batch:
-      order += list(rng.permutation(len(rows)))
-    take, order = order[:args.batch], order[args.batch:]
-    toks, wts = pad([rows[i] for i in take], args.seq_len)
-    loss = train_step(model, opt, toks, wts)
-    if step % 10 == 0:
-      print(f"step {step} loss {float(loss):.4f}", flush=True)
-  save(model, args.out, start, sp, cfg.thinking)
+      log_file.write(json.dumps(rec) + "\n")
+      log_file.flush()
+    log({"step": 0, "seconds": round(time.time() - t0, 1),
+         **scores(hf.load_pretrained(start, dtype="float32"))})
+    summary = scored_run.train_and_score(drill_config(args, start, sp),
+                                         os.path.join(args.out, "run"), scores, log)
+  write_provenance(summary["export_hf"], start, cfg.thinking)
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump({"command": " ".join(["python"] + sys.argv), "train_departures": len(train),
-               "rows": len(rows), "held_out": len(items), "seconds": round(time.time() - t0, 1),
+               "held_out": len(items), "seconds": round(time.time() - t0, 1),
+               "final_loss": summary["losses"][-1] if summary["losses"] else None,
                "args": vars(args)}, f, indent=1)
 
 

@@ -21,13 +21,25 @@ phase); the test rows are those of the phase, and at each phase's end also those
 START (a Hugging Face checkpoint folder of the same vocabulary, e.g. data/world_model) trains that
 model instead of a randomly initialised one: does a model pre-trained on the corpus learn the
 drill as fast as a fresh one?
+
+Each phase is a run of the one trainer on `data.drills.kind = "flag"` rows
+(`lwm_jax.data.drills.flag_rows`), scored at its checkpoints (lwm_jax/train/scored_run.py):
+AdamW without clipping, cosine decay to 0, weight decay 0.1 on the weight matrices only (the
+trainer's rule; the runs recorded here before 2026-12-07 decayed every parameter).
 """
-import sys, time, json
-import numpy as np, jax, jax.numpy as jnp, optax
+import json
+import os
+import sys
+import tempfile
+
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from lwm_jax.model.transformer import Transformer
-from lwm_jax.train import run_config as rc
+
 from configs import stages
+from lwm_jax import hf
+from lwm_jax.data import drill_sources, drills
+from lwm_jax.train import scored_run
 
 PHASE_STEPS = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "300").split(",")]
 EVERY = int(sys.argv[2]) if len(sys.argv) > 2 else 25
@@ -37,85 +49,54 @@ B, V = int(sys.argv[5]) if len(sys.argv) > 5 else 32, 2048
 START = sys.argv[6] if len(sys.argv) > 6 else ""
 if len(PHASE_STEPS) != len(LENGTHS):
   raise SystemExit(f"{len(PHASE_STEPS)} step counts for {len(LENGTHS)} row lengths")
-FLAG_A, FLAG_B, QUERY, FIRST_FILLER = 3, 4, 5, 16
-_c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
-_c.model.vocab_size, _c.model.max_position_embeddings = V, max(LENGTHS)
-_c.train.seq_len = max(LENGTHS)
-cfg = rc.validate_config(_c)
-_answers = np.random.default_rng(7).choice(np.arange(FIRST_FILLER, V), 16, replace=False)
-ANSWER = {FLAG_A: _answers[:8], FLAG_B: _answers[8:]}  # X and Y share no token
+if START and hf.read_config(START).vocab_size != V:
+  raise SystemExit(f"{START}: vocabulary {hf.read_config(START).vocab_size}, the drill uses {V}")
 
 
-def rows(rng, n, S):
-  """Tokens [n, S] and the loss weights (1 on the answer tokens)."""
-  toks = rng.integers(FIRST_FILLER, V, (n, S)).astype(np.int32)
-  weight = np.zeros((n, S), np.float32)
-  for r in range(n):
-    flag = FLAG_A if rng.random() < 0.5 else FLAG_B
-    toks[r, rng.integers(0, 48)] = flag
-    toks[r, S - 9] = QUERY
-    toks[r, S - 8:] = ANSWER[flag]
-    weight[r, S - 8:] = 1.0
-  return toks, weight
+def config(steps: int, S: int, init_from: str):
+  c = stages.STAGE_CONFIGS["cpt"].get_config("demo")  # the reproduction's model, as configured
+  c.model.update(vocab_size=V, max_position_embeddings=max(LENGTHS))
+  c.seed = 0
+  c.train.update(num_steps=steps, batch_size=B, seq_len=S, log_every=EVERY, eval_every=0,
+                 aux_loss_coef=0.0, precision="float32", progress=False)
+  c.optim.update(lr=LR, warmup_steps=min(20, steps // 2), grad_clip=0.0, b2=0.999,
+                 weight_decay=0.1, end_lr_ratio=0.0)
+  c.checkpoint.update(every=EVERY, keep=steps // EVERY + 2, use_async=False)
+  c.data.source = "drills"
+  c.data.drills = drill_sources.default_config()
+  c.data.drills.kind = "flag"
+  c.init_from_hf = init_from
+  c.export_hf = True
+  return c
 
 
-if START:
-  from lwm_jax import hf
-  model = hf.load_pretrained(START, dtype="float32")
-  if model.cfg.vocab_size != V:
-    raise SystemExit(f"{START}: vocabulary {model.cfg.vocab_size}, the drill uses {V}")
-else:
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
+_nll = nnx.jit(lambda m, toks: m(toks).logits)
 
 
-def optimizer(steps):
-  warm = min(20, steps // 2)
-  return nnx.Optimizer(model, optax.adamw(optax.warmup_cosine_decay_schedule(
-      0, LR, warm, max(steps, 2 * warm + 1)), weight_decay=0.1), wrt=nnx.Param)
+def first_answer(model, S: int) -> dict:
+  """NLL of the first answer token on 64 fixed test rows of length S, and the share right."""
+  test, _ = drills.flag_rows(np.random.default_rng(123), 64, S, V)
+  at = S - drills.FLAG_ANSWER_LEN - 1  # the query's position predicts the first answer token
+  logits = np.asarray(_nll(model, jnp.asarray(test))[:, at], np.float64)
+  logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+  want = test[:, at + 1]
+  return {"rows": S, "first_answer_nll": round(float(-logp[np.arange(64), want].mean()), 4),
+          "first_answer_right": round(float((logits.argmax(-1) == want).mean()), 3)}
 
 
-def nll(model, toks):
-  lp = jax.nn.log_softmax(model(toks).logits.astype(jnp.float32), -1)
-  return -jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[..., 0], lp
+def main():
+  log = lambda rec: print(json.dumps(rec), flush=True)
+  init_from = START
+  with tempfile.TemporaryDirectory() as tmp:
+    for phase, (steps, S) in enumerate(zip(PHASE_STEPS, LENGTHS)):
+      summary = scored_run.train_and_score(
+          config(steps, S, init_from), os.path.join(tmp, f"phase{phase}"),
+          lambda m, S=S: first_answer(m, S), log, extra={"phase": phase})
+      init_from = summary["export_hf"]
+      if len(LENGTHS) > 1 and S != max(LENGTHS):
+        log({"phase": phase, "step": steps,
+             **first_answer(hf.load_pretrained(init_from, dtype="float32"), max(LENGTHS))})
 
 
-@nnx.jit
-def step(model, opt, toks, weight):
-  def loss_fn(m):
-    n, _ = nll(m, toks)
-    w = weight[:, 1:]
-    return (n * w).sum() / w.sum()
-  loss, g = nnx.value_and_grad(loss_fn)(model)
-  opt.update(model, g)
-  return loss
-
-
-@nnx.jit
-def first_answer(model, toks):
-  """NLL of the first answer token and whether it is the argmax (predicted at the query)."""
-  n, lp = nll(model, toks)
-  at = toks.shape[1] - 9  # the query's position predicts the first answer token
-  return n[:, at], jnp.argmax(lp[:, at], -1) == toks[:, at + 1]
-
-
-def report(s, loss, S, t0, phase):
-  test, _ = rows(np.random.default_rng(123), 64, S)
-  n, right = first_answer(model, jnp.asarray(test))
-  print(json.dumps({"phase": phase, "rows": S, "step": s,
-                    **({"loss": round(float(loss), 4)} if loss is not None else {}),
-                    "first_answer_nll": round(float(np.mean(n)), 4),
-                    "first_answer_right": round(float(np.mean(right)), 3),
-                    "s": round(time.time() - t0)}), flush=True)
-
-
-rng = np.random.default_rng(0)
-t0 = time.time()
-for phase, (steps, S) in enumerate(zip(PHASE_STEPS, LENGTHS)):
-  opt = optimizer(steps)
-  for s in range(1, steps + 1):
-    t, w = rows(rng, B, S)
-    loss = step(model, opt, jnp.asarray(t), jnp.asarray(w))
-    if s % EVERY == 0 or s == 1:
-      report(s, loss, S, t0, phase)
-  if len(LENGTHS) > 1 and S != max(LENGTHS):
-    report(steps, None, max(LENGTHS), t0, phase)
+if __name__ == "__main__":
+  main()

@@ -11,8 +11,10 @@ loss weights, rendered as the SFT pipeline renders a sample), and a source draws
   DepartureRows    the rows of the departure pairs in a fresh random order each pass
   InductionRows    rows of random ids, each segment written twice (`drills.induction_rows`), loss
                    on every token: the induction drill of launch/copy_drill.py
+  FlagRows         rows of random ids with one distant flag that decides the answer at the end
+                   (`drills.flag_rows`), loss on the answer: can a model condition on a far token
 
-Both draw from one seeded NumPy stream in the order the experiment scripts drew theirs
+Each draws from one seeded NumPy stream in the order the experiment scripts drew theirs
 (experiments/made_up_names/, experiments/perturb_vs_plain/departure_drill/), so a seed gives the
 rows those scripts trained on; the stream's state is the source's checkpointed state (exact
 resume). Every process draws the whole global batch and keeps its own rows.
@@ -33,7 +35,8 @@ from lwm_jax.data import drills, lengths, pipeline, prompts, schema, splits
 from lwm_jax.data.jsonl import iter_jsonl
 
 Row = tuple  # (ids, weights) or (ids, weights, segment ids)
-KINDS = ("listing", "departures", "induction")
+KINDS = ("listing", "departures", "induction", "flag")
+RANDOM_ID_KINDS = ("induction", "flag")  # rows of random ids: no tokenizer, no rendering
 ARMS = ("paired", "plain")
 
 
@@ -42,6 +45,10 @@ def default_config() -> ml_collections.ConfigDict:
 
   kind:        listing | departures | induction (rows of train.seq_len random ids, the whole
                vocabulary from id 3 up; segments of `drills.segment_range(seq_len)` written twice)
+               | flag (rows of random ids with a distant flag that decides the row's answer,
+               `drills.flag_rows`, loss on the answer only)
+  alphabet:    induction: draw the segments from this many ids from id 3 up (0: the whole
+               vocabulary), a smaller and easier version of the task
   listing:     comma list of terminal episode files (launch/collect.py output) whose listing turns
                among each episode's first `max_turn` turns are trained on
   mix:         a corpus folder whose training split gives the ordinary SFT rows (every turn)
@@ -57,7 +64,7 @@ def default_config() -> ml_collections.ConfigDict:
   thinking:    auto (the start model's reply mode, from init_from_hf's provenance.json), on, off
   """
   return ml_collections.ConfigDict(dict(
-      kind="listing", listing="", max_turn=12, mix="", mix_share=0.5, copy_share=0.0,
+      kind="listing", alphabet=0, listing="", max_turn=12, mix="", mix_share=0.5, copy_share=0.0,
       copy_short=0, copies="", domains="mcp,search,web", arm="paired", weight=5.0,
       rest_weight=1.0, v0_share=0.0, thinking="auto"))
 
@@ -325,6 +332,32 @@ class InductionRows(_Seeded):
     return f"induction drill: rows of {self.seq_len} ids"
 
 
+class FlagRows(_Seeded):
+  """Batches of the distant-flag drill (`drills.flag_rows`), loss on the answer ids only."""
+
+  def __init__(self, *, batch: int, seq_len: int, vocab: int, seed: int = 0,
+               process_index: int = 0, process_count: int = 1):
+    super().__init__(batch, seq_len, seed, process_index, process_count)
+    self.vocab = vocab
+
+  def next_rows(self) -> list[Row]:
+    toks, weight = drills.flag_rows(self.rng, self.batch, self.seq_len, self.vocab)
+    return [(t.tolist(), w.tolist()) for t, w in zip(toks, weight)]
+
+  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
+    del state
+    return self._batch(self.next_rows())
+
+  def get_state(self) -> dict[str, Any]:
+    return self._state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._set(state)
+
+  def describe(self) -> str:
+    return f"flag drill: rows of {self.seq_len} ids"
+
+
 def make_source(drill: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict, tok,
                 tokenizer_path: str, *, batch: int, seed: int = 0, process_index: int = 0,
                 process_count: int = 1, vocab_size: int = 0):
@@ -335,7 +368,13 @@ def make_source(drill: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict
     raise ValueError(f"data.drills.kind: {drill.kind!r} is not one of {', '.join(KINDS)}")
   where = dict(seed=seed, process_index=process_index, process_count=process_count)
   if drill.kind == "induction":
-    return InductionRows(batch=batch, seq_len=cfg.seq_len, alphabet=vocab_size - 3, **where)
+    alphabet = drill.get("alphabet", 0) or vocab_size - 3
+    if alphabet > vocab_size - 3:
+      raise ValueError(f"data.drills.alphabet: {alphabet} ids from id 3 up do not fit a "
+                       f"vocabulary of {vocab_size}")
+    return InductionRows(batch=batch, seq_len=cfg.seq_len, alphabet=alphabet, **where)
+  if drill.kind == "flag":
+    return FlagRows(batch=batch, seq_len=cfg.seq_len, vocab=vocab_size, **where)
   if drill.kind == "listing":
     if not drill.listing:
       raise ValueError("data.drills.listing: name the terminal episode files to drill on")

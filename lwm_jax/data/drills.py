@@ -318,3 +318,35 @@ def parse_phases(text: str, tokens_per_step: int = 8192) -> list[tuple[int, int]
                        "STEPS >= 1")
     phases.append((row, steps))
   return phases
+
+
+FLAG_A, FLAG_B, FLAG_QUERY, FLAG_FIRST_FILLER = 3, 4, 5, 16
+FLAG_ANSWER_LEN = 8
+
+
+def flag_answers(vocab: int) -> dict[int, np.ndarray]:
+  """The flag drill's two fixed answers of FLAG_ANSWER_LEN ids (no id shared), drawn once from a
+  fixed seed among the filler ids of a `vocab`-id vocabulary: answer X follows flag A, Y flag B."""
+  ids = np.random.default_rng(7).choice(np.arange(FLAG_FIRST_FILLER, vocab),
+                                        2 * FLAG_ANSWER_LEN, replace=False)
+  return {FLAG_A: ids[:FLAG_ANSWER_LEN], FLAG_B: ids[FLAG_ANSWER_LEN:]}
+
+
+def flag_rows(rng: np.random.Generator, n: int, row: int, vocab: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """`n` rows of the distant-flag drill: random filler ids, one flag (A or B, even odds) somewhere
+  in the first 48 positions, the query id at `row - 9` and the flag's answer in the last 8. Returns
+  the ids and the loss weights (1 on the answer ids only): a model that ignores the flag pays
+  ln 2 on the first answer id, one that reads it nothing."""
+  if row < 48 + 1 + FLAG_ANSWER_LEN:
+    raise ValueError(f"a flag row needs at least {48 + 1 + FLAG_ANSWER_LEN} ids, got {row}")
+  answers = flag_answers(vocab)
+  toks = rng.integers(FLAG_FIRST_FILLER, vocab, (n, row)).astype(np.int32)
+  weight = np.zeros((n, row), np.float32)
+  for r in range(n):
+    flag = FLAG_A if rng.random() < 0.5 else FLAG_B
+    toks[r, rng.integers(0, 48)] = flag
+    toks[r, row - FLAG_ANSWER_LEN - 1] = FLAG_QUERY
+    toks[r, row - FLAG_ANSWER_LEN:] = answers[flag]
+    weight[r, row - FLAG_ANSWER_LEN:] = 1.0
+  return toks, weight

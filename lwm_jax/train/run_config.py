@@ -69,7 +69,7 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
   if c.data.source == "drills":
     need("drills" in c.data, "data.drills", "the drill's section is missing "
          "(lwm_jax.data.drill_sources.default_config())")
-    if c.data.drills.get("kind") != "induction":  # random ids need no tokenizer
+    if c.data.drills.get("kind") not in ("induction", "flag"):  # random ids need no tokenizer
       need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the drills")
       need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
   if c.stage == "agent-rl":

@@ -173,7 +173,7 @@ def drill_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, process_i
   from lwm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   from lwm_jax.data import drill_sources, tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   drill = c.data.drills
-  if drill.kind == "induction":  # random ids: no tokenizer, no rendering
+  if drill.kind in drill_sources.RANDOM_ID_KINDS:  # random ids: no tokenizer, no rendering
     return drill_sources.make_source(
         drill, data_config(c, 1), None, "", batch=c.train.batch_size, seed=c.seed,
         process_index=process_index, process_count=process_count,

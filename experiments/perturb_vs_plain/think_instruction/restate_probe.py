@@ -24,7 +24,6 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, ROOT)
 from lwm_jax.data import prompts, schema  # noqa: E402
 from lwm_jax.data.reply import THINK_OPEN, split_reasoning  # noqa: E402
 
