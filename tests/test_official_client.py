@@ -3,9 +3,9 @@ checkout (here a stand-in of ours in the same layout, tests/fixtures/official_cl
 official-mode parsing and scoring rules when no checkout is given."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -23,33 +23,33 @@ STANDIN = os.path.join(ROOT, "tests", "fixtures", "official_client")
 BENCH = os.path.join(ROOT, "evals", "mini_bench")
 
 
-def _standin_module():
-  """The stand-in's eval.py imported on its own (the test's reference, apart from our loader)."""
-  for n in [n for n in sys.modules if n.split(".")[0] == "lwm_eval_utils"]:
-    del sys.modules[n]
-  sys.path.insert(0, os.path.join(STANDIN, "eval"))
-  try:
-    spec = importlib.util.spec_from_file_location("standin_eval", os.path.join(STANDIN, "eval",
-                                                                              "eval.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-  finally:
-    sys.path.remove(os.path.join(STANDIN, "eval"))
-  return mod
+_REFERENCE = """
+import json, sys
+import eval as ref  # the stand-in's eval.py, found in this process's working folder
+recs, gen = json.load(sys.stdin)
+prompts = ref.load_judge_system_prompts()
+print(json.dumps([ref.build_judge_messages(r, ref.parse_model_output(gen, "predicted_observation"),
+                                           prompts) for r in recs]))
+"""
+
+
+def _reference_messages(recs: list[dict], gen: str) -> list:
+  """The stand-in client's own judge requests, built in a child process run from its eval/
+  folder as the client runs (the test's reference, apart from our loader)."""
+  out = subprocess.run([sys.executable, "-c", _REFERENCE], cwd=os.path.join(STANDIN, "eval"),
+                       input=json.dumps([recs, gen]), capture_output=True, text=True, check=True)
+  return json.loads(out.stdout)
 
 
 def test_request_is_the_clients_own_byte_for_byte():
   style = official_client_style(STANDIN)
-  ref = _standin_module()
-  prompts = ref.load_judge_system_prompts()
   recs = list(read_awb_jsonl(os.path.join(BENCH, "terminal_test.jsonl")))[:12]
   assert len(recs) == 12
-  for rec in recs:
-    gen = "<think>x</think><predicted_observation>**Environment Observation:**\nok $ </predicted_observation>"
+  gen = "<think>x</think><predicted_observation>**Environment Observation:**\nok $ </predicted_observation>"
+  wants = _reference_messages([rec.to_dict() for rec in recs], gen)
+  for rec, want in zip(recs, wants, strict=True):
     got = eval_judge.judge_messages(rec, "ignored", R.ground_truth(rec), style=style,
                                     row={"gen": gen})
-    want = ref.build_judge_messages(rec.to_dict(), ref.parse_model_output(
-        gen, "predicted_observation"), prompts)
     assert json.dumps(got) == json.dumps(want)
   # An independent spelling of one request: the stand-in's layout, not ours.
   rec = recs[0]

@@ -15,10 +15,8 @@ Our parser without the checkout (`--judge_style=official`) reads the same replie
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 import types
 
@@ -28,7 +26,7 @@ from lwm_jax import judge as judge_lib
 from lwm_jax.data.bench_records import read_awb_jsonl
 from lwm_jax.eval import judge as eval_judge
 from lwm_jax.eval import records as R
-from lwm_jax.eval.official_client import official_client_style
+from lwm_jax.eval.official_client import import_file, official_client_style
 from lwm_jax.sampling.backends import Backend, Completion
 
 DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
@@ -59,12 +57,8 @@ def _gen(rec, k: int) -> str:
 
 
 def load_official(root: str):
-  sys.path.insert(0, os.path.join(root, "eval"))
-  spec = importlib.util.spec_from_file_location("official_eval", os.path.join(root, "eval",
-                                                                             "eval.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return import_file(os.path.join(root, "eval", "eval.py"), "official_eval",
+                     fresh=("lwm_eval_utils",))
 
 
 class _Recorder:

@@ -21,10 +21,12 @@ one that is missing is an error naming the file and the name.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from lwm_jax.judge import DIMENSIONS, JudgeStyle, Messages
 
@@ -36,14 +38,40 @@ class OfficialClientError(RuntimeError):
   """The checkout at --official_client cannot be used (named file or entry point missing)."""
 
 
+class _Beside(importlib.abc.MetaPathFinder):
+  """Finds top-level modules in one folder first, as Python does for a script run from there:
+  the checkout's eval.py imports its own `lwm_eval_utils` package that lives beside it."""
+
+  def __init__(self, folder: str):
+    self.folder = folder
+
+  def find_spec(self, name, path=None, target=None):
+    if path is not None:  # a submodule: its package's own __path__ finds it
+      return None
+    return importlib.machinery.PathFinder.find_spec(name, [self.folder], target)
+
+
 @contextlib.contextmanager
-def _on_path(folder: str):
-  sys.path.insert(0, folder)
+def _beside(folder: str):
+  finder = _Beside(folder)
+  sys.meta_path.insert(0, finder)
   try:
     yield
   finally:
-    with contextlib.suppress(ValueError):
-      sys.path.remove(folder)
+    sys.meta_path.remove(finder)
+
+
+def import_file(path: str, name: str, fresh: Sequence[str] = ()) -> Any:
+  """The Python file `path` as module `name`, importing top-level modules from its own folder
+  first (as when it runs as a script); the modules named in `fresh` (and their submodules) are
+  dropped first, so two checkouts never share them."""
+  for mod in [n for n in sys.modules if n.split(".")[0] in fresh]:
+    del sys.modules[mod]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  with _beside(os.path.dirname(os.path.abspath(path))):
+    spec.loader.exec_module(module)
+  return module
 
 
 def load_client(root: str | os.PathLike) -> Any:
@@ -54,17 +82,11 @@ def load_client(root: str | os.PathLike) -> Any:
     raise OfficialClientError(f"--official_client {root}: no eval/eval.py (expected the root of "
                               "a checkout of the official Qwen-AgentWorld repository)")
   # A fresh import each time: two checkouts (or a test's stand-in) never share modules.
-  for name in [n for n in sys.modules if n == "lwm_eval_utils" or
-               n.startswith("lwm_eval_utils.")]:
-    del sys.modules[name]
-  spec = importlib.util.spec_from_file_location("_official_eval_client", path)
-  module = importlib.util.module_from_spec(spec)
-  with _on_path(os.path.dirname(path)):
-    try:
-      spec.loader.exec_module(module)
-    except ImportError as e:
-      raise OfficialClientError(f"{path}: cannot be imported ({e}); the official client needs "
-                                "its own dependencies (the `openai` package)") from None
+  try:
+    module = import_file(path, "_official_eval_client", fresh=("lwm_eval_utils",))
+  except ImportError as e:
+    raise OfficialClientError(f"{path}: cannot be imported ({e}); the official client needs "
+                              "its own dependencies (the `openai` package)") from None
   missing = [n for n in NEEDED if not hasattr(module, n)]
   if missing:
     raise OfficialClientError(f"{path}: has no {', '.join(missing)} (this version of the "
