@@ -160,10 +160,19 @@ def main() -> None:
         out = work / f"out_{size}_{path}_{workers}"
         shutil.rmtree(out, ignore_errors=True)
         load = os.getloadavg()[0]
-        got, peak, _ = run_measured([sys.executable, "-c", BUILD, str(ROOT), json.dumps(inputs),
-                                     str(out), path, str(workers)])
-        row = {"trajectories": size, "path": path + (f" ({workers} workers)" if path == "beam"
-                                                     else ""),
+        name = path + (f" ({workers} workers)" if path == "beam" else "")
+        try:
+          got, peak, _ = run_measured([sys.executable, "-c", BUILD, str(ROOT),
+                                       json.dumps(inputs), str(out), path, str(workers)])
+        except RuntimeError as e:  # recorded as measured: a build that fails is a result too
+          why = [l for l in str(e).splitlines() if "Error" in l]
+          row = {"trajectories": size, "path": name, "failed": (why or [str(e)])[-1][:600],
+                 "load_avg_1min_before": round(load, 1)}
+          print(json.dumps(row), flush=True)
+          builds.append(row)
+          shutil.rmtree(out, ignore_errors=True)
+          continue
+        row = {"trajectories": size, "path": name,
                "seconds": round(got["seconds"], 1), "peak_rss_mb": round(peak),
                "trajectories_per_s": round(size / got["seconds"]),
                "input_mb": round(in_mb), "kept": got["manifest"]["kept"],
@@ -188,7 +197,7 @@ def main() -> None:
     if not args.keep_inputs:
       shutil.rmtree(work / f"in_{size}", ignore_errors=True)
   common.write_result("data_build", {"builds": builds, "reads": reads, "notes": notes})
-  print(common.table([b for b in builds if "path" in b],
+  print(common.table([b for b in builds if "seconds" in b],
                      ["trajectories", "path", "seconds", "peak_rss_mb", "trajectories_per_s"]))
 
 

@@ -216,6 +216,19 @@ class _Seeded:
     self.batches += 1
     return pack(rows[self.rows], self.seq_len)
 
+  def next_rows(self) -> list[Row]:
+    raise NotImplementedError
+
+  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
+    del state
+    return self._batch(self.next_rows())
+
+  def get_state(self) -> dict[str, Any]:
+    return self._state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._set(state)
+
 
 class ListingMix(_Seeded):
   """Batches of listing rows, ordinary rows (`n_mix` a batch) and copy rows (`n_copy`), drawn
@@ -255,16 +268,6 @@ class ListingMix(_Seeded):
              for _ in range(self.n_copy)]
     return rows
 
-  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    del state
-    return self._batch(self.next_rows())
-
-  def get_state(self) -> dict[str, Any]:
-    return self._state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._set(state)
-
   def describe(self) -> str:
     return (f"listing drill: {len(self.listing)} listing turns, {len(self.ordinary)} ordinary "
             f"turns ({self.n_mix} a batch), {self.n_copy} copy rows a batch")
@@ -285,10 +288,6 @@ class DepartureRows(_Seeded):
       self.order += [int(i) for i in self.rng.permutation(len(self.all_rows))]
     take, self.order = self.order[:self.batch], self.order[self.batch:]
     return [self.all_rows[i] for i in take]
-
-  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    del state
-    return self._batch(self.next_rows())
 
   def get_state(self) -> dict[str, Any]:
     return dict(self._state(), order=list(self.order))
@@ -318,16 +317,6 @@ class InductionRows(_Seeded):
                                     drills.segment_range(self.seq_len), self.first_id)
     return [(r.tolist(), [1.0] * self.seq_len) for r in toks]
 
-  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    del state
-    return self._batch(self.next_rows())
-
-  def get_state(self) -> dict[str, Any]:
-    return self._state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._set(state)
-
   def describe(self) -> str:
     return f"induction drill: rows of {self.seq_len} ids"
 
@@ -343,16 +332,6 @@ class FlagRows(_Seeded):
   def next_rows(self) -> list[Row]:
     toks, weight = drills.flag_rows(self.rng, self.batch, self.seq_len, self.vocab)
     return [(t.tolist(), w.tolist()) for t, w in zip(toks, weight)]
-
-  def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    del state
-    return self._batch(self.next_rows())
-
-  def get_state(self) -> dict[str, Any]:
-    return self._state()
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._set(state)
 
   def describe(self) -> str:
     return f"flag drill: rows of {self.seq_len} ids"
