@@ -20,6 +20,7 @@ from lwm_jax.envs import base
 from lwm_jax.envs import verify
 from lwm_jax.rl import agent_envs
 from lwm_jax.rl.agent_episodes import REWARDS, AgentConfig, AgentEpisodeSource
+from lwm_jax.rl.stage import engine_options
 
 ARMS = ("real", "sim")
 
@@ -48,11 +49,7 @@ def agent_config(c: ml_collections.ConfigDict) -> AgentConfig:
         gamma=float(a.get("gamma", 0.9))).validate()
   except ValueError as e:
     raise ValueError(f"config.{e}") from None
-  if t.batch_size != ac.minibatch_size:
-    raise ValueError(f"config.train.batch_size: {t.batch_size}, but the episodes give "
-                     f"agent.tasks_per_batch x rl.group_size / rl.updates_per_batch = "
-                     f"{ac.tasks_per_batch} x {ac.group_size} / {ac.updates_per_batch} = "
-                     f"{ac.minibatch_size} rows per update")
+  ac.check_run(t.batch_size)
   return ac
 
 
@@ -77,11 +74,6 @@ def world_model_envs(c: ml_collections.ConfigDict, engine: dict[str, Any]):
                           max_new_tokens=int(a.wm_max_new_tokens))
   return agent_envs.LocalEnvs(agent_envs.simulated_env_factory(wm, a.domain, int(a.max_turns),
                                                                params))
-
-
-def engine_options(c: ml_collections.ConfigDict) -> dict[str, Any]:
-  e = c.rl.engine.to_dict() if "engine" in c.rl else {}
-  return {k: v for k, v in e.items() if v}
 
 
 def agent_source(c: ml_collections.ConfigDict) -> AgentEpisodeSource:

@@ -77,12 +77,8 @@ def rollout_config(c: ml_collections.ConfigDict, process_count: int | None = Non
       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       seed=c.seed, shuffle=True, filter_zero_variance=r.filter_zero_variance,
       updates_per_batch=r.updates_per_batch).validate()
-  want = rc.minibatch_size * (process_count or 1)
-  if process_count is not None and t.batch_size != want:
-    raise ValueError(f"config.train.batch_size: {t.batch_size}, but the rollouts give "
-                     f"rl.prompts_per_batch x rl.group_size / rl.updates_per_batch x processes = "
-                     f"{r.prompts_per_batch} x {r.group_size} / {r.updates_per_batch} x "
-                     f"{process_count} = {want} rows per update")
+  if process_count is not None:
+    rc.check_run(t.batch_size, processes=process_count)
   return rc
 
 
