@@ -15,12 +15,11 @@ from typing import Any
 
 import ml_collections
 
-from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.envs import base
 from lwm_jax.envs import verify
 from lwm_jax.rl import agent_envs
 from lwm_jax.rl.agent_episodes import REWARDS, AgentConfig, AgentEpisodeSource
-from lwm_jax.rl.stage import engine_options
+from lwm_jax.rl.stage import engine_options, policy_tokenizer
 
 ARMS = ("real", "sim")
 
@@ -78,10 +77,7 @@ def world_model_envs(c: ml_collections.ConfigDict, engine: dict[str, Any]):
 
 def agent_source(c: ml_collections.ConfigDict) -> AgentEpisodeSource:
   """The agent-rl stage's batch source for config `c` (see the module docstring)."""
-  if not c.data.tokenizer or not os.path.exists(c.data.tokenizer):
-    raise ValueError(f"config.data.tokenizer: '{c.data.tokenizer}' does not exist (the agent's "
-                     "prompts are rendered with the policy's tokenizer)")
-  tok = tok_lib.load_tokenizer(c.data.tokenizer)
+  tok = policy_tokenizer(c, "the agent's prompts are rendered with the policy's tokenizer")
   ac = agent_config(c)
   a = c.agent
   engine = engine_options(c)
