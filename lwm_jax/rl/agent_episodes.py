@@ -26,8 +26,14 @@ context with zero weight), `old_logprobs` the sampling log-probs on those tokens
 sequence ratio is then the geometric mean over all the agent's tokens of the episode. With
 `credit="turn"` the advantages are per token instead ([B, seq_len]): each turn's reply carries
 its own discounted return, normalised over the group's turns (`turn_advantages`), trained with
-a per-token loss (gspo_token or grpo). A rollout batch is handed out in `updates_per_batch`
-slices (4 by default, as in world-model RL), one optimizer update each.
+a per-token loss (gspo_token or grpo).
+
+The source itself only plays and scores: `AgentEpisodeSource` hands the shared
+`lwm_jax.rl.worker.RolloutWorker` its episode player, its reward (`EpisodeReward`, the verdict
+under the same reward protocol as world-model RL) and its row layout; the worker syncs the
+live parameters into the sampler, computes the group credit, adds the KL reference when asked,
+and hands a rollout batch out in `updates_per_batch` slices (4 by default, as in world-model
+RL), one optimizer update each.
 """
 from __future__ import annotations
 

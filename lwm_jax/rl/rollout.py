@@ -130,8 +130,8 @@ class RolloutSource:
     engine_kw.setdefault("max_batch", max(1, cfg.batch_size))
     engine_kw.setdefault("min_batch_bucket", cfg.batch_size)
     self.worker = RolloutWorker(tokenizer, cfg, model=model, mesh=mesh, kl=kl,
-                                name="RolloutSource", **engine_kw)
-    self.worker.process_index, self.worker.process_count = process_index, process_count
+                                name="RolloutSource", process_index=process_index,
+                                process_count=process_count, **engine_kw)
     self.order = PromptOrder(len(pool), cfg.seed, cfg.shuffle, process_index, process_count)
     self.scorer = TurnReward(reward)
     self.last: dict[str, Any] = {}

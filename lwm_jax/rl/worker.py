@@ -197,18 +197,18 @@ class RolloutWorker:
 
   `model` (optional) builds the sampler at once; without it the first `sync(state)` after
   `bind(run)` builds it on the train state's parameters. `kl` adds `ref_logprobs` to every
-  batch. `one_process` refuses a multi-process run (sources whose environments are local).
+  batch, under the policy the first rollout sampled from. `one_process` refuses a multi-process run (sources whose environments are local).
   Engine options (`chunk_steps`, `max_batch`, bucket sizes, ...) pass through `engine_kw`."""
 
   def __init__(self, tokenizer: Any, cfg: GroupConfig, *, model: Any = None, mesh: Any = None,
                kl: bool = False, one_process: bool = False, name: str = "RolloutSource",
-               **engine_kw: Any):
+               process_index: int = 0, process_count: int = 1, **engine_kw: Any):
     self.cfg = cfg.validate()
     self.tok, self.kl, self.one_process, self.name = tokenizer, kl, one_process, name
     self.mesh, self.engine_kw = mesh, engine_kw
     self.sampler: Any = None
     self.graphdef = None
-    self.process_index, self.process_count = 0, 1
+    self.process_index, self.process_count = process_index, process_count
     self.calls = 0
     self.pending: list[dict[str, np.ndarray]] = []
     self.metrics: dict[str, float] = {}
@@ -257,8 +257,6 @@ class RolloutWorker:
     the parameters last handed in), building it on the first call. Returns the parameters as
     the sampler sees them (None when none were given)."""
     params = self._local(getattr(state, "params", state))
-    if self.kl and self._ref_params is None and params is not None:
-      self._ref_params = jax.tree.map(jnp.copy, params)  # the policy at the start of RL
     if self.sampler is None:
       if params is None or self.graphdef is None:
         raise RuntimeError(f"{self.name}: give a model, or bind(run) and pass the train state "
@@ -291,6 +289,8 @@ class RolloutWorker:
     a row whose `train_rows` entry is False (invalid reward, skipped group, or a flat group
     under `filter_zero_variance`) must get an empty response mask."""
     self.sync(state)
+    if self.kl and self._ref_params is None:  # the policy of the first rollout, kept aside
+      self._ref_params = jax.tree.map(jnp.copy, self.sampler.engine.state)
     c = self.cfg
     t0 = time.perf_counter()
     samples = generate(self.sampler, self.calls)
