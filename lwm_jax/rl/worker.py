@@ -197,8 +197,9 @@ class RolloutWorker:
 
   `model` (optional) builds the sampler at once; without it the first `sync(state)` after
   `bind(run)` builds it on the train state's parameters. `kl` adds `ref_logprobs` to every
-  batch, under the policy the first rollout sampled from. `one_process` refuses a multi-process run (sources whose environments are local).
-  Engine options (`chunk_steps`, `max_batch`, bucket sizes, ...) pass through `engine_kw`."""
+  batch, under the policy the first rollout sampled from. `one_process` refuses a multi-process
+  run (for sources whose environments are local). Engine options (`chunk_steps`, `max_batch`,
+  bucket sizes, ...) pass through `engine_kw`."""
 
   def __init__(self, tokenizer: Any, cfg: GroupConfig, *, model: Any = None, mesh: Any = None,
                kl: bool = False, one_process: bool = False, name: str = "RolloutSource",
@@ -252,10 +253,9 @@ class RolloutWorker:
     self.sampler.engine.state = params
     self.sampler.engine.decode_state = params
 
-  def sync(self, state: Any) -> Any:
+  def sync(self, state: Any) -> None:
     """Points the sampler at the policy `state` (a TrainState or a parameter state; None keeps
-    the parameters last handed in), building it on the first call. Returns the parameters as
-    the sampler sees them (None when none were given)."""
+    the parameters last handed in), building it on the first call."""
     params = self._local(getattr(state, "params", state))
     if self.sampler is None:
       if params is None or self.graphdef is None:
@@ -264,7 +264,6 @@ class RolloutWorker:
       self._build(nnx.merge(self.graphdef, params))
     elif params is not None:
       self.set_params(params)
-    return params
 
   def _local(self, params: Any) -> Any:
     """`params` as the engine takes them: in place, or a local copy when processes share the
