@@ -97,7 +97,7 @@ def test_the_mix_is_invalid_when_a_weighted_part_is():
 
 
 def test_group_advantages_use_valid_replies_only():
-  from lwm_jax.rl.rollout import group_advantages_valid
+  from lwm_jax.rl.worker import group_advantages_valid
   nan = float("nan")
   r = np.array([nan, 5.0, 25.0, 15.0,      # group 0: three valid
                 20.0, nan, nan, nan,       # group 1: one valid -> skipped

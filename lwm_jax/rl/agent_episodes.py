@@ -26,26 +26,30 @@ context with zero weight), `old_logprobs` the sampling log-probs on those tokens
 sequence ratio is then the geometric mean over all the agent's tokens of the episode. With
 `credit="turn"` the advantages are per token instead ([B, seq_len]): each turn's reply carries
 its own discounted return, normalised over the group's turns (`turn_advantages`), trained with
-a per-token loss (gspo_token or grpo). A rollout batch is handed out in `updates_per_batch`
-slices (4 by default, as in world-model RL), one optimizer update each.
+a per-token loss (gspo_token or grpo).
+
+The source itself only plays and scores: `AgentEpisodeSource` hands the shared
+`lwm_jax.rl.worker.RolloutWorker` its episode player, its reward (`EpisodeReward`, the verdict
+under the same reward protocol as world-model RL) and its row layout; the worker syncs the
+live parameters into the sampler, computes the group credit, adds the KL reference when asked,
+and hands a rollout batch out in `updates_per_batch` slices (4 by default, as in world-model
+RL), one optimizer update each.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
 import time
 from typing import Any, Sequence
 
-import jax
 import numpy as np
-from flax import nnx
 
 from lwm_jax.data import agent_targets
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.envs import base
-from lwm_jax.rl.rollout import group_advantages_np
+from lwm_jax.rl.worker import (Credit, GroupConfig, Rewards, RolloutWorker, group_credit,
+                               seed_of)
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import Sampler
 
@@ -55,49 +59,35 @@ END_REASONS = ("finish", "turn_limit", "context", "no_room")
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(GroupConfig):
+  """`tasks_per_batch` task seeds per rollout, `group_size` episodes each (the shared fields:
+  `lwm_jax.rl.worker.GroupConfig`; `max_new_tokens` is per action, `seq_len` holds a whole
+  episode)."""
+  group_size: int = 4
+  max_new_tokens: int = 64
+  filter_zero_variance: bool = True
+  updates_per_batch: int = 4
   domain: str = "search"
   tasks: Sequence[int] = ()      # the training task seeds, taken in a seeded order
   tasks_per_batch: int = 2
-  group_size: int = 4
-  seq_len: int = 2048            # batch width: a whole episode must fit
   max_turns: int = 8
-  max_new_tokens: int = 64       # per action
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
   reward: str = "credit"
-  filter_zero_variance: bool = True
-  adv_eps: float = 1e-6
-  updates_per_batch: int = 4
   credit: str = "episode"        # episode | turn (see turn_advantages)
   gamma: float = 0.9             # the per-turn credit's discount
 
-  def validate(self) -> "AgentConfig":
-    def need(cond: bool, field: str, why: str):
-      if not cond:
-        raise ValueError(f"agent.{field}: {why}")
+  SECTION = "agent"
+  GROUPS = "tasks_per_batch"
+
+  @property
+  def groups_per_batch(self) -> int:
+    return self.tasks_per_batch
+
+  def _check(self, need) -> None:
     need(len(self.tasks) > 0, "tasks", "no training task seeds")
-    need(self.tasks_per_batch >= 1, "tasks_per_batch", "must be >= 1")
-    need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare a group)")
     need(self.max_turns >= 1, "max_turns", "must be >= 1")
-    need(0 < self.max_new_tokens < self.seq_len, "max_new_tokens", "must be in (0, seq_len)")
     need(self.reward in REWARDS, "reward", f"'{self.reward}' is not one of {REWARDS}")
     need(self.credit in CREDITS, "credit", f"'{self.credit}' is not one of {CREDITS}")
     need(0 < self.gamma <= 1, "gamma", f"{self.gamma} must be in (0, 1]")
-    need(self.updates_per_batch >= 1 and self.batch_size % self.updates_per_batch == 0,
-         "updates_per_batch", f"{self.updates_per_batch} must divide tasks_per_batch x "
-         f"group_size = {self.batch_size}")
-    return self
-
-  @property
-  def batch_size(self) -> int:
-    return self.tasks_per_batch * self.group_size
-
-  @property
-  def minibatch_size(self) -> int:
-    return self.batch_size // self.updates_per_batch
 
 
 @dataclasses.dataclass
@@ -140,11 +130,6 @@ def is_finish(action: str) -> bool:
   return bool(_FINISH.match(action.strip()))
 
 
-def _seed(*parts: Any) -> int:
-  h = hashlib.blake2b("\x1f".join(map(str, parts)).encode("utf-8"), digest_size=8).digest()
-  return int.from_bytes(h, "big") % (2 ** 31)
-
-
 def start_messages(domain: str, info: base.EnvInfo) -> list[dict[str, str]]:
   """The agent's opening chat for a task: system (task, action space) and the initial state."""
   traj = Trajectory(id="episode", domain=domain, task=info.task, action_space=info.action_space,
@@ -174,7 +159,7 @@ def run_episodes(sampler: Sampler, envs: Any, domain: str, seeds: Sequence[int],
       live = [e for e in eps if not e.done]
       if not live:
         break
-      sps = [params.replace(n=1, seed=_seed(rng_key, e.eid, e.seed, turn)) for e in live]
+      sps = [params.replace(n=1, seed=seed_of(rng_key, e.eid, e.seed, turn)) for e in live]
       t1 = time.perf_counter()
       gens = sampler.generate([list(e.ids) for e in live], sps)
       gen_s += time.perf_counter() - t1
@@ -284,6 +269,31 @@ def rewards_of(eps: Sequence[Episode], kind: str) -> np.ndarray:
   return np.array([e.credit if kind == "credit" else float(e.success) for e in eps], np.float64)
 
 
+class EpisodeReward:
+  """The task verifier's verdict as a `GroupReward` of agent RL: each sample is a played
+  episode, its reward the verdict's credit (`kind="credit"`) or 0/1 success. Its metrics: the
+  success rate, turns, agent tokens and how the episodes ended."""
+
+  def __init__(self, kind: str = "credit"):
+    if kind not in REWARDS:
+      raise ValueError(f"agent reward '{kind}' is not one of {REWARDS}")
+    self.kind = kind
+
+  def __call__(self, eps: Sequence[Episode]) -> Rewards:
+    m = {"success": float(np.mean([e.success for e in eps])),
+         "turns": float(np.mean([len(e.turns) for e in eps])),
+         "agent_tokens": float(np.mean([sum(e.agent) for e in eps]))}
+    for r in END_REASONS:
+      m[f"end_{r}"] = float(np.mean([e.end == r for e in eps]))
+    return Rewards(rewards_of(eps, self.kind), [e.reason for e in eps], m)
+
+
+def turn_credit(eps: Sequence[Episode], rewards: np.ndarray, cfg: AgentConfig) -> Credit:
+  """Per-turn credit (`turn_advantages`) as the worker's `credit`: every verdict is valid."""
+  adv, flat = turn_advantages(eps, rewards, cfg.group_size, cfg.seq_len, cfg.gamma, cfg.adv_eps)
+  return Credit(adv, np.ones(len(eps), bool), flat)
+
+
 class TaskOrder:
   """An endless seeded order over the task seeds (a new permutation each epoch); resumable."""
 
@@ -302,65 +312,41 @@ class TaskOrder:
 
 
 class AgentEpisodeSource:
-  """The trainer's batch source for "agent-rl" (`bind`, `next_batch`, `evaluate`, state).
+  """The trainer's batch source for "agent-rl" (`bind`, `next_batch`, `evaluate`, state): task
+  seeds in, groups of played episodes out, scored by the verifier; the rest is its
+  `RolloutWorker` (`self.worker`).
 
   `envs` is where training episodes run (`agent_envs.LocalEnvs` / `ProcessEnvs`, real or
   simulated), `eval_envs` (optional) where the held-out tasks `eval_tasks` are played greedily,
   one episode each, every `train.eval_every` steps (real envs: success is measured there).
+  `kl` adds the reference policy's log-probs to each batch (`ref_logprobs`).
   """
 
   def __init__(self, tokenizer: Any, envs: Any, cfg: AgentConfig, *, model: Any = None,
                eval_envs: Any = None, eval_tasks: Sequence[int] = (), mesh: Any = None,
-               **engine_kw: Any):
-    self.cfg = cfg.validate()
+               kl: bool = False, **engine_kw: Any):
+    cfg = cfg.validate()
     self.tok, self.envs, self.eval_envs, self.eval_tasks = tokenizer, envs, eval_envs, eval_tasks
     engine_kw.setdefault("max_batch", max(1, cfg.batch_size, len(eval_tasks)))
-    self.engine_kw, self.mesh = engine_kw, mesh
-    self.sampler: Sampler | None = None
-    self._graphdef = None
+    self.worker = RolloutWorker(tokenizer, cfg, model=model, mesh=mesh, kl=kl, one_process=True,
+                                name="AgentEpisodeSource", **engine_kw)
     self.order = TaskOrder(cfg.tasks, cfg.seed)
-    self.calls, self.episodes_played = 0, 0
-    self._pending: list[dict[str, np.ndarray]] = []
-    self.metrics: dict[str, float] = {}
+    self.scorer = EpisodeReward(cfg.reward)
+    self.episodes_played = 0
     self.last: list[Episode] = []
     self.last_eval: list[Episode] = []
     self.history: list[dict[str, float]] = []   # per evaluation: episodes so far, success
-    if model is not None:
-      self._build(model)
+    self._times: dict[str, float] = {}
 
-  # ------------------------------------------------------------------------ model and params
-  def _build(self, model: Any) -> None:
-    self.sampler = Sampler(model, self.tok, mesh=self.mesh, decode_layout="model",
-                           **self.engine_kw)
-    self._treedef = jax.tree.structure(self.sampler.engine.state)
+  # the worker's state, read through the source (a test may put a scripted policy in its place)
+  cfg = property(lambda self: self.worker.cfg)
+  calls = property(lambda self: self.worker.calls)
+  metrics = property(lambda self: self.worker.metrics)
+  sampler = property(lambda self: self.worker.sampler,
+                     lambda self, sampler: setattr(self.worker, "sampler", sampler))
 
   def bind(self, run: Any) -> None:
-    c = self.cfg
-    if run.process_count != 1:
-      raise ValueError("agent-rl runs on one process (its envs and engine are local); got "
-                       f"{run.process_count} processes")
-    if run.seq_len != c.seq_len:
-      raise ValueError(f"config.train.seq_len ({run.seq_len}) must equal the episode seq_len "
-                       f"({c.seq_len})")
-    if run.batch_size != c.minibatch_size:
-      raise ValueError(f"config.train.batch_size ({run.batch_size}) must be agent.tasks_per_batch"
-                       f" x rl.group_size / rl.updates_per_batch = {c.tasks_per_batch} x "
-                       f"{c.group_size} / {c.updates_per_batch}")
-    self._graphdef = run.graphdef
-    if self.mesh is None:
-      self.mesh = run.mesh
-
-  def _use(self, state: Any) -> None:
-    params = getattr(state, "params", state)
-    if self.sampler is None:
-      if params is None or self._graphdef is None:
-        raise RuntimeError("AgentEpisodeSource: give a model, or bind(run) and pass the state")
-      self._build(nnx.merge(self._graphdef, params))
-    elif params is not None:
-      if jax.tree.structure(params) != self._treedef:
-        raise ValueError("the parameter tree does not match the agent model's")
-      self.sampler.engine.state = params
-      self.sampler.engine.decode_state = params
+    self.worker.bind(run)
 
   def describe(self) -> str:
     c = self.cfg
@@ -369,54 +355,30 @@ class AgentEpisodeSource:
 
   # ------------------------------------------------------------------------ batches
   def next_batch(self, state: Any = None) -> dict[str, np.ndarray]:
-    if not self._pending:
-      batch = self.rollout(state)
-      k, rows = self.cfg.updates_per_batch, self.cfg.minibatch_size
-      self._pending = [{n: v[j * rows:(j + 1) * rows] for n, v in batch.items()}
-                       for j in range(k)]
-    return self._pending.pop(0)
+    return self.worker.next_batch(lambda: self.rollout(state))
 
   def sampling_params(self, greedy: bool = False) -> SamplingParams:
-    c = self.cfg
-    if greedy:
-      return SamplingParams(temperature=0.0, max_new_tokens=c.max_new_tokens)
-    return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                          max_new_tokens=c.max_new_tokens)
+    return self.cfg.sampling_params(greedy)
 
   def rollout(self, state: Any = None) -> dict[str, np.ndarray]:
     """One batch of `tasks_per_batch x group_size` episodes (see the module docstring)."""
-    self._use(state)
     c = self.cfg
-    tasks = self.order.take(c.tasks_per_batch)
-    seeds = [s for s in tasks for _ in range(c.group_size)]
-    eps, times = run_episodes(self.sampler, self.envs, c.domain, seeds, c, self.sampling_params(),
-                              first_eid=self.calls * c.batch_size,
-                              rng_key=(c.seed, "train", self.calls))
-    rewards = rewards_of(eps, c.reward)
-    if c.credit == "turn":
-      adv, flat = turn_advantages(eps, rewards, c.group_size, c.seq_len, c.gamma, c.adv_eps)
-    else:
-      adv = group_advantages_np(rewards, c.group_size, c.adv_eps)
-      flat = np.ptp(rewards.reshape(-1, c.group_size), axis=1) == 0
-    keep = [not (c.filter_zero_variance and flat[i // c.group_size]) for i in range(len(eps))]
-    batch = episode_rows(eps, adv, c.seq_len, self.tok.pad_id, keep)
-    self.calls += 1
+    batch, eps, _ = self.worker.rollout(
+        state, self._play, self.scorer,
+        lambda eps, adv, rows: episode_rows(eps, adv, c.seq_len, self.tok.pad_id, rows),
+        turn_credit if c.credit == "turn" else group_credit)
     self.episodes_played += len(eps)
-    self.last = eps
-    self.metrics = dict(times, **self._summary(eps, rewards),
-                        zero_variance_groups=float(flat.sum()),
-                        episodes=float(self.episodes_played))
+    self.last = list(eps)
+    self.metrics.update(self._times, episodes=float(self.episodes_played))
     return batch
 
-  @staticmethod
-  def _summary(eps: Sequence[Episode], rewards: np.ndarray) -> dict[str, float]:
-    m = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-         "success": float(np.mean([e.success for e in eps])),
-         "turns": float(np.mean([len(e.turns) for e in eps])),
-         "agent_tokens": float(np.mean([sum(e.agent) for e in eps]))}
-    for r in END_REASONS:
-      m[f"end_{r}"] = float(np.mean([e.end == r for e in eps]))
-    return m
+  def _play(self, sampler: Any, call: int) -> list[Episode]:
+    """The next tasks of the order, `group_size` episodes each, played against `envs`."""
+    c = self.cfg
+    seeds = [s for s in self.order.take(c.tasks_per_batch) for _ in range(c.group_size)]
+    eps, self._times = run_episodes(sampler, self.envs, c.domain, seeds, c, c.sampling_params(),
+                                    first_eid=call * c.batch_size, rng_key=(c.seed, "train", call))
+    return eps
 
   # ------------------------------------------------------------------------ evaluation
   def evaluate(self, state: Any = None) -> dict[str, float]:
@@ -424,7 +386,7 @@ class AgentEpisodeSource:
     {} without held-out tasks."""
     if not self.eval_tasks or self.eval_envs is None:
       return {}
-    self._use(state)
+    self.worker.sync(state)
     m = evaluate_policy(self.sampler, self.eval_envs, self.cfg, self.eval_tasks)
     self.last_eval = m.pop("_episodes")
     m["episodes_trained"] = float(self.episodes_played)
@@ -433,27 +395,21 @@ class AgentEpisodeSource:
 
   # ------------------------------------------------------------------------ resume
   def get_state(self) -> dict[str, Any]:
-    from lwm_jax.rl.rollout import _pack  # pylint: disable=import-outside-toplevel
-    return {"epoch": self.order.epoch, "pos": self.order.pos, "calls": self.calls,
-            "episodes": self.episodes_played, "seed": self.cfg.seed,
-            "pending": [_pack(b) for b in self._pending]}
+    return dict(self.worker.get_state(), epoch=self.order.epoch, pos=self.order.pos,
+                episodes=self.episodes_played)
 
   def set_state(self, state: dict[str, Any]) -> None:
-    from lwm_jax.rl.rollout import _unpack  # pylint: disable=import-outside-toplevel
-    if int(state.get("seed", self.cfg.seed)) != self.cfg.seed:
-      raise ValueError(f"agent episode state was saved with seed {state['seed']}, this run has "
-                       f"{self.cfg.seed}")
+    self.worker.set_state(state, "agent episode")
     self.order.epoch, self.order.pos = int(state["epoch"]), int(state["pos"])
-    self.calls, self.episodes_played = int(state["calls"]), int(state.get("episodes", 0))
-    self._pending = [_unpack(b) for b in state.get("pending", [])]
+    self.episodes_played = int(state.get("episodes", 0))
 
 
 def evaluate_policy(sampler: Sampler, envs: Any, cfg: AgentConfig, seeds: Sequence[int]
                     ) -> dict[str, Any]:
   """One greedy episode per held-out task seed: success rate with its 95% Wilson interval over
   the tasks, mean credit, turns; the episodes under '_episodes'."""
-  params = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
-  eps, times = run_episodes(sampler, envs, cfg.domain, list(seeds), cfg, params,
+  eps, times = run_episodes(sampler, envs, cfg.domain, list(seeds), cfg,
+                            cfg.sampling_params(greedy=True),
                             first_eid=10 ** 9, rng_key="eval")
   k, n = sum(e.success for e in eps), len(eps)
   lo, hi = wilson(k, n)

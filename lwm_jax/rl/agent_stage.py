@@ -15,11 +15,11 @@ from typing import Any
 
 import ml_collections
 
-from lwm_jax.data import tokenizer as tok_lib
 from lwm_jax.envs import base
 from lwm_jax.envs import verify
 from lwm_jax.rl import agent_envs
 from lwm_jax.rl.agent_episodes import REWARDS, AgentConfig, AgentEpisodeSource
+from lwm_jax.rl.stage import engine_options, policy_tokenizer
 
 ARMS = ("real", "sim")
 
@@ -48,11 +48,7 @@ def agent_config(c: ml_collections.ConfigDict) -> AgentConfig:
         gamma=float(a.get("gamma", 0.9))).validate()
   except ValueError as e:
     raise ValueError(f"config.{e}") from None
-  if t.batch_size != ac.minibatch_size:
-    raise ValueError(f"config.train.batch_size: {t.batch_size}, but the episodes give "
-                     f"agent.tasks_per_batch x rl.group_size / rl.updates_per_batch = "
-                     f"{ac.tasks_per_batch} x {ac.group_size} / {ac.updates_per_batch} = "
-                     f"{ac.minibatch_size} rows per update")
+  ac.check_run(t.batch_size)
   return ac
 
 
@@ -79,17 +75,9 @@ def world_model_envs(c: ml_collections.ConfigDict, engine: dict[str, Any]):
                                                                params))
 
 
-def engine_options(c: ml_collections.ConfigDict) -> dict[str, Any]:
-  e = c.rl.engine.to_dict() if "engine" in c.rl else {}
-  return {k: v for k, v in e.items() if v}
-
-
 def agent_source(c: ml_collections.ConfigDict) -> AgentEpisodeSource:
   """The agent-rl stage's batch source for config `c` (see the module docstring)."""
-  if not c.data.tokenizer or not os.path.exists(c.data.tokenizer):
-    raise ValueError(f"config.data.tokenizer: '{c.data.tokenizer}' does not exist (the agent's "
-                     "prompts are rendered with the policy's tokenizer)")
-  tok = tok_lib.load_tokenizer(c.data.tokenizer)
+  tok = policy_tokenizer(c, "the agent's prompts are rendered with the policy's tokenizer")
   ac = agent_config(c)
   a = c.agent
   engine = engine_options(c)

@@ -77,12 +77,8 @@ def rollout_config(c: ml_collections.ConfigDict, process_count: int | None = Non
       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       seed=c.seed, shuffle=True, filter_zero_variance=r.filter_zero_variance,
       updates_per_batch=r.updates_per_batch).validate()
-  want = rc.minibatch_size * (process_count or 1)
-  if process_count is not None and t.batch_size != want:
-    raise ValueError(f"config.train.batch_size: {t.batch_size}, but the rollouts give "
-                     f"rl.prompts_per_batch x rl.group_size / rl.updates_per_batch x processes = "
-                     f"{r.prompts_per_batch} x {r.group_size} / {r.updates_per_batch} x "
-                     f"{process_count} = {want} rows per update")
+  if process_count is not None:
+    rc.check_run(t.batch_size, processes=process_count)
   return rc
 
 
@@ -124,6 +120,13 @@ def judge_backend(c: ml_collections.ConfigDict):
                    "'rule' / 'reference' for a run without a judge")
 
 
+def policy_tokenizer(c: ml_collections.ConfigDict, why: str) -> Any:
+  """The policy's tokenizer, `config.data.tokenizer`; `why` says in the error what needs it."""
+  if not c.data.tokenizer or not os.path.exists(c.data.tokenizer):
+    raise ValueError(f"config.data.tokenizer: '{c.data.tokenizer}' does not exist ({why})")
+  return tok_lib.load_tokenizer(c.data.tokenizer)
+
+
 def engine_options(c: ml_collections.ConfigDict) -> dict[str, Any]:
   e = c.rl.engine.to_dict() if "engine" in c.rl else {}
   return {k: v for k, v in e.items() if v}
@@ -132,10 +135,7 @@ def engine_options(c: ml_collections.ConfigDict) -> dict[str, Any]:
 def rollout_source(c: ml_collections.ConfigDict) -> RolloutSource:
   """The RL stage's batch source for config `c` (see the module docstring). The process layout
   comes from the trainer (`bind`), which also checks the batch shape against it."""
-  if not c.data.tokenizer or not os.path.exists(c.data.tokenizer):
-    raise ValueError(f"config.data.tokenizer: '{c.data.tokenizer}' does not exist (the RL stage "
-                     "renders its prompts with the policy's tokenizer)")
-  tok = tok_lib.load_tokenizer(c.data.tokenizer)
+  tok = policy_tokenizer(c, "the RL stage renders its prompts with the policy's tokenizer")
   rc = rollout_config(c)
   trajs = read_trajectories(c.data.pipeline.jsonl, "data.pipeline.jsonl")
   share = pool_lib.split_pools(trajs, parse_fractions(c.rl.pool_fractions), c.rl.pool_seed)["rl"]
