@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the trainer's and the sampler's steps for a TPU topology, on any host.
 
 `compile_stage(config, stage, topology)` builds the very jitted function the trainer (or the
-sampler) runs for `stage` (the same `trainer.STEPS[...]` / `steps.compile_*` / `engine._prefill` /
+sampler) runs for `stage` (the same `trainer.step_kind(...)` / `steps.compile_*` / `engine._prefill` /
 `engine._decode` code, not a copy) from abstract shapes that carry their shardings, compiles it
 for the devices of a topology description (`jax.experimental.topologies`, which needs libtpu:
 `pip install "jax[tpu]==<jax version>"`, see `libtpu_problem`), and returns a report:
@@ -364,7 +364,7 @@ def build_lowered(c, stage: str, devices: list, platform_name: str = "tpu"):
     if stage in ("cpt", "sft", "gspo", "agent-rl", "logprobs"):
       kind_name = {"cpt": "cpt", "sft": "sft", "gspo": "rl", "agent-rl": "agent-rl",
                    "logprobs": "rl"}[stage]
-      kind = trainer.STEPS[kind_name]
+      kind = trainer.step_kind(kind_name)
       shapes = kind.shapes(t.batch_size, t.seq_len)
       if stage == "logprobs":
         shapes = {k: shapes[k] for k in ("tokens", "positions", "segment_ids")}

@@ -79,8 +79,9 @@ def test_agent_bc_trains_through_the_trainer(sp, tmp_path):
 
 
 def test_stages_and_agent_rl_config_checks(sp):
-  assert {"agent-bc", "agent-rl"} <= set(run_config.STAGES)
-  assert trainer.STEPS["agent-bc"] is trainer.XENT
+  from lwm_jax import stages
+  assert {"agent-bc", "agent-rl"} <= set(stages.stage_names())
+  assert trainer.step_kind("agent-bc") is trainer.XENT
   c = agent_rl.get_config("tiny")
   c.data.tokenizer = sp
   c.model.vocab_size = 768

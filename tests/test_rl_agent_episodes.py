@@ -152,7 +152,7 @@ def test_batch_weights_only_on_agent_tokens(tok, policy_batch):
 
 
 def test_agent_gspo_step_equals_the_sequence_formula(policy_batch):
-  assert trainer.STEPS["agent-rl"] is trainer.POLICY  # the stage trains with this step
+  assert trainer.step_kind("agent-rl") is trainer.POLICY  # the stage trains with this step
   graphdef, params, batch, _, _ = policy_batch
   b = dict(batch)
   rng = np.random.default_rng(0)

@@ -14,10 +14,9 @@ from typing import Any
 import ml_collections
 
 from lwm_jax import sharding as shd
+from lwm_jax import stages as stages_lib
 from lwm_jax.model.config import ModelConfig
 
-STAGES = ("cpt", "sft", "rl", "agent-bc", "agent-rl")
-POLICY_STAGES = ("rl", "agent-rl")  # sampled batches, the GSPO step
 THINKING_TARGETS = ("empty", "recorded", "instruction")
 DATA_SOURCES = ("synthetic", "pipeline", "rollouts", "drills")
 
@@ -27,7 +26,10 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
   def need(cond: bool, field: str, why: str):
     if not cond:
       raise ValueError(f"config.{field}: {why}")
-  need(c.stage in STAGES, "stage", f"'{c.stage}' is not one of {STAGES}")
+  try:
+    stage = stages_lib.get_stage(c.stage)
+  except ValueError as e:
+    raise ValueError(f"config.stage: {e}") from None
   try:
     model = ModelConfig.from_dict(c.model.to_dict()).validate()
   except (TypeError, ValueError) as e:
@@ -54,17 +56,18 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
          f"{c.mesh.expert} does not divide model.num_experts={model.num_experts}")
   need(c.data.source in DATA_SOURCES, "data.source",
        f"'{c.data.source}' is not one of {', '.join(DATA_SOURCES)}")
-  if c.stage in POLICY_STAGES:
+  if stage.policy:
     need(c.data.source not in ("pipeline", "drills"), "data.source",
          f"the {c.stage} stage samples its batches: 'rollouts' (from the policy, on the RL "
          "pool of data.pipeline.jsonl, or agent episodes) or 'synthetic' (a toy task)")
   else:
-    need(c.data.source != "rollouts", "data.source", f"'rollouts' is for the rl stage, not {c.stage}")
+    need(c.data.source != "rollouts", "data.source",
+         f"'rollouts' is for a stage that trains a policy on its samples, not {c.stage}")
   if c.data.source in ("pipeline", "rollouts"):
     need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the pipeline")
     need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
     # agent-rl plays episodes in environments: its tasks are seeds, not trajectories
-    need(c.stage == "agent-rl" or bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir),
+    need(not stage.needs_trajectories or bool(c.data.pipeline.jsonl or c.data.pipeline.tfds_dir),
          "data.pipeline.jsonl", "set data.pipeline.jsonl or data.pipeline.tfds_dir")
   if c.data.source == "drills":
     need("drills" in c.data, "data.drills", "the drill's section is missing "
@@ -72,13 +75,14 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
     if c.data.drills.get("kind") not in ("induction", "flag"):  # random ids need no tokenizer
       need(bool(c.data.tokenizer), "data.tokenizer", "a tokenizer path is required for the drills")
       need(os.path.exists(c.data.tokenizer), "data.tokenizer", f"{c.data.tokenizer} does not exist")
-  if c.stage == "agent-rl":
-    need(c.rl.kl_coef == 0, "rl.kl_coef", "agent-rl has no reference policy term (set 0)")
+  if stage.policy and not stage.kl_reference:
+    need(c.rl.kl_coef == 0, "rl.kl_coef", f"{c.stage} has no reference policy term (set 0)")
+  if stage.policy:
     if "agent" in c and c.agent.get("credit", "episode") == "turn":
       need(c.rl.algo in ("gspo_token", "grpo"), "rl.algo",
            f"agent.credit='turn' gives each turn its own advantage, which needs a per-token "
            f"loss: gspo_token or grpo, not '{c.rl.algo}'")
-  if c.stage in POLICY_STAGES:
+  if stage.policy:
     need(c.rl.algo in ("gspo", "gspo_token", "grpo"), "rl.algo",
          f"'{c.rl.algo}' is not gspo, gspo_token or grpo")
     need(c.rl.eps_low == -1 or 0 < c.rl.eps_low < 1, "rl.eps_low",

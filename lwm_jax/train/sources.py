@@ -28,6 +28,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from lwm_jax.model.config import ModelConfig
+from lwm_jax.stages import get_stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +151,13 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
     raise ValueError(f"config.train.batch_size: {t.batch_size} is not divisible by "
                      f"{process_count} processes")
   dcfg = data_config(c, process_count)
-  # agent-bc: the agent's view of the trajectories, loss on its actions only
-  make = _agent_iterator if stage == "agent-bc" else pipeline.make_train_iterator
-  it = make(dcfg, tok, stage, process_index, process_count)
+  rows = get_stage(stage).rows  # the pipeline's rows for the stage (lwm_jax/stages.py)
+  if not rows:
+    raise ValueError(f"config.data.source: stage {stage!r} makes no pipeline rows; its batches "
+                     "come from its own source")
+  # agent rows: the agent's view of the trajectories, loss on its actions only
+  make = _agent_iterator if rows == "agent" else pipeline.make_train_iterator
+  it = make(dcfg, tok, rows, process_index, process_count)
   evals = None
   if c.data.eval_jsonl:
     ecfg = ml_collections.ConfigDict(dcfg.to_dict())
@@ -160,7 +165,7 @@ def pipeline_source(c: ml_collections.ConfigDict, model_cfg: ModelConfig, stage:
     if "drill_share" in ecfg:
       ecfg.drill_share = 0.0  # the copy drill's random ids are not held-out data: not in the loss
     def evals():
-      return make(ecfg, tok, stage, process_index, process_count)
+      return make(ecfg, tok, rows, process_index, process_count)
   return (IteratorSource(it, data_description(c.data)), evals,
           os.path.abspath(c.data.tokenizer))
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from lwm_jax.stages import get_stage
 from lwm_jax.train import losses
 from lwm_jax.train import sources as sources_lib
 
@@ -148,7 +149,7 @@ def sources_from_config(c: ml_collections.ConfigDict, vocab: int, process_index:
   """(train source, eval-batch factory or None, tokenizer path "") for `data.source="synthetic"`:
   toy rollouts for the rl stage, counting sequences otherwise."""
   t = c.train
-  if c.stage == "rl":
+  if get_stage(c.stage).policy:
     return SyntheticRollouts(c.rl.group_size, c.rl.response_len, c.seed), None, ""
   it = SyntheticIterator(t.batch_size, t.seq_len, vocab, c.seed, process_index, process_count)
   def evals():

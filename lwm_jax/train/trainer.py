@@ -5,7 +5,8 @@ from a Hugging Face checkpoint, or resumed from the latest Orbax checkpoint toge
 source's state) -> the stage's compiled step -> loop: next batch, step, metrics, validation,
 checkpoint -> final save, loss plot, optional HF export. Returns a summary dict.
 
-Stages differ only in their step (`STEPS`) and their batch source (lwm_jax/train/sources.py):
+Stages differ only in their step (`STEP_KINDS`, chosen by the stage's record in
+lwm_jax/stages.py) and their batch source (lwm_jax/train/sources.py):
 the Grain pipeline or a drill mixture for CPT/SFT, rollouts for RL (toy ones in lwm_jax/train/synthetic.py).
 """
 from __future__ import annotations
@@ -33,8 +34,9 @@ from lwm_jax.train import sources as sources_lib
 from lwm_jax.train import state as state_lib
 from lwm_jax.train import steps as steps_lib
 from lwm_jax.train import synthetic
-from lwm_jax.train.run_config import (POLICY_STAGES, STAGES, check_workdir,  # noqa: F401
-                                      save_run_config, sharding_rules, validate_config)
+from lwm_jax.stages import get_stage
+from lwm_jax.train.run_config import (check_workdir, save_run_config, sharding_rules,  # noqa: F401
+                                      validate_config)
 
 
 class TrainingDiverged(RuntimeError):
@@ -65,7 +67,12 @@ class StepKind:
 XENT = StepKind(steps_lib.compile_xent_step, steps_lib.XENT_KEYS, (), "loss_weight", True)
 POLICY = StepKind(steps_lib.compile_gspo_step, steps_lib.RL_KEYS, ("advantages",),
                   "response_tokens", False, empty_ok=True)
-STEPS = {"cpt": XENT, "sft": XENT, "rl": POLICY, "agent-bc": XENT, "agent-rl": POLICY}
+STEP_KINDS = {"xent": XENT, "policy": POLICY}  # a stage's `step` (lwm_jax/stages.py) -> its kind
+
+
+def step_kind(stage: str) -> StepKind:
+  """The step a stage trains with (its registered record's `step`)."""
+  return STEP_KINDS[get_stage(stage).step]
 
 
 # ----------------------------------------------------------------------- the loop
@@ -104,8 +111,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
     _drop_replayed_rows(workdir, start)
   _log_stage(c)
 
-  kind = STEPS[c.stage]
-  if c.stage == "rl" and c.rl.kl_coef > 0:
+  stage = get_stage(c.stage)
+  kind = STEP_KINDS[stage.step]
+  if stage.kl_reference and c.rl.kl_coef > 0:
     kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
   if token_advantages(c):  # agent RL with per-turn credit: advantages per token, [B, S]
     kind = dataclasses.replace(kind, per_row=())
@@ -183,7 +191,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
     ckpt.close()
   if primary:
     summary["loss_png"] = metrics_lib.plot_losses(workdir)
-    if c.stage in ("rl", "agent-rl"):
+    if stage.policy:
       summary["reward_png"] = metrics_lib.plot_rewards(workdir)
   if c.export_hf:
     summary["export_hf"] = _export_hf(c, graphdef, state, workdir, tok_path)
@@ -287,7 +295,7 @@ def _drop_replayed_rows(workdir: str, start: int) -> None:
 
 
 def _log_stage(c: ml_collections.ConfigDict) -> None:
-  if c.stage == "sft" and c.data.source == "pipeline" and c.data.pipeline.thinking:
+  if get_stage(c.stage).thinking and c.data.source == "pipeline" and c.data.pipeline.thinking:
     if c.data.thinking_target == "empty":
       logging.warning("SFT in thinking mode: every target's <think></think> block is EMPTY "
                       "(data.thinking_target='empty'); the model learns to answer without "
@@ -305,13 +313,14 @@ def _log_stage(c: ml_collections.ConfigDict) -> None:
 def token_advantages(c) -> bool:
   """Whether the run's batches carry advantages per token ([B, S]) rather than per row: agent RL
   with `agent.credit="turn"` (lwm_jax/rl/agent_episodes.py)."""
-  return c.stage == "agent-rl" and "agent" in c and c.agent.get("credit", "episode") == "turn"
+  return (get_stage(c.stage).policy and "agent" in c
+          and c.agent.get("credit", "episode") == "turn")
 
 
 def _step_config(c, model_cfg) -> steps_lib.StepConfig:
   t = c.train
   eps_low, eps_high = c.rl.eps_low, c.rl.eps_high
-  if c.stage in POLICY_STAGES:
+  if get_stage(c.stage).policy:
     eps_low, eps_high = losses_lib.clip_band(c.rl.algo, c.rl.eps_low, c.rl.eps_high)
     own = losses_lib.CLIP_BANDS[c.rl.algo]
     logging.warning("policy loss %s: clip band [1 - %g, 1 + %g] (%s)", c.rl.algo, eps_low,
