@@ -213,7 +213,13 @@ def test_an_env_without_real_state_is_refused(envs):
 
 
 def test_task_worlds_differ_between_splits_and_from_corpus_seeds():
-  from lwm_jax.envs import android, desktop, mcp_env, search, swe, terminal, web
+  from lwm_jax.envs.android import env as android
+  from lwm_jax.envs.desktop import env as desktop
+  from lwm_jax.envs.mcp import env as mcp_env
+  from lwm_jax.envs.search import env as search
+  from lwm_jax.envs.swe import env as swe
+  from lwm_jax.envs.terminal import env as terminal
+  from lwm_jax.envs.web import env as web
   gens = {"terminal": terminal.generate_world, "swe": lambda s: swe.generate_world(s).to_json(),
           "search": search.generate_world, "web": web.generate_world, "android": android.generate_world,
           "os": desktop.generate_world, "mcp": mcp_env.generate_world}

@@ -57,8 +57,9 @@ import json
 import os
 import re
 import sqlite3
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
+from lwm_jax import domains
 from lwm_jax.envs import base, confined
 
 # Agent task seeds: [start, stop) per split. Collection runs with base seed S play episode seeds
@@ -120,10 +121,11 @@ def check(env: base.Env, history: Iterable[Any]) -> Verdict:
   goal = env.goal
   if not goal:
     raise ValueError(f"{env.domain} env has no goal: call reset(seed) and play the episode first")
-  fn = _REAL.get(env.domain)
-  if fn is None:
+  dom = domains.get_domain(env.domain)
+  if not dom.verifier:
     raise ValueError(f"no verifier for environment {env.domain!r}")
-  real = base._lookup(env.domain)[0]
+  fn = dom.load("verifier")
+  real = dom.load("env")
   if not isinstance(env, real):
     raise ValueError(f"{type(env).__name__} is not the real {env.domain} environment ({real.__name__}): "
                      "it has no real state to check; judge its episode with "
@@ -543,11 +545,6 @@ def _mcp_state(tables: dict[str, list], g: dict[str, Any], con: sqlite3.Connecti
   raise ValueError(f"mcp: unknown goal kind {k!r}")
 
 
-_REAL: dict[str, Callable[[Any, dict[str, Any], Turns], Verdict]] = {
-    "terminal": _check_terminal, "swe": _check_swe, "search": _check_search, "web": _check_web,
-    "android": _check_android, "os": _check_os, "mcp": _check_mcp}
-
-
 def scripted_success(domain: str, seeds: Iterable[int]) -> dict[str, list[bool]]:
   """Success of the scripted agent on each seed, grouped by goal kind (how hard each task is)."""
   import random
@@ -566,7 +563,7 @@ def scripted_success(domain: str, seeds: Iterable[int]) -> dict[str, list[bool]]
 if __name__ == "__main__":
   import argparse
   ap = argparse.ArgumentParser(description="Success rate of the scripted agents, per domain and goal kind.")
-  ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
+  ap.add_argument("--domains", default=",".join(base.env_names()))
   ap.add_argument("--split", default="heldout", choices=sorted(TASK_SEED_RANGES))
   ap.add_argument("--episodes", type=int, default=30)
   args = ap.parse_args()

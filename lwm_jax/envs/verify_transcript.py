@@ -41,6 +41,7 @@ import re
 import sqlite3
 from typing import Any, Callable, Iterable, Iterator
 
+from lwm_jax import domains
 from lwm_jax.envs import base
 from lwm_jax.envs import verify as V
 
@@ -51,7 +52,7 @@ def check_transcript(domain: str, seed: int, history: Iterable[Any],
   docstring). `env` (a real env of that domain, reused across calls) is reset to `seed`."""
   turns = V._turns(history)
   with _world(domain, seed, env) as env:
-    return _RULES[domain](env, env.goal, turns)
+    return _rule(domain)(env, env.goal, turns)
 
 
 def check_trajectory(traj: Any, env: base.Env | None = None) -> V.Verdict:
@@ -65,15 +66,15 @@ def solved_turns(traj: Any, env: base.Env | None = None) -> int | None:
   turns = V._turns(traj.turns)
   with _world(traj.domain, _seed_of(traj), env) as env:
     return next((k for k in range(1, len(turns) + 1)
-                 if _RULES[traj.domain](env, env.goal, turns[:k]).success), None)
+                 if _rule(traj.domain)(env, env.goal, turns[:k]).success), None)
 
 
 @contextlib.contextmanager
 def _world(domain: str, seed: int, env: base.Env | None) -> Iterator[base.Env]:
   """`env` (or a fresh real env of `domain`, closed afterwards) reset to the world of `seed`."""
-  if domain not in _RULES:
+  if domain not in verified_domains():
     raise ValueError(f"no transcript verifier for environment {domain!r} "
-                     f"(expected one of {', '.join(_RULES)})")
+                     f"(expected one of {', '.join(verified_domains())})")
   own = env is None
   env = env or base.make_env(domain)
   try:
@@ -328,7 +329,10 @@ def _search(env: Any, g: dict[str, Any], turns: V.Turns) -> V.Verdict:
   return V._check_search_turns(g, turns)
 
 
-_RULES: dict[str, Callable[[Any, dict[str, Any], V.Turns], V.Verdict]] = {
-    "terminal": _terminal, "swe": _swe, "search": _search, "web": _web, "android": _android,
-    "os": _os, "mcp": _mcp}
-DOMAINS = tuple(_RULES)  # the domains with a transcript verifier
+def verified_domains() -> tuple[str, ...]:
+  """The registered domains with a transcript verifier (their record's `transcript_verifier`)."""
+  return tuple(d.name for d in domains.domains() if d.transcript_verifier)
+
+
+def _rule(domain: str) -> Callable[[Any, dict[str, Any], V.Turns], V.Verdict]:
+  return domains.get_domain(domain).load("transcript_verifier")
