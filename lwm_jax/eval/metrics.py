@@ -74,7 +74,8 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
   Returns {"domains": {domain: score}, "overall": score or None, "counts": {domain: scored n},
   "excluded": {domain: n}, "dimensions": {domain: {dimension: score}}, "n_domains": domains in
-  the overall, "partial": True when that is fewer than seven, "pooled_overall": the official
+  the overall, "partial": True when a benchmark domain of the registry has no score,
+  "pooled_overall": the official
   client's mean over all scored samples, or None}. A domain whose samples were all excluded
   appears in counts/excluded but not in domains, and does not enter either overall.
   """
