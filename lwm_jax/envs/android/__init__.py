@@ -10,7 +10,8 @@ DOMAIN = domains.register_domain(domains.Domain(
     name="android", display="Android",
     env="lwm_jax.envs.android.env:AndroidEnv", agent="lwm_jax.envs.android.env:AndroidAgent",
     world="lwm_jax.envs.android.env:generate_world",
-    verifier="lwm_jax.envs.verify:_check_android", transcript_verifier="lwm_jax.envs.verify_transcript:_android",
+    verifier="lwm_jax.envs.android.verify:check",
+    transcript_verifier="lwm_jax.envs.android.verify:check_transcript",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     content="tree", gui=True, tool_calls=False))

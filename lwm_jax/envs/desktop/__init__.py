@@ -10,7 +10,8 @@ DOMAIN = domains.register_domain(domains.Domain(
     name="os", display="OS",
     env="lwm_jax.envs.desktop.env:DesktopEnv", agent="lwm_jax.envs.desktop.env:DesktopAgent",
     world="lwm_jax.envs.desktop.env:generate_world",
-    verifier="lwm_jax.envs.verify:_check_os", transcript_verifier="lwm_jax.envs.verify_transcript:_os",
+    verifier="lwm_jax.envs.desktop.verify:check",
+    transcript_verifier="lwm_jax.envs.desktop.verify:check_transcript",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     content="tree", gui=True, tool_calls=False))
