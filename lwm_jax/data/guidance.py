@@ -1,6 +1,7 @@
 """Detailed simulation guidance for the long system-prompt variants (v2-v11, SFT).
 
-Per domain, guidance is a list of (heading, points) groups, most important first; `GENERAL` holds
+Per domain, guidance is a list of (heading, points) groups, most important first (the domain record's
+`guidance`, in `lwm_jax/envs/<domain>/text.py`); `GENERAL` holds
 groups that apply to every domain. A variant includes the first N groups of its domain (N grows
 with the variant number) and, in the longest variants, the general groups too. The text is ours;
 it describes how each of our environments behaves so that a world model can imitate it.
