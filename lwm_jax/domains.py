@@ -109,6 +109,7 @@ class Domain:
 _DOMAINS: dict[str, Domain] = {}
 _LOCK = threading.RLock()
 _loaded = False
+_builtin_names: list[str] = []  # the built-in domains' names in _BUILTIN's order
 
 
 def _load_builtin() -> None:
@@ -119,8 +120,13 @@ def _load_builtin() -> None:
     if _loaded:
       return
     _loaded = True  # set first: a built-in's module registers itself through register_domain
-    for module in _BUILTIN:
-      importlib.import_module(module)
+    try:
+      for module in _BUILTIN:
+        _builtin_names.append(importlib.import_module(module).DOMAIN.name)
+    except BaseException:  # a broken built-in leaves no half-filled registry behind
+      _loaded = False
+      _builtin_names.clear()
+      raise
 
 
 def register_domain(domain: Domain, replace: bool = False) -> Domain:
@@ -146,7 +152,8 @@ def domains() -> tuple[Domain, ...]:
   """Every registered domain: the built-in ones in the benchmark's order, then the others in the
   order they were registered."""
   _load_builtin()
-  return tuple(_DOMAINS.values())
+  first = [_DOMAINS[n] for n in _builtin_names if n in _DOMAINS]
+  return tuple(first + [d for n, d in _DOMAINS.items() if n not in _builtin_names])
 
 
 def names() -> tuple[str, ...]:
