@@ -55,6 +55,7 @@ class Domain:
   benchmark: one of the benchmark's domains (counted by `bench_domains`, e.g. for "partial").
   real_perturbations: the perturbation names the real environment implements (envs/perturb.py).
   corpus_perturbations: the perturbation specs a corpus draws from and fidelity measures.
+  withhold_fields: the only fields the `withhold` perturbation may name (empty: any field).
   finish_actions: extra actions that end a simulated episode besides the common ones.
   corpus_check: `problem(trajectory) -> str | None`, why a collected episode must stay out of a
     corpus (beyond the common checks), or "" for none.
@@ -76,6 +77,7 @@ class Domain:
   benchmark: bool = True
   real_perturbations: tuple[str, ...] = ()
   corpus_perturbations: tuple[str, ...] = ()
+  withhold_fields: tuple[str, ...] = ()
   finish_actions: tuple[str, ...] = ()
   corpus_check: str = ""
 
@@ -170,7 +172,7 @@ def get_domain(name: str) -> Domain:
   _load_builtin()
   d = _DOMAINS.get(name)
   if d is None:
-    raise ValueError(f"unknown domain '{name}' (expected one of {', '.join(_DOMAINS)})")
+    raise ValueError(f"unknown domain '{name}' (expected one of {', '.join(names())})")
   return d
 
 

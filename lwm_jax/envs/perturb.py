@@ -226,7 +226,7 @@ def real_support(domain: str) -> tuple[str, ...]:
   `real_perturbations`; none for a domain that is not registered)."""
   return domains_lib.get_domain(domain).real_perturbations if domains_lib.is_domain(domain) else ()
 
-# The fields a search result can go without (any column or key for the MCP server).
+# The fields a search result can go without (the search domain's `withhold_fields`).
 SEARCH_FIELDS = ("title", "snippet", "score")
 
 
@@ -250,11 +250,11 @@ def real_options(perts: Sequence[Perturbation] | str, domain: str, seed: int = 0
     elif p.name == "page_size":
       opts["page_size"] = p.params["size"]
     elif p.name == "withhold":
-      if domain == "search":
-        bad = [f for f in p.params["fields"] if f not in SEARCH_FIELDS]
-        if bad:
-          raise ValueError(f"perturbation 'withhold': the search engine cannot withhold "
-                           f"{', '.join(bad)} (its result fields: {', '.join(SEARCH_FIELDS)})")
+      fields = domains_lib.get_domain(domain).withhold_fields if domains_lib.is_domain(domain) else ()
+      bad = [f for f in p.params["fields"] if fields and f not in fields]
+      if bad:
+        raise ValueError(f"perturbation 'withhold': the {domain} environment cannot withhold "
+                         f"{', '.join(bad)} (its result fields: {', '.join(fields)})")
       opts["withhold"] = list(p.params["fields"])
     elif p.name == "rate_limit":
       opts.update(rate_limit=p.params["limit"], retry_after=p.params["retry_after"])

@@ -16,5 +16,6 @@ DOMAIN = domains.register_domain(domains.Domain(
     judge_guidance=text.JUDGE_GUIDANCE,
     content="free", gui=False, tool_calls=False,
     real_perturbations=("errors", "page_size", "withhold", "rate_limit"),
+    withhold_fields=("title", "snippet", "score"),
     corpus_perturbations=("errors:rate=0.2,kind=server_error", "page_size:size=2", "withhold:fields=snippet",
                            "withhold:fields=score+snippet", "rate_limit:limit=5,retry_after=20")))
