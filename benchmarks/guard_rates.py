@@ -161,7 +161,7 @@ def false_positives(folders: list[str]) -> dict:
 
 def _places(domain: str, obs: str, inj: str) -> dict[str, str]:
   out = {"last_line": obs.rstrip("\n") + "\n" + inj, "first_line": inj + "\n" + obs}
-  if guard.DOMAIN_CONTENT[domain] == "json":
+  if guard.content_of(domain) == "json":
     try:
       value = json.loads(obs)
     except ValueError:

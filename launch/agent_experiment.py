@@ -285,8 +285,8 @@ def behaviour_clone(wd: str, tok: str, vocab: int, b: dict, seed: int, init: str
 def wm_rl_data(b: dict) -> str:
   """The trajectories whose RL share is the warm-up's pool: the corpus's training split of every
   domain (or, on the tiny budget, of the agent's domain), as `data.pipeline.jsonl`."""
-  from lwm_jax.data.schema import DOMAINS  # pylint: disable=import-outside-toplevel
-  domains = [FLAGS.domain] if b["wm_rl_domains"] == "domain" else list(DOMAINS)
+  from lwm_jax import domains as domains_lib  # pylint: disable=import-outside-toplevel
+  domains = [FLAGS.domain] if b["wm_rl_domains"] == "domain" else list(domains_lib.bench_domains())
   return ",".join(os.path.join(ROOT, "data", "corpus", f"{d}_train.jsonl.gz") for d in domains)
 
 
@@ -412,7 +412,7 @@ def search_behaviour(eps) -> dict:
   """What the held-out search episodes show of the policy: the share of first actions that are a
   search whose words all come from the task text, of `open` actions naming a document an earlier
   result list showed, and of actions the environment could not parse."""
-  from lwm_jax.envs import search  # pylint: disable=import-outside-toplevel
+  from lwm_jax.envs.search import env as search  # pylint: disable=import-outside-toplevel
   def call(action: str) -> tuple[str, dict]:
     try:
       return search.parse_call(action)

@@ -19,7 +19,7 @@ from absl import app, flags
 from lwm_jax.envs import base, collect
 from lwm_jax.data import schema
 
-FLAGS = flags.DEFINE_enum("env", None, list(base.ENV_NAMES), "environment to run")
+FLAGS = flags.DEFINE_enum("env", None, list(base.env_names()), "environment to run")
 EPISODES = flags.DEFINE_integer("episodes", 10, "number of episodes")
 SEED = flags.DEFINE_integer("seed", 0, "base seed; episode i uses a seed derived from (seed, i)")
 OUT = flags.DEFINE_string("out", None, "output JSONL file (.gz for gzip)")
@@ -29,7 +29,7 @@ PERTURB = flags.DEFINE_string("perturb", "", "perturbation spec applied to every
                               "'errors:rate=0.2,kind=timeout; page_size:size=3'")
 NAMES = flags.DEFINE_enum("names", "usual", ["usual", "made_up"], "terminal only: how the worlds "
                           "name their directories and files (made_up: made-up words, read off the "
-                          "file listing; lwm_jax/envs/terminal_worlds.py)")
+                          "file listing; lwm_jax/envs/terminal/worlds.py)")
 TASK = flags.DEFINE_string("task", "", "terminal only: every episode's task kind (e.g. tour: list "
                            "every directory); empty: drawn per episode as in the corpus")
 flags.mark_flags_as_required(["env", "out"])

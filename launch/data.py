@@ -377,11 +377,11 @@ def cmd_pools() -> None:
 def cmd_worlds() -> None:
   from lwm_jax.envs import base, worlds  # noqa: PLC0415  (only this command needs the envs)
   seeds = worlds.parse_seed_range(FLAGS.seeds)
-  domains = FLAGS.domains or list(base.ENV_NAMES)
+  domains = FLAGS.domains or list(base.env_names())
   for d in domains:
-    if d not in base.ENV_NAMES:
+    if d not in base.env_names():
       raise ValueError(f"--domains: unknown domain '{d}' (expected one of "
-                       f"{', '.join(base.ENV_NAMES)})")
+                       f"{', '.join(base.env_names())})")
   for d in domains:
     print(worlds.census(d, seeds).line(), flush=True)
 

@@ -7,7 +7,7 @@
    WORKDIR/corpus_plain with none (the bundled corpus itself carries a quarter). Their episodes
    are the bundled corpus's (same seeds, same worlds, same splits); in the perturbed copy about
    half of them were played under an instruction of the domain's menu
-   (`lwm_jax.envs.perturb.CORPUS_MENU`), so their system prompts carry the instruction and their
+   (`lwm_jax.envs.perturb.corpus_menu()`), so their system prompts carry the instruction and their
    observations show the real misbehaviour; the others are the same as the plain copy's.
 2. Two SFT runs from the same start at equal compute (same steps, rows, row length, learning
    rate, seed; only the data differ): `perturbed` on the perturbed copy's training split,
@@ -52,7 +52,7 @@ flags.DEFINE_string("start", os.path.join(ROOT, "data", "world_model"),
 flags.DEFINE_string("preset", "demo", "model preset of configs/common.py matching --start")
 flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "perturb_vs_plain"), "run folder")
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "the bundled corpus")
-flags.DEFINE_string("domains", ",".join(perturb.CORPUS_MENU), "domains with real perturbations")
+flags.DEFINE_string("domains", ",".join(perturb.corpus_menu()), "domains with real perturbations")
 flags.DEFINE_float("perturb_share", 0.5, "share of the copy's episodes played under a perturbation")
 flags.DEFINE_integer("per_domain", 0, "trajectories per domain in each regenerated copy (0: as many "
                      "as the bundled corpus; more: the same episodes followed by new seeds' ones, "
@@ -77,7 +77,7 @@ flags.DEFINE_float("temperature", 1.0, "sampling temperature of the fidelity run
 flags.DEFINE_integer("batch", 16, "episodes stepped per engine call")
 flags.DEFINE_string("menu", "", "the perturbations of the perturbed copy and of the fidelity "
                     "runs instead of each domain's fixed menu: DOMAIN=SPEC|SPEC entries separated "
-                    "by && ('' : lwm_jax.envs.perturb.CORPUS_MENU)")
+                    "by && ('' : lwm_jax.envs.perturb.corpus_menu())")
 flags.DEFINE_bool("paired", False, "the perturbed run also trains on the plain twin of each of "
                   "its perturbed training episodes (same seed and world, played without the "
                   "instruction; from the plain copy), so that only the instruction tells the two "
@@ -489,10 +489,10 @@ def main(argv):
   wd = os.path.abspath(FLAGS.workdir)
   os.makedirs(wd, exist_ok=True)
   domains = [d.strip() for d in FLAGS.domains.split(",") if d.strip()]
-  bad = [d for d in domains if d not in perturb.CORPUS_MENU]
+  bad = [d for d in domains if d not in perturb.corpus_menu()]
   if bad:
     raise SystemExit(f"--domains: '{bad[0]}' has no real perturbations "
-                     f"(use {', '.join(perturb.CORPUS_MENU)})")
+                     f"(use {', '.join(perturb.corpus_menu())})")
   try:  # a bad --menu fails here, before any work
     specs = perturb.parse_menu(FLAGS.menu, domains, "--menu")
   except (ValueError, NotImplementedError) as e:

@@ -1,8 +1,9 @@
 """lwm_jax: train, serve and evaluate Language World Models for AI agents in JAX.
 
 Packages from the bottom up, with what each may import from the others:
+  domains   the domain records and their registry (imports nothing of ours)
   data      trajectories, prompts, the reply format, tokenizers, input pipelines
-  envs      real environments (imports data)
+  envs      real environments, one folder per domain (imports data)
   model     the MoE transformer (sharding.py only); `hf.py` sits beside it
   train     CPT, SFT and GSPO training (model, data)
   sampling  decoding, the server and model backends (model, data; never train)

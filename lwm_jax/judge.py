@@ -30,6 +30,7 @@ import os
 import re
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from lwm_jax import domains
 from lwm_jax.data.bench_records import OBSERVATION_HEADER
 from lwm_jax.data.reply import split_reasoning, strip_reasoning
 
@@ -165,48 +166,17 @@ Answer with one JSON object in a ```json fenced block and nothing after it:
 "reason": "one or two sentences"}}
 ```"""
 
-DOMAIN_GUIDANCE = {
-    "mcp": "Environment: MCP tool servers. Observations are tool results, mostly JSON or "
-           "structured text. Field names, nesting and types must follow the tool's real output; "
-           "values implied by the call's arguments and by earlier results must agree with the "
-           "reference; an invalid call must fail the way the server fails.",
-    "search": "Environment: web search and page fetching. Observations are result lists (titles, "
-              "URLs, snippets) or page text from the live web. Identical results are not "
-              "expected; judge whether the results answer the query the way real ones do and "
-              "whether specific facts agree with the reference. Invented specifics that the "
-              "reference contradicts lower factuality strongly.",
-    "terminal": "Environment: a Linux shell. Much terminal output is deterministic: file contents "
-                "written earlier, echo and printf, listings after known changes, error messages "
-                "and exit codes. Where the reference output is determined by the command and the "
-                "earlier state it must match exactly, character for character; any difference "
-                "lowers factuality. Only genuinely variable parts (times, PIDs, sizes on an "
-                "unknown disk, download progress) may differ if plausible.",
-    "swe": "Environment: a software repository worked on with file views, edits, searches and test "
-           "runs. File contents already seen must be reproduced exactly, with the same line "
-           "numbers; edit confirmations must show the edited text; test and tool output must "
-           "follow from the code as changed so far. Deterministic output must match exactly.",
-    "android": "Environment: an Android phone. Observations are the UI view hierarchy as text. "
-               "Judge the tree's structure (nesting, node classes, resource ids, bounds, "
-               "clickable/checked attributes), which screen the action leads to and the texts "
-               "shown; elements kept from earlier screens must keep their ids and order.",
-    "web": "Environment: a web browser. Observations are the page's accessibility tree as text "
-           "(roles, names, values, element ids), sometimes with URL and title. Judge the tree's "
-           "structure, the page the action leads to, entered form values and focus; elements kept "
-           "from earlier pages must keep their ids and order.",
-    "os": "Environment: a desktop operating system. Observations are the accessibility tree of "
-          "windows and applications as text. Judge the tree's structure, which windows, dialogs, "
-          "menus and files exist after the action, and their names and states; elements kept "
-          "from earlier turns must keep their ids and order.",
-}
-
 PRED_OPEN, PRED_CLOSE = "<simulated_observation>", "</simulated_observation>"
 REF_OPEN, REF_CLOSE = "<reference_observation>", "</reference_observation>"
 CUT_MARK = "[... earlier turns cut ...]\n"
 
 
 def judge_system_prompt(domain: str) -> str:
-  guidance = DOMAIN_GUIDANCE.get(domain, "")
-  return JUDGE_SYSTEM.format(guidance=f"\n{guidance}\n" if guidance else "")
+  """The rubric's system prompt for `domain`, with the domain record's judge guidance. A domain
+  that is not registered is an error (ValueError naming the registered ones): the judge is never
+  left without its domain paragraph; every record must carry one (`domains.Domain`)."""
+  guidance = domains.get_domain(domain).judge_guidance
+  return JUDGE_SYSTEM.format(guidance=f"\n{guidance}\n")
 
 
 def _tag_fence(text: str, open_tag: str, close_tag: str) -> str:

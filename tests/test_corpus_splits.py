@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from lwm_jax import domains
 from lwm_jax.data import hygiene, schema, splits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +38,7 @@ def corpus_problems(corpus: str) -> list[str]:
   actions = collections.defaultdict(set)      # (domain, action sequence) -> splits
   missing, total = [], 0
   for split in splits.SPLITS:
-    for dom in schema.DOMAINS:
+    for dom in domains.bench_domains():
       path = os.path.join(corpus, f"{dom}_{split}.jsonl.gz")
       if not os.path.exists(path):
         continue

@@ -13,12 +13,12 @@ import time
 import pytest
 
 from lwm_jax.envs import ui
-from lwm_jax.envs.desktop import DesktopEnv
-from lwm_jax.envs.mcp_env import McpEnv
-from lwm_jax.envs.search import MODULES, SearchEnv
-from lwm_jax.envs.search_worlds import generate_world
-from lwm_jax.envs.terminal import TerminalEnv
-from lwm_jax.envs.web import WebEnv
+from lwm_jax.envs.desktop.env import DesktopEnv
+from lwm_jax.envs.mcp.env import McpEnv
+from lwm_jax.envs.search.env import MODULES, SearchEnv
+from lwm_jax.envs.search.worlds import generate_world
+from lwm_jax.envs.terminal.env import TerminalEnv
+from lwm_jax.envs.web.env import WebEnv
 
 # -- terminal --------------------------------------------------------------------------------------
 PROMPT = "root@sandbox:~# " if os.geteuid() == 0 else None

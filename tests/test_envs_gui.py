@@ -4,7 +4,11 @@ import re
 import urllib.request
 
 from lwm_jax.data import schema
-from lwm_jax.envs import android, base, collect, desktop, recorder, web, web_app
+from lwm_jax.envs import base, collect, recorder
+from lwm_jax.envs.android import env as android
+from lwm_jax.envs.desktop import env as desktop
+from lwm_jax.envs.web import env as web
+from lwm_jax.envs.web import app as web_app
 
 
 def test_web_real_http_tree_forms_and_errors():

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from lwm_jax.envs import confined, sandbox, seccomp, verify
-from lwm_jax.envs.swe import SweEnv
-from lwm_jax.envs.terminal import TerminalEnv
+from lwm_jax.envs.swe.env import SweEnv
+from lwm_jax.envs.terminal.env import TerminalEnv
 
 pytestmark = pytest.mark.skipif(not sandbox.available(), reason=f"no sandbox: {sandbox.problem()}")
 ROOT = os.geteuid() == 0
@@ -248,7 +248,7 @@ def test_swe_tests_run_when_the_interpreter_is_reached_through_a_link_under_tmp(
   import sys
   link = tmp_path / "venv_link"
   link.symlink_to(sys.prefix)
-  code = ("from lwm_jax.envs.swe import SweEnv\n"
+  code = ("from lwm_jax.envs.swe.env import SweEnv\n"
           "e = SweEnv(test_timeout=30); e.reset(2); print(e.step('run_tests()')); e.close()\n")
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run([str(link / "bin" / "python"), "-c", code], capture_output=True, text=True,

@@ -10,8 +10,10 @@ import re
 
 import pytest
 
-from lwm_jax.envs import collect, perturb, recorder, search, web
-from lwm_jax.envs.mcp_server import ERROR_MESSAGES
+from lwm_jax.envs import collect, perturb, recorder
+from lwm_jax.envs.search import env as search
+from lwm_jax.envs.web import env as web
+from lwm_jax.envs.mcp.server import ERROR_MESSAGES
 
 
 def _binomial_ok(k: int, n: int, rate: float) -> bool:
@@ -135,7 +137,7 @@ def test_unsupported_perturbations_are_refused_by_name():
 @pytest.fixture(scope="module")
 def mcp_env_():
   """One McpEnv (its server process starts once) for the MCP tests of this file."""
-  from lwm_jax.envs import mcp_env
+  from lwm_jax.envs.mcp import env as mcp_env
   env = mcp_env.McpEnv()
   yield env
   env.close()
@@ -223,7 +225,7 @@ def test_perturbed_collection_is_deterministic():
 
 
 def test_corpus_menu_and_share():
-  for domain, menu in perturb.CORPUS_MENU.items():
+  for domain, menu in perturb.corpus_menu().items():
     for spec in menu:  # every menu entry is canonical and implemented by its environment
       perts = perturb.parse(spec)
       assert perturb.spec_of(perts) == spec
@@ -231,7 +233,7 @@ def test_corpus_menu_and_share():
   picks = [perturb.corpus_choice("search", i, 0.3) for i in range(1000)]
   assert picks == [perturb.corpus_choice("search", i, 0.3) for i in range(1000)]
   assert _binomial_ok(sum(bool(p) for p in picks), 1000, 0.3)
-  assert set(picks) == {""} | set(perturb.CORPUS_MENU["search"])
+  assert set(picks) == {""} | set(perturb.corpus_menu()["search"])
   assert all(perturb.corpus_choice("search", i, 0.0) == "" for i in range(200))
   assert all(perturb.corpus_choice("terminal", i, 1.0) == "" for i in range(20))
   with pytest.raises(ValueError, match="perturb_share must be in"):
@@ -242,7 +244,7 @@ def test_a_given_menu_replaces_the_domains_menu():
   """`parse_menu` (make_corpus --menu, fidelity --specs): the fixed menus for "", else only the
   named specs in canonical form, checked against each domain's real environment; corpus_choice
   then draws from that menu alone, at the same share."""
-  assert perturb.parse_menu("", ["mcp"]) == {"mcp": list(perturb.CORPUS_MENU["mcp"])}
+  assert perturb.parse_menu("", ["mcp"]) == {"mcp": list(perturb.corpus_menu()["mcp"])}
   got = perturb.parse_menu("mcp=page_size:size=3 && web=errors:kind=timeout,rate=0.1|"
                            "partial:rate=0.4", ["mcp", "search", "web"])
   assert got == {"mcp": ["page_size:size=3"], "search": [],
@@ -270,7 +272,7 @@ def test_make_corpus_share_puts_menu_perturbations_in_the_corpus():
   specs = [t.meta["perturb"] for t, _ in kept]
   assert specs == [perturb.corpus_choice("search", int(t.id.rsplit("-", 1)[1]), 1.0)
                    for t, _ in kept]
-  assert all(s in perturb.CORPUS_MENU["search"] for s in specs)
+  assert all(s in perturb.corpus_menu()["search"] for s in specs)
   assert all(t.simulation_instruction == perturb.instruction(perturb.parse(t.meta["perturb"]))
              for t, _ in kept)
   plain, _, _ = mc.collect_split("search", 2, 0, 1)

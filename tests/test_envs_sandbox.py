@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from lwm_jax.envs import sandbox
-from lwm_jax.envs.swe import SweEnv
-from lwm_jax.envs.terminal import TerminalEnv
+from lwm_jax.envs.swe.env import SweEnv
+from lwm_jax.envs.terminal.env import TerminalEnv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,11 @@ import subprocess
 
 import pytest
 
-from lwm_jax.envs import base, mcp_server, recorder, search, swe, terminal
+from lwm_jax.envs import base, recorder
+from lwm_jax.envs.mcp import server as mcp_server
+from lwm_jax.envs.search import env as search
+from lwm_jax.envs.swe import env as swe
+from lwm_jax.envs.terminal import env as terminal
 
 
 def _snapshot(path):

@@ -15,6 +15,7 @@ import pytest
 
 from lwm_jax.envs import base, recorder, ui, verify
 from lwm_jax.envs.verify_transcript import check_trajectory, check_transcript, solved_turns
+from lwm_jax.envs.terminal import verify as terminal_verify
 
 # (domain, goal kind, seed): the first seed of each kind (a kind with a suffix is a variant of
 # it: the quantity exceeds the stock, the email is taken, the order was already refunded).
@@ -99,7 +100,7 @@ def test_terminal_report_checked_in_the_sandbox(envs):
   turns = play(env, 6)
   # The real shell's count is the reference.
   out = env.step(f"grep -c ERROR {env.layout['log']}")
-  n = int(verify.shell_output(out)[0])
+  n = int(terminal_verify.shell_output(out)[0])
   v = verify.check(env, turns)
   assert v.success and f"the log has {n} ERROR lines" in v.reason
   env.step(f"echo {n + 1} > report.txt")
@@ -213,7 +214,13 @@ def test_an_env_without_real_state_is_refused(envs):
 
 
 def test_task_worlds_differ_between_splits_and_from_corpus_seeds():
-  from lwm_jax.envs import android, desktop, mcp_env, search, swe, terminal, web
+  from lwm_jax.envs.android import env as android
+  from lwm_jax.envs.desktop import env as desktop
+  from lwm_jax.envs.mcp import env as mcp_env
+  from lwm_jax.envs.search import env as search
+  from lwm_jax.envs.swe import env as swe
+  from lwm_jax.envs.terminal import env as terminal
+  from lwm_jax.envs.web import env as web
   gens = {"terminal": terminal.generate_world, "swe": lambda s: swe.generate_world(s).to_json(),
           "search": search.generate_world, "web": web.generate_world, "android": android.generate_world,
           "os": desktop.generate_world, "mcp": mcp_env.generate_world}

@@ -6,12 +6,13 @@ import sys
 
 import pytest
 
+from lwm_jax import domains
 from lwm_jax.envs import base, worlds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("domain", sorted(base.ENV_NAMES))
+@pytest.mark.parametrize("domain", sorted(domains.bench_domains()))
 def test_census_world_is_the_world_reset_builds(domain, tmp_path):
   """The id of the census's world for a seed equals the one the real environment records."""
   kwargs = {"root": str(tmp_path)} if domain in ("terminal", "swe", "os") else {}
@@ -24,7 +25,7 @@ def test_census_world_is_the_world_reset_builds(domain, tmp_path):
     env.close()
 
 
-@pytest.mark.parametrize("domain", sorted(base.ENV_NAMES))
+@pytest.mark.parametrize("domain", sorted(domains.bench_domains()))
 def test_forty_seeds_give_forty_worlds(domain):
   c = worlds.census(domain, range(100, 140))
   assert (c.seeds, c.distinct, c.repeats) == (40, 40, [])

@@ -6,7 +6,12 @@ import sqlite3
 
 import pytest
 
-from lwm_jax.envs import android, base, desktop, mcp_env, ui, web, web_app
+from lwm_jax.envs import base, ui
+from lwm_jax.envs.android import env as android
+from lwm_jax.envs.desktop import env as desktop
+from lwm_jax.envs.mcp import env as mcp_env
+from lwm_jax.envs.web import env as web
+from lwm_jax.envs.web import app as web_app
 
 
 # -- mcp ---------------------------------------------------------------------------------------------

@@ -9,9 +9,13 @@ import sys
 
 import pytest
 
-from lwm_jax.envs import base, search, search_worlds, swe_worlds, terminal_worlds
-from lwm_jax.envs.search import SearchEnv
-from lwm_jax.envs.terminal import TerminalEnv
+from lwm_jax.envs import base
+from lwm_jax.envs.search import env as search
+from lwm_jax.envs.search import worlds as search_worlds
+from lwm_jax.envs.swe import worlds as swe_worlds
+from lwm_jax.envs.terminal import worlds as terminal_worlds
+from lwm_jax.envs.search.env import SearchEnv
+from lwm_jax.envs.terminal.env import TerminalEnv
 
 SEEDS = range(40)
 

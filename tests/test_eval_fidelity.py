@@ -62,7 +62,7 @@ def test_followed_applies_where_the_real_env_shows_the_behaviour():
 
 
 def test_detectors_agree_with_the_real_search_engine():
-  from lwm_jax.envs import search
+  from lwm_jax.envs.search import env as search
   env = search.SearchEnv(perturb="page_size:size=2; withhold:fields=snippet")
   try:
     env.reset(3)
@@ -176,7 +176,8 @@ def _listing(columns, rows, **extra):
 
 def test_partial_detector_on_the_real_mcp_update_result(tmp_path):
   import asyncio
-  from lwm_jax.envs import mcp_env, mcp_server
+  from lwm_jax.envs.mcp import env as mcp_env
+  from lwm_jax.envs.mcp import server as mcp_server
   db = str(tmp_path / "shop.db")
   mcp_env.write_database(db, mcp_env.generate_world(2))
 
@@ -279,7 +280,7 @@ def test_detectors_take_any_json_a_model_writes():
 
 @pytest.fixture(scope="module")
 def mcp_real():
-  from lwm_jax.envs import mcp_env
+  from lwm_jax.envs.mcp import env as mcp_env
   env = mcp_env.McpEnv()
   yield env
   env.close()

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from lwm_jax import domains
 from lwm_jax.data import bench_records as awb
 from lwm_jax.eval import records as R
 
@@ -211,11 +212,10 @@ def test_cli_judges_and_scores_official_files(tmp_path):
 
 
 def test_overall_counts_its_domains():
-  from lwm_jax.data import schema
   from lwm_jax.eval.metrics import aggregate
   five = dict(format=5, factuality=5, consistency=5, realism=5, quality=5)
   ones = dict(format=1, factuality=1, consistency=1, realism=1, quality=1)
-  rows = [{"task": d, "scores": five} for d in schema.DOMAINS]
+  rows = [{"task": d, "scores": five} for d in domains.bench_domains()]
   rows += [{"task": "os", "scores": ones}] * 3  # os: (5 + 1 + 1 + 1) / 4 = 2 -> 25
   agg = aggregate(rows)
   assert agg["n_domains"] == 7 and not agg["partial"]

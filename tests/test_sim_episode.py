@@ -10,7 +10,7 @@ from lwm_jax.data import bench_records as awb
 from lwm_jax.data import prompts
 from lwm_jax.data.reply import parse_prediction
 from lwm_jax.envs import base, recorder
-from lwm_jax.envs.search import SearchEnv
+from lwm_jax.envs.search.env import SearchEnv
 from lwm_jax.sim.env import SimulatedBatch, SimulatedEnv, World, action_name, step_many
 from tests.sim_helpers import GREEDY, terminal_world, tiny_sampler
 

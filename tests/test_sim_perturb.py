@@ -16,7 +16,8 @@ import pytest
 import lwm_jax
 from lwm_jax.data import prompts
 from lwm_jax.data.schema import Trajectory, Turn
-from lwm_jax.envs import mcp_env, mcp_server
+from lwm_jax.envs.mcp import env as mcp_env
+from lwm_jax.envs.mcp import server as mcp_server
 from lwm_jax.sim import perturb
 from tests.sim_helpers import terminal_world
 
@@ -241,7 +242,7 @@ def test_mcp_side_file_sets_each_episodes_perturbations(tmp_path):
 
 
 def test_mcp_server_cli_rejects_bad_perturb(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.mcp_server", "--db",
+  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.mcp.server", "--db",
                          str(tmp_path / "x.db"), "--perturb", '{"error_kind": "boom"}'],
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and "--perturb.error_kind: must be one of" in proc.stderr
@@ -254,7 +255,7 @@ def test_mcp_server_perturb_flag_over_stdio(tmp_path):
   db = str(tmp_path / "shop.db")
   mcp_env.write_database(db, mcp_env.generate_world(1))
   params = StdioServerParameters(
-      command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db, "--perturb",
+      command=sys.executable, args=["-m", "lwm_jax.envs.mcp.server", "--db", db, "--perturb",
                                     json.dumps({"page_size": 2, "rate_limit": 2})],
       env={**os.environ, "PYTHONPATH": lwm_jax.child_pythonpath()})
 

@@ -26,8 +26,8 @@ from typing import Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from lwm_jax.envs import sandbox, verify
-from lwm_jax.envs.swe import SweEnv
-from lwm_jax.envs.terminal import TerminalEnv
+from lwm_jax.envs.swe.env import SweEnv
+from lwm_jax.envs.terminal.env import TerminalEnv
 
 CASES: list[tuple[str, str, Callable[[], str]]] = []  # (group, name, case -> outcome)
 

@@ -17,7 +17,7 @@ construction, measured on the split trajectories) and the duplicates dropped.
 
 `--perturb_share=F` (default 0: the corpus as it is) makes about that share of the episodes of
 each domain with real perturbations (mcp, search, web) follow one from the domain's fixed menu
-(`lwm_jax.envs.perturb.CORPUS_MENU`), chosen from the episode index and the seed, so a re-run
+(`lwm_jax.envs.perturb.corpus_menu()`), chosen from the episode index and the seed, so a re-run
 still writes the same bytes; those trajectories carry the instruction in their system prompt's
 simulation-instruction section, and MANIFEST.json counts them per spec. See
 docs/perturbations.md.
@@ -105,7 +105,7 @@ def main() -> None:
   ap.add_argument("--per_domain", type=int, default=300)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--workers", type=int, default=2)
-  ap.add_argument("--domains", default=",".join(base.ENV_NAMES))
+  ap.add_argument("--domains", default=",".join(base.env_names()))
   ap.add_argument("--corpus_dir", default="data/corpus")
   ap.add_argument("--bench_dir", default="evals/mini_bench")
   ap.add_argument("--perturb_share", type=float, default=0.0,
@@ -124,17 +124,17 @@ def main() -> None:
     ap.error(f"--per_domain must be at least 1, got {args.per_domain}")
   if args.workers < 1:
     ap.error(f"--workers must be at least 1, got {args.workers}")
-  unknown = [d for d in args.domains.split(",") if d not in base.ENV_NAMES]
+  unknown = [d for d in args.domains.split(",") if d not in base.env_names()]
   if unknown:
     ap.error(f"--domains: unknown domain '{unknown[0]}' (expected some of "
-             f"{', '.join(base.ENV_NAMES)})")
+             f"{', '.join(base.env_names())})")
   if not 0.0 <= args.perturb_share <= 1.0:
     ap.error(f"--perturb_share must be in [0, 1], got {args.perturb_share}")
   menus = None
   if args.menu:
     try:
       menus = perturb.parse_menu(args.menu, [d for d in args.domains.split(",")
-                                             if d in perturb.CORPUS_MENU], "--menu")
+                                             if d in perturb.corpus_menu()], "--menu")
     except (ValueError, NotImplementedError) as e:
       ap.error(str(e))
   if args.bench_only:

@@ -15,7 +15,7 @@ import os
 
 
 from lwm_jax.envs import sandbox
-from lwm_jax.envs.terminal import TerminalEnv
+from lwm_jax.envs.terminal.env import TerminalEnv
 
 
 def _cgroup_limits(pid: int) -> dict[str, str]:

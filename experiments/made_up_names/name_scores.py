@@ -12,7 +12,7 @@ import re
 import sys
 
 from lwm_jax.data import schema
-from lwm_jax.envs.verify import shell_output
+from lwm_jax.envs.terminal.verify import shell_output
 from listing_probe import HELD_OUT, is_listing
 
 _NAME = re.compile(r"^[\w.-]+$")

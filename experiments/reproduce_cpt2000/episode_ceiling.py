@@ -1,7 +1,7 @@
 """How high can any model score on the demo's terminal episode (`terminal-s0-00002`)?
 
 The log the episode reads is drawn at random by the terminal world generator
-(lwm_jax/envs/terminal_worlds.py): 14-40 lines with random times, levels, users and messages, in
+(lwm_jax/envs/terminal/worlds.py): 14-40 lines with random times, levels, users and messages, in
 one of two formats picked per world, and nothing in the initial state shows which. So a
 simulator can at best write *a* log of the right shape, not this one. This script scores such
 an "oracle" of the generator against the real observations with the episode's metric
@@ -23,7 +23,7 @@ import re
 import statistics
 from pathlib import Path
 
-from lwm_jax.envs import terminal_worlds
+from lwm_jax.envs.terminal import worlds as terminal_worlds
 from lwm_jax.textsim import edit_similarity
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -39,6 +39,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from lwm_jax import domains
 from lwm_jax.data import lengths, pipeline
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.data.tokenizer import Tokenizer
@@ -48,21 +49,9 @@ FINISH_ACTION = "finish()"
 LAYOUTS = ("turns", "trajectory")
 UNTIL = ("end", "goal")
 
-# What the agent acts on, per domain (a fallback covers imported domains).
-AGENT_WORLDS = {
-    "terminal": "a bash shell on a Linux machine",
-    "swe": "a git repository of a Python package, through developer tools",
-    "search": "a full-text search engine over a document collection",
-    "web": "a web shop, seen as the browser's accessibility tree",
-    "android": "a phone's apps, seen as the screen's view hierarchy",
-    "os": "a desktop with a file manager, a text editor and a settings window",
-    "mcp": "a business database, through the tools of an MCP server",
-}
-
-
 def agent_system_prompt(traj: Trajectory) -> str:
   """The agent's instructions for `traj`: the world it acts in, its task and its action space."""
-  world = AGENT_WORLDS.get(traj.domain, "an interactive environment")
+  world = domains.get_domain(traj.domain).agent_world
   task = traj.task.strip() or "(no task was given: explore and act sensibly)"
   space = traj.action_space.strip() or "(the action format was not given)"
   return (f"You are an agent operating {world}. Reach the goal below by acting one step at a "

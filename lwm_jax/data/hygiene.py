@@ -29,9 +29,9 @@ import json
 import re
 from typing import Any, Iterable
 
-from lwm_jax.data.schema import GUI_DOMAINS, Trajectory
+from lwm_jax import domains
+from lwm_jax.data.schema import Trajectory
 
-TOOL_DOMAINS = ("mcp", "swe")
 _CALL_RE = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*\(")
 _SIGNATURE_RE = re.compile(r"(?<![\w.\-])([A-Za-z_][\w.\-]*)\(")
 # An observation reads as a failure when its first line opens with an error marker (after at most
@@ -116,7 +116,7 @@ def _name_of(tool: Any) -> str | None:
 
 
 def calls_undeclared_tool(traj: Trajectory) -> bool:
-  if traj.domain not in TOOL_DOMAINS:
+  if not domains.get_domain(traj.domain).tool_calls:
     return False
   declared = declared_tools(traj)
   return any(name is not None and name not in declared
@@ -149,7 +149,7 @@ def drop_retry_cycles(traj: Trajectory) -> tuple[Trajectory, int]:
 
 
 def is_broken_gui(traj: Trajectory) -> bool:
-  if traj.domain not in GUI_DOMAINS:
+  if not domains.get_domain(traj.domain).gui:
     return False
   if traj.meta.get("broken"):
     return True
@@ -166,7 +166,7 @@ def _looks_broken(text: str) -> bool:
 
 def drop_unchanged_gui_turns(traj: Trajectory) -> tuple[Trajectory, int]:
   """GUI domains: removes turns whose observation equals the state before the action."""
-  if traj.domain not in GUI_DOMAINS:
+  if not domains.get_domain(traj.domain).gui:
     return traj, 0
   kept, prev = [], traj.initial_state.strip()
   for t in traj.turns:

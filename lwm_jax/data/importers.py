@@ -15,9 +15,10 @@ import os
 import re
 from typing import Any
 
+from lwm_jax import domains as domains_lib
 from lwm_jax.data import bench_records as awb
 from lwm_jax.data import jsonl, schema
-from lwm_jax.data.schema import DOMAINS, LoadReport, RecordError, Trajectory, Turn
+from lwm_jax.data.schema import LoadReport, RecordError, Trajectory, Turn
 
 _TURN_SUFFIX_RE = re.compile(r"#t\d+$")
 _THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.S)
@@ -26,7 +27,7 @@ _PRED_RE = re.compile(r"<predicted_observation>(.*?)(?:</predicted_observation>|
 
 def trajectory_from_awb(rec: awb.AWBRecord) -> Trajectory:
   """One trajectory from one AgentWorldBench record; the record must carry its ground truth."""
-  if rec.task not in DOMAINS:
+  if not domains_lib.is_domain(rec.task):
     raise RecordError(f"unknown domain '{rec.task}' in field 'task'", "unknown_domain")
   gt = rec.ground_truth
   if gt is None:
@@ -103,7 +104,7 @@ def trajectory_from_chat(obj: Any, default_domain: str | None = None,
   domain = obj.get("domain", default_domain)
   if domain is None:
     raise RecordError("missing field 'domain' and no default domain given", "missing_field")
-  if domain not in DOMAINS:
+  if not domains_lib.is_domain(domain):
     raise RecordError(f"unknown domain '{domain}'", "unknown_domain")
   system, turns, pending = "", [], None
   for i, m in enumerate(msgs):

@@ -14,11 +14,10 @@ import json
 import os
 from typing import Any, Callable, Iterable, Iterator
 
+from lwm_jax import domains as domains_lib
 from lwm_jax.data import jsonl
 
-DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
-TEXT_DOMAINS = ("mcp", "search", "terminal", "swe")
-GUI_DOMAINS = ("android", "web", "os")
+# The domains are the registry's (`lwm_jax.domains`): a record's `domain` must be registered.
 
 
 class RecordError(ValueError):
@@ -75,9 +74,9 @@ class Trajectory:
       if not isinstance(d[field], str):
         raise RecordError(
             f"field '{field}' must be a string, got {type(d[field]).__name__}", "bad_type")
-    if d["domain"] not in DOMAINS:
+    if not domains_lib.is_domain(d["domain"]):
       raise RecordError(
-          f"unknown domain '{d['domain']}' (expected one of {', '.join(DOMAINS)})",
+          f"unknown domain '{d['domain']}' (expected one of {', '.join(domains_lib.names())})",
           "unknown_domain")
     turns = d["turns"]
     if not isinstance(turns, list):

@@ -23,6 +23,8 @@ import shutil
 import tempfile
 from typing import Any, ClassVar
 
+from lwm_jax import domains
+
 # Fixed wall clock of every sandbox: 2024-06-01 09:00:00 UTC. Each step advances it by a minute.
 FIXED_EPOCH = 1717232400
 STEP_SECONDS = 60
@@ -232,37 +234,30 @@ def parse_call(action: str, signatures: dict[str, tuple[str, ...]]) -> tuple[str
   return name, kwargs
 
 
-# name -> (module, env class, agent class); imported lazily so one env needs no other's deps.
-_REGISTRY: dict[str, tuple[str, str, str]] = {
-    "terminal": ("lwm_jax.envs.terminal", "TerminalEnv", "TerminalAgent"),
-    "mcp": ("lwm_jax.envs.mcp_env", "McpEnv", "McpAgent"),
-    "search": ("lwm_jax.envs.search", "SearchEnv", "SearchAgent"),
-    "swe": ("lwm_jax.envs.swe", "SweEnv", "SweAgent"),
-    "web": ("lwm_jax.envs.web", "WebEnv", "WebAgent"),
-    "android": ("lwm_jax.envs.android", "AndroidEnv", "AndroidAgent"),
-    "os": ("lwm_jax.envs.desktop", "DesktopEnv", "DesktopAgent"),
-}
-ENV_NAMES = tuple(_REGISTRY)
+# The environments are the domain registry's (`lwm_jax.domains`): each record names its env class,
+# scripted agent and world generator, imported lazily so one env needs no other's dependencies.
+
+
+def env_names() -> tuple[str, ...]:
+  """The names of every registered domain (each has a real environment)."""
+  return domains.names()
 
 
 def env_module(name: str) -> Any:
   """The module of environment `name`; it also exposes the `generate_world(seed)` its reset uses."""
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(_REGISTRY)})")
-  return importlib.import_module(_REGISTRY[name][0])
+  return importlib.import_module(domains.get_domain(name).env.partition(":")[0])
 
 
-def _lookup(name: str) -> tuple[Any, Any]:
-  mod = env_module(name)
-  _, env_cls, agent_cls = _REGISTRY[name]
-  return getattr(mod, env_cls), getattr(mod, agent_cls)
+def generate_world(name: str, seed: int) -> Any:
+  """The seeded world of domain `name` (its record's `world` generator)."""
+  return domains.get_domain(name).load("world")(seed)
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
-  """Builds the environment registered as `name` (one of ENV_NAMES)."""
-  return _lookup(name)[0](**kwargs)
+  """Builds the environment of the domain registered as `name`."""
+  return domains.get_domain(name).load("env")(**kwargs)
 
 
 def make_agent(name: str, rng: random.Random) -> Agent:
-  """Builds the scripted agent for environment `name`."""
-  return _lookup(name)[1](rng)
+  """Builds the scripted agent of the domain registered as `name`."""
+  return domains.get_domain(name).load("agent")(rng)

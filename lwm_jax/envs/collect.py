@@ -13,7 +13,6 @@ stats also count the distinct worlds (`meta["world"]`) of the kept episodes and 
 """
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401  (Finalize)
 import shutil
@@ -21,8 +20,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Sequence
 
+from lwm_jax import domains
 from lwm_jax.data import schema
-from lwm_jax.envs import base, perturb as perturb_lib, recorder, swe
+from lwm_jax.envs import base, perturb as perturb_lib, recorder
 
 _WORKER_ENV: dict[tuple[str, tuple], base.Env] = {}  # (name, env options) -> env
 
@@ -31,21 +31,8 @@ def hygiene_problem(traj: schema.Trajectory) -> str | None:
   """Why `traj` must be dropped from a corpus, or None when it is fine."""
   if len(traj.turns) < 2:
     return "fewer than 2 turns"
-  if traj.domain == "mcp":
-    declared = set(traj.meta.get("declared_tools", []))
-    for i, t in enumerate(traj.turns):
-      try:
-        call = json.loads(t.action)
-      except json.JSONDecodeError:
-        continue  # a malformed request calls no tool; the server answers with a parse error
-      if isinstance(call, dict) and call.get("tool") not in declared:
-        return f"turn {i}: undeclared tool {call.get('tool')!r}"
-  if traj.domain == "swe":
-    for i, t in enumerate(traj.turns):
-      name = t.action.split("(", 1)[0].strip()
-      if name not in swe.SIGNATURES:
-        return f"turn {i}: undeclared tool {name!r}"
-  return None
+  dom = domains.get_domain(traj.domain)
+  return dom.load("corpus_check")(traj) if dom.corpus_check else None
 
 
 def episode_id(name: str, seed: int, index: int) -> str:
@@ -112,8 +99,7 @@ def collect(name: str, episodes: int, seed: int = 0, workers: int = 2, max_turns
   """Plays episodes `start .. start+episodes-1`; returns (kept trajectories in order, stats).
   `env_options` are keyword arguments of the environment's constructor (e.g. the terminal's
   `names="made_up"`); one that it does not take is a ValueError before any episode runs."""
-  if name not in base.ENV_NAMES:
-    raise ValueError(f"unknown environment '{name}' (expected one of {', '.join(base.ENV_NAMES)})")
+  domains.get_domain(name)  # ValueError naming the registered domains for an unknown one
   options = tuple(sorted((env_options or {}).items()))
   if options:  # a bad option fails here, before any episode, with its reason
     try:

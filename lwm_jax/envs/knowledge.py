@@ -12,9 +12,10 @@ import inspect
 import sqlite3
 from typing import Sequence
 
+from lwm_jax import domains
 from lwm_jax.data.documents import Document
 from lwm_jax.data.drills import copy_drills, lookup_drills
-from lwm_jax.envs import search
+from lwm_jax.envs.search import env as search
 
 SOURCES = ("search", "actions", "copy", "lookup")
 DEFAULT_SOURCES = ("search", "actions")  # the environments' own text; drills only when asked
@@ -24,7 +25,7 @@ LOOKUP_DRILLS = 4000  # drills of the 'lookup' source
 
 def search_collection(cache_dir: str | None = None) -> list[Document]:
   """Every page the search environment indexes (module overviews, functions, classes), read from
-  its SQLite index (built on first use by `lwm_jax.envs.search.ensure_index`)."""
+  its SQLite index (built on first use by `lwm_jax.envs.search.env.ensure_index`)."""
   path = search.ensure_index(cache_dir)
   con = sqlite3.connect(path)
   try:
@@ -37,11 +38,15 @@ def search_collection(cache_dir: str | None = None) -> list[Document]:
 def action_spaces() -> list[Document]:
   """Each bundled environment's action-space description, as its episodes' prompts carry it."""
   docs = []
-  for name in ("terminal", "swe", "search", "web", "android", "desktop"):
-    mod = importlib.import_module(f"lwm_jax.envs.{name}")
+  # the built-in domains in the order their documents were first written, then any others
+  first = {n: i for i, n in enumerate(("terminal", "swe", "search", "web", "android", "os"))}
+  for d in sorted(domains.domains(), key=lambda d: first.get(d.name, len(first))):
+    module = d.env.partition(":")[0]
+    mod = importlib.import_module(module)
+    name = module.rsplit(".", 2)[-2]  # the domain's folder (the document ids predate "os")
     text = getattr(mod, "ACTION_SPACE", "")
     if "{limit}" in text:  # the terminal's time limit, filled in as its episodes show it
-      limit = inspect.signature(mod.TerminalEnv).parameters["time_limit"].default
+      limit = inspect.signature(d.load("env")).parameters["time_limit"].default
       text = text.format(limit=limit)
     if text.strip():
       docs.append(Document(f"action_space/{name}", text, f"Actions of the {name} environment"))

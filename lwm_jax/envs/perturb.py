@@ -4,7 +4,7 @@ A perturbation steers a world away from its normal behaviour: intermittent error
 withheld fields, partial batch failures, rate limiting, stale reads. Each has a name, typed and
 checked parameters, and a rendering into the system prompt's "Simulation instruction" section
 (`lwm_jax.sim.perturb.apply(world, perts)` puts it there; `lwm_jax.data.prompts` lays the section
-out). The real bundled environments implement the same perturbations (`REAL_SUPPORT`: the MCP
+out). The real bundled environments implement the same perturbations (`real_support`: the MCP
 tool server, the search engine, the web shop), so that genuine trajectories that follow an
 instruction can be recorded (`launch/collect.py --perturb=SPEC`); `real_options(perts, domain,
 seed)` translates them into the options of a real environment. See docs/perturbations.md.
@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from typing import Any, Callable, Sequence
+
+from lwm_jax import domains as domains_lib
 
 ERROR_KINDS = {
     "timeout": "time out (the call returns a timeout error and has no effect)",
@@ -219,24 +221,23 @@ def as_list(perts: Sequence[Perturbation] | str | None) -> list[Perturbation]:
   return parse(perts) if isinstance(perts, str) else list(perts)
 
 
-# Which perturbations each real environment implements.
-REAL_SUPPORT = {
-    "mcp": ("errors", "page_size", "withhold", "partial", "rate_limit", "stale"),
-    "search": ("errors", "page_size", "withhold", "rate_limit"),
-    "web": ("errors", "page_size", "partial", "rate_limit"),
-}
-# The fields a search result can go without (any column or key for the MCP server).
+def real_support(domain: str) -> tuple[str, ...]:
+  """The perturbations the real environment of `domain` implements (its record's
+  `real_perturbations`; none for a domain that is not registered)."""
+  return domains_lib.get_domain(domain).real_perturbations if domains_lib.is_domain(domain) else ()
+
+# The fields a search result can go without (the search domain's `withhold_fields`).
 SEARCH_FIELDS = ("title", "snippet", "score")
 
 
 def real_options(perts: Sequence[Perturbation] | str, domain: str, seed: int = 0
                  ) -> dict[str, Any]:
   """The options that make the real environment of `domain` behave as instructed (for the MCP
-  tool server: the `perturb` dict of `lwm_jax.envs.mcp_server.make_server`; the search engine and
+  tool server: the `perturb` dict of `lwm_jax.envs.mcp.server.make_server`; the search engine and
   the web shop take the same keys). Raises NotImplementedError naming a
   perturbation the environment does not implement, ValueError for a field it cannot withhold."""
   perts = as_list(perts)
-  supported = REAL_SUPPORT.get(domain, ())
+  supported = real_support(domain)
   for p in perts:
     if p.name not in supported:
       raise NotImplementedError(
@@ -249,11 +250,11 @@ def real_options(perts: Sequence[Perturbation] | str, domain: str, seed: int = 0
     elif p.name == "page_size":
       opts["page_size"] = p.params["size"]
     elif p.name == "withhold":
-      if domain == "search":
-        bad = [f for f in p.params["fields"] if f not in SEARCH_FIELDS]
-        if bad:
-          raise ValueError(f"perturbation 'withhold': the search engine cannot withhold "
-                           f"{', '.join(bad)} (its result fields: {', '.join(SEARCH_FIELDS)})")
+      fields = domains_lib.get_domain(domain).withhold_fields if domains_lib.is_domain(domain) else ()
+      bad = [f for f in p.params["fields"] if fields and f not in fields]
+      if bad:
+        raise ValueError(f"perturbation 'withhold': the {domain} environment cannot withhold "
+                         f"{', '.join(bad)} (its result fields: {', '.join(fields)})")
       opts["withhold"] = list(p.params["fields"])
     elif p.name == "rate_limit":
       opts.update(rate_limit=p.params["limit"], retry_after=p.params["retry_after"])
@@ -330,31 +331,26 @@ class Perturbable:
 
   def fault_text(self, kind: str) -> str:
     """The message of a failed call (the MCP tool server's wording)."""
-    from lwm_jax.envs.mcp_server import ERROR_MESSAGES
+    from lwm_jax.envs.mcp.server import ERROR_MESSAGES
     if kind == "rate_limit":
       return RATE_LIMIT_TEXT.format(limit=self.faults.opts["rate_limit"],
                                     after=self.faults.opts.get("retry_after", 30))
     return ERROR_MESSAGES[kind]
 
 
-# The perturbations a corpus draws from, per domain with a real counterpart (tools/make_corpus.py
-# --perturb_share) and which the fidelity evaluation measures (lwm_jax/eval/fidelity.py).
-CORPUS_MENU = {
-    "mcp": ("errors:rate=0.2,kind=timeout", "page_size:size=3", "withhold:fields=email",
-            "rate_limit:limit=4,retry_after=30", "stale:refresh=0",
-            "errors:rate=0.3,kind=unavailable; page_size:size=5"),
-    "search": ("errors:rate=0.2,kind=server_error", "page_size:size=2", "withhold:fields=snippet",
-               "withhold:fields=score+snippet", "rate_limit:limit=5,retry_after=20"),
-    "web": ("errors:rate=0.15,kind=unavailable", "partial:rate=0.4", "page_size:size=2",
-            "errors:rate=0.1,kind=timeout; partial:rate=0.3"),
-}
+def corpus_menu() -> dict[str, tuple[str, ...]]:
+  """The perturbations a corpus draws from, per domain with a real counterpart (tools/make_corpus.py
+  --perturb_share) and which the fidelity evaluation measures (lwm_jax/eval/fidelity.py): each
+  registered domain's `corpus_perturbations`, for the domains that have some."""
+  return {d.name: d.corpus_perturbations for d in domains_lib.domains() if d.corpus_perturbations}
 
 
 def parse_menu(text: str, domains: Sequence[str], flag: str = "--specs") -> dict[str, list[str]]:
-  """Per domain, a list of canonical specs: each domain's CORPUS_MENU for "", else the given
+  """Per domain, a list of canonical specs: each domain's `corpus_menu()` entry for "", else the given
   `domain=SPEC|SPEC` entries separated by `&&` (a spec itself uses `;` and `,`); a domain left out
   gets none. Each spec is checked against the domain's real environment. Errors name `flag`."""
-  out = {d: list(CORPUS_MENU[d]) for d in domains}
+  menus = corpus_menu()
+  out = {d: list(menus[d]) for d in domains}
   if not text:
     return out
   out = {d: [] for d in domains}
@@ -374,11 +370,11 @@ def parse_menu(text: str, domains: Sequence[str], flag: str = "--specs") -> dict
 def corpus_choice(domain: str, index: int, share: float, seed: int = 0,
                   menu: Sequence[str] | None = None) -> str:
   """The perturbation spec of episode `index` of a corpus run ("" for none): about `share` of
-  the episodes of a domain in CORPUS_MENU (or of `menu` when given), each with a menu entry, both
+  the episodes of a domain in `corpus_menu()` (or of `menu` when given), each with a menu entry, both
   fixed by (domain, seed, index) so a re-run makes the same choices."""
   if not 0.0 <= share <= 1.0:
     raise ValueError(f"perturb_share must be in [0, 1], got {share}")
-  menu = CORPUS_MENU.get(domain, ()) if menu is None else tuple(menu)
+  menu = corpus_menu().get(domain, ()) if menu is None else tuple(menu)
   if not menu or share <= 0.0 or draw(f"corpus/{domain}/{seed}", index) >= share:
     return ""
   return menu[int(draw(f"corpus/{domain}/{seed}/kind", index) * len(menu))]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+from lwm_jax import domains
 from lwm_jax.data import schema
 from lwm_jax.envs import base, perturb
 
@@ -27,7 +28,7 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
   initial = env.reset(seed)
   info = env.describe()
   agent.begin(env, initial)
-  gui = env.domain in schema.GUI_DOMAINS
+  gui = domains.get_domain(env.domain).gui
   turns: list[schema.Turn] = []
   last = initial
   dropped = 0

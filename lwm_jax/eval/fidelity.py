@@ -1,7 +1,7 @@
 """Instruction fidelity: does a world model follow a perturbation instruction as the real env does?
 
 For each domain with real perturbations (mcp, search, web) and each perturbation of its menu
-(`lwm_jax.envs.perturb.CORPUS_MENU`, or `--specs`), held-out episodes (the seeds of the corpus's
+(`lwm_jax.envs.perturb.corpus_menu()`, or `--specs`), held-out episodes (the seeds of the corpus's
 test split) are played for real under the perturbation by the scripted agent; their actions are
 then replayed in the world model (`SimulatedEnv`, all episodes stepped together by `step_many`)
 twice: with the perturbation's instruction in the system prompt and without it. A small detector
@@ -41,7 +41,7 @@ from lwm_jax.data import drills, schema
 from lwm_jax.envs import base, perturb, recorder
 from lwm_jax import textsim
 
-DOMAINS = tuple(perturb.CORPUS_MENU)
+DOMAINS = tuple(perturb.corpus_menu())
 PARTS = ("generate", "likelihood")
 
 # -- detectors: pure functions of an observation -------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from lwm_jax.data import prompts
 from lwm_jax.data.reply import parse_prediction
-from lwm_jax.data.schema import DOMAINS, Trajectory
+from lwm_jax.data.schema import Trajectory
 from lwm_jax.eval import records as R
 from lwm_jax.eval import report as report_lib
 from lwm_jax.eval.metrics import aggregate_free
@@ -64,7 +64,7 @@ class Selection:
   max_turns: int | None = None
 
   def describe(self) -> str:
-    parts = [f"{report_lib.DISPLAY.get(d, d)} {self.turns_selected.get(d, 0)} of {n}"
+    parts = [f"{report_lib.display(d)} {self.turns_selected.get(d, 0)} of {n}"
              for d, n in self.turns_total.items()]
     cap = f" (at most {self.max_turns} per domain)" if self.max_turns else ""
     return "Turns evaluated" + cap + ": " + ", ".join(parts) + "."
@@ -84,7 +84,7 @@ def select_cases(trajs: Sequence[Trajectory], max_turns: int | None = None, seed
   for traj in trajs:
     for t in range(len(traj.turns)):
       by_domain.setdefault(traj.domain, []).append((_order(seed, traj.id, t), traj, t))
-  doms = [d for d in DOMAINS if d in by_domain] + sorted(d for d in by_domain if d not in DOMAINS)
+  doms = report_lib.ordered(by_domain)
   cases, total, chosen, used = [], {}, {}, {}
   for d in doms:
     pairs = by_domain[d]
@@ -231,7 +231,7 @@ def versus(res: Mapping[str, Any], system: str, baseline: str = "copy_previous",
 
 def _table(res: Mapping[str, Any], metric: str) -> list[str]:
   doms = res["domains"]
-  lines = ["| System | " + " | ".join(report_lib.DISPLAY.get(d, d) for d in doms)
+  lines = ["| System | " + " | ".join(report_lib.display(d) for d in doms)
            + " | **Overall** |", "|:--" + "|:-:" * (len(doms) + 1) + "|"]
   for name, e in res["systems"].items():
     agg = e["free"][metric]
@@ -251,7 +251,7 @@ def markdown(res: Mapping[str, Any], title: str = "Free-running evaluation") -> 
            "prompt variant 0). Baselines: `copy_previous` repeats the observation before the "
            "action ('' at the first turn); `empty` predicts nothing. Overall = unweighted mean "
            "of the domains.", "",
-           "Turns per domain: " + ", ".join(f"{report_lib.DISPLAY.get(d, d)} {n[d]}"
+           "Turns per domain: " + ", ".join(f"{report_lib.display(d)} {n[d]}"
                                             for d in res["domains"]) + ".",
            res["selection"]["describe"], _sentence(res["worlds"]["describe"])]
   for metric in FREE_METRICS:
@@ -259,7 +259,7 @@ def markdown(res: Mapping[str, Any], title: str = "Free-running evaluation") -> 
   models = [s for s in res["systems"] if s not in BASELINES]
   if models:
     lines += ["", "## Token F1 margin over copy-previous (points)", "",
-              "| System | " + " | ".join(report_lib.DISPLAY.get(d, d) for d in res["domains"])
+              "| System | " + " | ".join(report_lib.display(d) for d in res["domains"])
               + " | **Overall** | Domains ahead |",
               "|:--" + "|:-:" * (len(res["domains"]) + 2) + "|"]
     for s in models:

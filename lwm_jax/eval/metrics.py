@@ -20,10 +20,16 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterable, Mapping
 
+from lwm_jax import domains as domains_lib
 from lwm_jax.judge import DIMENSIONS, valid_score
 from lwm_jax.textsim import FREE_METRICS
 
-N_BENCH_DOMAINS = 7  # MCP, Search, Terminal, SWE, Android, Web, OS
+
+
+def bench_domains() -> tuple[str, ...]:
+  """The benchmark's domains, from the domain registry (`lwm_jax.domains`): a result without one
+  of them is `partial`."""
+  return domains_lib.bench_domains()
 
 
 def domain_of(task: str) -> str:
@@ -68,7 +74,8 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
   Returns {"domains": {domain: score}, "overall": score or None, "counts": {domain: scored n},
   "excluded": {domain: n}, "dimensions": {domain: {dimension: score}}, "n_domains": domains in
-  the overall, "partial": True when that is fewer than seven, "pooled_overall": the official
+  the overall, "partial": True when a benchmark domain of the registry has no score,
+  "pooled_overall": the official
   client's mean over all scored samples, or None}. A domain whose samples were all excluded
   appears in counts/excluded but not in domains, and does not enter either overall.
   """
@@ -119,7 +126,7 @@ def aggregate(judged_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "dimensions": {d: {k: to_percent(sum(v) / len(v)) for k, v in per_dim[d].items()}
                      for d in all_domains if d in per_dim},
       "n_domains": len(domains),
-      "partial": len(domains) < N_BENCH_DOMAINS,
+      "partial": any(d not in domains for d in bench_domains()),
       "pooled_overall": to_percent(sum(pooled) / len(pooled)) if pooled else None,
   }
 

@@ -36,7 +36,7 @@ def _tally(path: str, rows: list, judged: bool, report: dict | None) -> dict[str
   (the later row wins), a domain the bundled schema does not know, a score outside 1..5 or not a
   number, a field named like a score dimension that is not one. Logged as one warning and added
   to `report` (when given); nothing here is dropped without being counted."""
-  from lwm_jax.data import schema  # pylint: disable=import-outside-toplevel
+  from lwm_jax import domains as domains_lib  # pylint: disable=import-outside-toplevel
   counts = {"rows": len(rows), "duplicate_keys": 0, "unknown_domains": 0,
             "out_of_range_scores": 0, "unknown_dimensions": 0}
   seen: set[str] = set()
@@ -44,7 +44,7 @@ def _tally(path: str, rows: list, judged: bool, report: dict | None) -> dict[str
     key = R.record_key(rec)
     counts["duplicate_keys"] += key in seen
     seen.add(key)
-    counts["unknown_domains"] += R.domain(rec) not in schema.DOMAINS
+    counts["unknown_domains"] += not domains_lib.is_domain(R.domain(rec))
     if judged and not row.get("failed"):
       # 0 is the official judge's mark of an invalid dimension (left out of the mean)
       counts["out_of_range_scores"] += sum(

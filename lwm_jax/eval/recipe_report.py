@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 from lwm_jax.eval import free_running
-from lwm_jax.eval.metrics import N_BENCH_DOMAINS
-from lwm_jax.eval.report import DISPLAY
+from lwm_jax.eval.metrics import bench_domains
+from lwm_jax.eval.report import display
 
 METRICS = (("token_f1", "Token F1"), ("edit_sim", "Edit similarity"), ("exact", "Exact match"))
 
@@ -88,14 +88,14 @@ def _verdict_lines(v: dict[str, Any] | None) -> list[str]:
   ok = v["domains_ahead"] >= 5 and v["beats_overall"]
   lines = [f"The SFT model `{v['system']}` beats copy-previous on token F1 in "
            f"{v['domains_ahead']} of {v['domains']} domains (of the benchmark's "
-           f"{N_BENCH_DOMAINS}) and {'' if v['beats_overall'] else 'does NOT beat it '}overall "
+           f"{len(bench_domains())}) and {'' if v['beats_overall'] else 'does NOT beat it '}overall "
            f"({v['overall_margin']:+.2f} points). The goal (at least 5 domains and overall): "
            f"{'met' if ok else 'NOT met'}."]
   if v["short"]:
     lines += ["", "Domains where it does not beat copy-previous (margin in token-F1 points; "
               "generations cut at the token cap can explain part of a gap):", ""]
     for x in v["short"]:
-      lines.append(f"- {DISPLAY.get(x['domain'], x['domain'])}: {x['margin']:+.2f} points; "
+      lines.append(f"- {display(x['domain'])}: {x['margin']:+.2f} points; "
                    f"{x['cut_at_max_new_tokens']} of {x['turns']} generations cut at "
                    "max_new_tokens")
   return lines

@@ -14,8 +14,8 @@ import logging
 import os
 from typing import Iterable
 
+from lwm_jax import domains as domains_lib
 from lwm_jax.data import bench_records as awb
-from lwm_jax.data import schema
 from lwm_jax.eval.metrics import domain_of
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def load_bench(path: str | os.PathLike, domains: Iterable[str] | None = None,
       dom = domain(rec)
       if rec.turn_idx < 1:
         raise ValueError(f"{where}: turn_idx must be >= 1, got {rec.turn_idx}")
-      if dom not in schema.DOMAINS:
+      if not domains_lib.is_domain(dom):
         unknown.add(dom)
       if wanted is not None and dom not in wanted:
         continue

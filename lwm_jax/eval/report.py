@@ -12,15 +12,27 @@ import json
 import os
 from typing import Any, Iterable
 
-from lwm_jax.data import schema
+from lwm_jax import domains as domains_lib
 from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
 from lwm_jax.eval.metrics import aggregate, aggregate_free
 from lwm_jax.textsim import FREE_METRICS, free_metrics
 
-DISPLAY = {"mcp": "MCP", "search": "Search", "terminal": "Term.", "swe": "SWE",
-           "android": "Android", "web": "Web", "os": "OS"}
+
+
+def display(domain: str) -> str:
+  """A domain's table heading: its record's `display`, else the name itself (a result may carry
+  a domain this installation does not register)."""
+  return domains_lib.get_domain(domain).display if domains_lib.is_domain(domain) else domain
+
+
+def ordered(names: Iterable[str]) -> list[str]:
+  """`names` in the registry's order (the benchmark's columns), unregistered ones last, sorted."""
+  names = set(names)
+  known = domains_lib.names()
+  return [d for d in known if d in names] + sorted(d for d in names if d not in known)
+
 METRIC_TITLES = {"judge": "Judge score: five-dimension rubric mean, 0-100",
                  "exact": "Exact match, %", "token_f1": "Token F1, %",
                  "edit_sim": "Edit similarity, %"}
@@ -50,7 +62,7 @@ def coverage_line(cov: dict[str, Any]) -> str:
     return ("Worlds: the records carry no world id, so this report cannot say whether their "
             "worlds were seen in training.")
   text = (f"Worlds: {cov['total']} distinct (" + ", ".join(
-      f"{DISPLAY.get(d, d)} {n}" for d, n in cov["worlds"].items()) + ")")
+      f"{display(d)} {n}" for d, n in cov["worlds"].items()) + ")")
   if cov["seen_in_train"] is None:
     text += ("; not checked against a training corpus (the bundled mini benchmark comes from the "
              "corpus's test split, whose worlds tools/make_corpus.py keeps out of training)")
@@ -97,8 +109,7 @@ def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "aut
       entry["judge"]["not_judged"] = sum(1 for k, t in truths.items()
                                          if t is not None and k in preds) - len(judged)
     systems[name] = entry
-  domains = [d for d in schema.DOMAINS if d in n_records] + sorted(
-      d for d in n_records if d not in schema.DOMAINS)
+  domains = ordered(n_records)
   return {"domains": domains, "n_records": n_records, "systems": systems,
           "worlds": world_coverage(recs, train_worlds)}
 
@@ -109,7 +120,7 @@ def _cell(v: float | None) -> str:
 
 def _table(results: dict[str, Any], metric: str) -> str | None:
   doms = results["domains"]
-  head = "| System | " + " | ".join(DISPLAY.get(d, d) for d in doms) + " | **Overall** |"
+  head = "| System | " + " | ".join(display(d) for d in doms) + " | **Overall** |"
   lines = [head, "|:--" + "|:-:" * (len(doms) + 1) + "|"]
   any_row = False
   for name, entry in results["systems"].items():
@@ -135,7 +146,7 @@ def _table(results: dict[str, Any], metric: str) -> str | None:
 def markdown_report(results: dict[str, Any]) -> str:
   n = results["n_records"]
   parts = ["# AgentWorldBench results", "",
-           "Samples per domain: " + ", ".join(f"{DISPLAY.get(d, d)} {n[d]}"
+           "Samples per domain: " + ", ".join(f"{display(d)} {n[d]}"
                                              for d in results["domains"]) + ".",
            *([coverage_line(results["worlds"])] if "worlds" in results else []),
            "Baselines: `copy_previous` repeats the observation before the action; `empty` predicts "
@@ -200,7 +211,7 @@ def plot(results: dict[str, Any], metric: str, path: str) -> bool:
     vals = [(a["overall"] if panel == "overall" else a["domains"].get(panel)) or 0.0
             for a in aggs]
     ax.bar(range(len(names)), vals, color=colors)
-    ax.set_title(DISPLAY.get(panel, panel.capitalize()), fontsize=10)
+    ax.set_title(display(panel) if domains_lib.is_domain(panel) else panel.capitalize(), fontsize=10)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
     ax.set_ylim(0, 100)

@@ -148,7 +148,7 @@ class ProcessEnvs:
     self.timeout_s = timeout_s  # per request: a worker that does not answer in time is an error
     if workers < 1:
       raise ValueError(f"workers: must be >= 1, got {workers}")
-    base._lookup(domain)  # an unknown domain fails here, not in a worker
+    base.env_module(domain)  # an unknown domain fails here, not in a worker
     ctx = mp.get_context("spawn")  # no fork of a process that runs JAX
     self.domain, self.conns, self.procs = domain, [], []
     for _ in range(workers):

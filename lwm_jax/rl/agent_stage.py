@@ -32,7 +32,7 @@ def agent_config(c: ml_collections.ConfigDict) -> AgentConfig:
   if a.reward not in REWARDS:
     raise ValueError(f"config.agent.reward: '{a.reward}' is not one of {REWARDS}")
   try:
-    base._lookup(a.domain)
+    base.env_module(a.domain)
   except (KeyError, ValueError) as e:
     raise ValueError(f"config.agent.domain: {e}") from None
   if int(a.train_tasks) < 1:

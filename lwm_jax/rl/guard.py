@@ -27,14 +27,19 @@ import json
 import re
 from typing import Any
 
+from lwm_jax import domains
 from lwm_jax.data.bench_records import OBSERVATION_HEADER
 
 DETERMINISTIC = ("json", "tree", "output")
 ALLOWED = DETERMINISTIC + ("free",)
 KINDS = ALLOWED + ("foreign", "meta")
 
-DOMAIN_CONTENT = {"mcp": "json", "android": "tree", "web": "tree", "os": "tree",
-                  "terminal": "output", "swe": "output", "search": "free"}
+
+
+def content_of(domain: str) -> str:
+  """What an observation of `domain` is made of (its record's `content`, one of ALLOWED);
+  ValueError naming the registered domains for an unknown one."""
+  return domains.get_domain(domain).content
 
 # Text that talks about the prediction or to the grader. Real environments do not grade their
 # own output, so these patterns are aimed at the meta level, not at ordinary words: a grader word
@@ -250,10 +255,8 @@ def _tree_regions(text: str, allow: frozenset[str] = frozenset()) -> list[Region
 def classify(domain: str, text: str, allow: frozenset[str] = frozenset()) -> Classified:
   """The regions of a predicted (or real) observation of `domain` (see the module docstring).
   Text in `allow` (`real_texts(reference)`: what the real observation holds) is never flagged."""
-  if domain not in DOMAIN_CONTENT:
-    raise ValueError(f"domain '{domain}': no content type (known: {', '.join(DOMAIN_CONTENT)})")
+  kind = content_of(domain)
   body = _strip_header(text)
-  kind = DOMAIN_CONTENT[domain]
   if kind == "json":
     regions = _json_regions(body, allow)
   elif kind == "tree":

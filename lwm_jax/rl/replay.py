@@ -31,10 +31,10 @@ SOURCE_PREFIX = "lwm_jax.envs/"
 
 def replayable(domain: str, meta: Mapping[str, Any] | None) -> bool:
   """True when `meta` names a bundled environment's episode of `domain` with its seed."""
-  from lwm_jax.envs import base  # pylint: disable=import-outside-toplevel
+  from lwm_jax import domains  # pylint: disable=import-outside-toplevel
   meta = meta or {}
   return (str(meta.get("source", "")) == SOURCE_PREFIX + domain and "seed" in meta
-          and domain in base.ENV_NAMES)
+          and domains.is_domain(domain))
 
 
 def _follow(env: Any, spec: str) -> None:

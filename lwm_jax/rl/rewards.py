@@ -217,7 +217,7 @@ def rule_checks(domain: str, reply: str, reference: str) -> dict[str, Any]:
   pred, c = prediction_of(domain, reply, reference)
   out: dict[str, Any] = {"parses": reply_parses(reply), "clean": c.ok,
                          "flagged": len(c.flagged)}
-  kind = guard.DOMAIN_CONTENT[domain]
+  kind = guard.content_of(domain)
   ref_body = reference_of(domain, reference)
   if kind == "json":
     value = _load_json(pred)
@@ -259,7 +259,7 @@ class RuleReward(Reward):
     for x in inputs:
       d = rule_checks(x.domain, x.reply, x.reference)
       # search has no deterministic part and no verifier: the rule does not apply (r = rubric)
-      applies = guard.DOMAIN_CONTENT[x.domain] in guard.DETERMINISTIC
+      applies = guard.content_of(x.domain) in guard.DETERMINISTIC
       out.append(Score(MAX_REWARD if d["passed"] else 0.0, d, applies=applies))
     return out
 

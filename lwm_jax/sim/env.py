@@ -35,6 +35,7 @@ import re
 import time
 from typing import Any, Callable, Sequence
 
+from lwm_jax import domains
 from lwm_jax.data import prompts
 from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory, Turn
@@ -47,13 +48,12 @@ from lwm_jax.sampling.sampler import fit_chat
 # Action names that end an episode: `finish(...)`, `submit(answer="...")`, a bare `done`, or the
 # MCP form `{"tool": "finish", ...}`. The terminal's `exit` ends a shell session too.
 FINISH_ACTIONS = ("finish", "submit", "answer", "done", "stop")
-_DOMAIN_FINISH = {"terminal": FINISH_ACTIONS + ("exit", "logout")}
 
 Verifier = Callable[[Trajectory], "float | Verdict"]
 
 
 def finish_actions_for(domain: str) -> tuple[str, ...]:
-  return _DOMAIN_FINISH.get(domain, FINISH_ACTIONS)
+  return FINISH_ACTIONS + tuple(domains.get_domain(domain).finish_actions)
 
 
 def action_name(action: str) -> str:
@@ -85,9 +85,9 @@ class World:
   goal: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if self.domain not in prompts.DOMAIN_INFO:
+    if not domains.is_domain(self.domain):
       raise ValueError(f"world.domain: unknown domain '{self.domain}' (expected one of "
-                       f"{', '.join(prompts.DOMAIN_INFO)})")
+                       f"{', '.join(domains.names())})")
     for f in ("task", "action_space", "initial_state", "demonstrations",
               "simulation_instruction"):
       if not isinstance(getattr(self, f), str):

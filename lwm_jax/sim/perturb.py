@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from lwm_jax.envs.perturb import (  # noqa: F401  (re-exported)
-    CATALOGUE, ERROR_KINDS, REAL_SUPPORT, SEARCH_FIELDS, Faults, Kind, Param, Perturbation, as_list,
-    draw, instruction, make, parse, real_options, spec_of)
+    CATALOGUE, ERROR_KINDS, SEARCH_FIELDS, Faults, Kind, Param, Perturbation, as_list,
+    draw, instruction, make, parse, real_options, real_support, spec_of)
 from lwm_jax.sim.env import World
 
 

@@ -105,9 +105,10 @@ def _task(body: dict) -> tuple[str, int]:
   if not isinstance(t, dict) or set(t) != {"domain", "seed"}:
     raise HttpError(400, 'task: expected {"domain": ..., "seed": ...}')
   domain, seed = t["domain"], t["seed"]
-  if domain not in verify_transcript.DOMAINS:
+  known = verify_transcript.verified_domains()
+  if domain not in known:
     raise HttpError(400, f"task.domain: '{domain}' has no task verifier (expected one of "
-                    f"{', '.join(verify_transcript.DOMAINS)})")
+                    f"{', '.join(known)})")
   if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
     raise HttpError(400, f"task.seed: expected a non-negative integer, got {seed!r}")
   return domain, seed

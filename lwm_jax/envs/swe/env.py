@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from lwm_jax.envs import base, confined, sandbox
-from lwm_jax.envs.swe_worlds import generate_world
+from lwm_jax.envs.swe.worlds import generate_world
 
 REPO_SHOWN = "/repo"
 SIGNATURES = {"view": ("path", "start", "end"), "search": ("pattern", "path"),
@@ -251,3 +251,13 @@ def _view_definition(observation: str) -> str:
 
 def repr_edit(path: str, old: str, new: str) -> str:
   return f"edit(path={path!r}, old={old!r}, new={new!r})"
+
+
+def corpus_problem(traj: Any) -> str | None:
+  """Why a recorded episode must stay out of a corpus (a call of an undeclared tool), or None;
+  the domain record's `corpus_check`."""
+  for i, t in enumerate(traj.turns):
+    name = t.action.split("(", 1)[0].strip()
+    if name not in SIGNATURES:
+      return f"turn {i}: undeclared tool {name!r}"
+  return None

@@ -1,6 +1,6 @@
 """The `mcp` environment: a real MCP client talking over stdio to the shop tool server.
 
-The server (`lwm_jax.envs.mcp_server`) runs as a subprocess for the life of the env; `reset(seed)`
+The server (`lwm_jax.envs.mcp.server`) runs as a subprocess for the life of the env; `reset(seed)`
 rebuilds its SQLite database file from the seed's generated world (`generate_world`: a fictional
 business with 300-500 rows over five related tables), so episodes do not share state. The tools declared to the agent
 in an episode (a seeded subset of the server's `tools/list`, always enough for the task) form the
@@ -24,7 +24,8 @@ import threading
 from typing import Any
 
 import lwm_jax
-from lwm_jax.envs import base, mcp_server
+from lwm_jax.envs import base
+from lwm_jax.envs.mcp import server as mcp_server
 from lwm_jax.envs.perturb import Perturbable
 
 _ALWAYS = ("list_tables", "describe_table", "query")
@@ -186,7 +187,7 @@ class _Client:
     self._stop: asyncio.Event | None = None
     started = threading.Event()
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "lwm_jax.envs.mcp_server", "--db", db_path],
+        command=sys.executable, args=["-m", "lwm_jax.envs.mcp.server", "--db", db_path],
         env={"PYTHONPATH": lwm_jax.child_pythonpath()})
     self._devnull = open(os.devnull, "w")
 
@@ -293,7 +294,7 @@ class McpEnv(Perturbable, base.Env):
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "declared_tools": self.goal.get("tools", []),
-            "server": "lwm_jax.envs.mcp_server (mcp stdio)"}
+            "server": "lwm_jax.envs.mcp_server (mcp stdio)"}  # the recorded label, kept byte for byte
 
   def close(self) -> None:
     if self.client is not None:
@@ -404,3 +405,17 @@ class McpAgent(base.PlanAgent):
     pid = (named or rows)[0][0] if rows else 1
     return _call("create_order", customer_id=self.goal["customer_id"], product_id=pid,
                  quantity=self.goal["quantity"])
+
+
+def corpus_problem(traj: Any) -> str | None:
+  """Why a recorded episode must stay out of a corpus (a call of a tool the episode's server did
+  not declare), or None; the domain record's `corpus_check`."""
+  declared = set(traj.meta.get("declared_tools", []))
+  for i, t in enumerate(traj.turns):
+    try:
+      call = json.loads(t.action)
+    except json.JSONDecodeError:
+      continue  # a malformed request calls no tool; the server answers with a parse error
+    if isinstance(call, dict) and call.get("tool") not in declared:
+      return f"turn {i}: undeclared tool {call.get('tool')!r}"
+  return None

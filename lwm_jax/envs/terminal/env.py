@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from lwm_jax.envs import base, confined, sandbox
-from lwm_jax.envs.terminal_worlds import NAMES, generate_world
+from lwm_jax.envs.terminal.worlds import NAMES, generate_world
 
 HOME_SHOWN = "/home/user"
 _STATUS_FD, _OUT_FD = 87, 88  # the shell's private status pipe; a copy of its output pipe

@@ -23,9 +23,10 @@ import re
 import urllib.parse
 from typing import Any
 
-from lwm_jax.envs import base, web_app
+from lwm_jax.envs import base
+from lwm_jax.envs.web import app as web_app
 from lwm_jax.envs.perturb import Perturbable
-from lwm_jax.envs.web_app import generate_world  # noqa: F401  (each env module offers its world generator)
+from lwm_jax.envs.web.app import generate_world  # noqa: F401  (each env module offers its world generator)
 
 HOST = "http://shop.local"
 SIGNATURES = {"click": ("id",), "type": ("id", "text"), "select": ("id", "option"),
@@ -230,7 +231,7 @@ class WebEnv(Perturbable, base.Env):
     return self._ready(g["text"], ACTION_SPACE, self.render())
 
   def episode_meta(self) -> dict[str, Any]:
-    return {"task_kind": self.goal.get("kind"), "app": "lwm_jax.envs.web_app (http.server on loopback)",
+    return {"task_kind": self.goal.get("kind"), "app": "lwm_jax.envs.web_app (http.server on loopback)",  # recorded label
             "normalised": ["host shown as shop.local (real port hidden)"]}
 
   def close(self) -> None:

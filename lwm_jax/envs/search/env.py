@@ -29,7 +29,8 @@ import warnings
 from typing import Any
 
 import lwm_jax
-from lwm_jax.envs import base, search_worlds
+from lwm_jax.envs import base
+from lwm_jax.envs.search import worlds as search_worlds
 from lwm_jax.envs.perturb import Perturbable
 
 MODULES = (
@@ -103,7 +104,7 @@ def ensure_index(cache_dir: str | None = None) -> str:
   # Built by a fresh interpreter: pydoc's text depends on what the process did before (a class
   # that was pickled or copied gains a `__slotnames__` attribute, which pydoc then lists).
   env = {**os.environ, "PYTHONPATH": lwm_jax.child_pythonpath()}
-  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.search", "--build", tmp], env=env,
+  proc = subprocess.run([sys.executable, "-m", "lwm_jax.envs.search.env", "--build", tmp], env=env,
                         capture_output=True, text=True)
   if proc.returncode:
     os.remove(tmp)
@@ -374,5 +375,5 @@ class SearchAgent(base.Agent):
 
 if __name__ == "__main__":
   if sys.argv[1:2] != ["--build"] or len(sys.argv) != 3:
-    sys.exit("usage: python -m lwm_jax.envs.search --build INDEX_PATH")
+    sys.exit("usage: python -m lwm_jax.envs.search.env --build INDEX_PATH")
   write_index(sys.argv[2])

@@ -1,6 +1,6 @@
 """A real Model Context Protocol tool server over a shop database in SQLite.
 
-Run as `python -m lwm_jax.envs.mcp_server --db PATH`; it speaks MCP (JSON-RPC 2.0) over stdio
+Run as `python -m lwm_jax.envs.mcp.server --db PATH`; it speaks MCP (JSON-RPC 2.0) over stdio
 through the `mcp` package. Every call opens the database afresh, so the client may rebuild the
 file between episodes (`mcp_env.write_database`) and keep the server process. Errors are real: SQLite
 constraint violations, unknown ids, bad arguments (validated by the MCP server from the schemas).

@@ -439,7 +439,7 @@ def check_with_pytest(repo: Repo, workdir: str, python: str) -> list[str]:
 
 
 if __name__ == "__main__":
-  # python -m lwm_jax.envs.swe_worlds N: runs the real suites of worlds 0..N-1, buggy and fixed.
+  # python -m lwm_jax.envs.swe.worlds N: runs the real suites of worlds 0..N-1, buggy and fixed.
   import sys
   import tempfile
   n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
