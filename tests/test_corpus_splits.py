@@ -1,7 +1,6 @@
 """Splits by world: the bundled corpus keeps test worlds out of training, and the split and
 duplicate rules behave as documented on small crafted trajectories."""
 import collections
-import importlib.util
 import json
 import os
 import subprocess
@@ -147,11 +146,8 @@ def test_split_table_counts_by_hand():
 
 
 def _load_make_corpus():
-  spec = importlib.util.spec_from_file_location("make_corpus",
-                                                os.path.join(REPO, "tools", "make_corpus.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  from lwm_jax.envs import corpus
+  return corpus
 
 
 def test_collect_split_keeps_worlds_whole_and_drops_copies(monkeypatch):

@@ -261,13 +261,7 @@ def test_a_given_menu_replaces_the_domains_menu():
 
 
 def test_make_corpus_share_puts_menu_perturbations_in_the_corpus():
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                      "make_corpus.py")
-  spec = importlib.util.spec_from_file_location("make_corpus_p", path)
-  mc = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mc)
+  from lwm_jax.envs import corpus as mc
   kept, _, _ = mc.collect_split("search", 4, 0, 1, perturb_share=1.0)
   specs = [t.meta["perturb"] for t, _ in kept]
   assert specs == [perturb.corpus_choice("search", int(t.id.rsplit("-", 1)[1]), 1.0)

@@ -1,5 +1,4 @@
 """evals/free_running.py: the free-running evaluation of any checkpoint beside the baselines."""
-import importlib.util
 import json
 import os
 import shutil
@@ -10,11 +9,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli():
-  spec = importlib.util.spec_from_file_location(
-      "eval_free_running_cli", os.path.join(REPO, "evals", "free_running.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  from lwm_jax.eval import free_running_cli
+  return free_running_cli
 
 
 def test_model_specs_are_parsed_and_bad_ones_named(tmp_path):
