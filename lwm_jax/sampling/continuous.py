@@ -17,8 +17,9 @@ tokens (`on_chunk`, which may stop rows, e.g. at a stop string) and frees the sl
 finished, so a short reply leaves at once and a late request starts at the next chunk.
 Shapes stay static: a decode chunk is compiled per (slot bucket, window) pair, where the slot
 bucket is the power of two covering the highest busy slot (free slots are taken lowest first, so
-a lone request decodes one row, not `num_slots`) and the window is the smallest cache-length
-bucket that holds every busy slot's position after the chunk (attention then reads only that
+a lone request decodes one row, not `num_slots`) and the window is the smallest power of two
+(at least `min_cache_len`, at most `cache_len`) that holds every busy slot's position after the
+chunk (attention then reads only that
 much of the cache); prefill is compiled per chunk length.
 
 The prompt prefixes of earlier requests are kept in a `PrefixCache` (`prefix_cache.py`) under a
@@ -46,7 +47,7 @@ import numpy as np
 
 from lwm_jax.model.attention import CACHE_LAYOUT
 from lwm_jax.sampling.engine import (FINISH_NAMES, FINISH_STOP, TOP_LOGPROBS,
-                                     Engine, RowOutput, _half_pow2, _init_cache, _nullcontext,
+                                     Engine, RowOutput, _init_cache, _nullcontext,
                                      _pow2, _prefill, _prompt_seen, _Rows, decode_steps)
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.prefix_cache import PrefixCache
@@ -459,7 +460,7 @@ class ContinuousEngine(Engine):
     busy = [i for i, s in enumerate(self._slots) if s is not None]
     nb = min(_pow2(max(busy) + 1, self.min_batch_bucket), self.num_slots)
     need = max(len(s.prompt) + len(s.tokens) for s in self._slots if s is not None)
-    window = min(_half_pow2(need + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+    window = min(_pow2(need + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
     return nb, window
 
   def _decode_chunk(self) -> None:
@@ -534,8 +535,8 @@ class ContinuousEngine(Engine):
     chunks = sorted({min(_pow2(n, self.min_prompt_bucket), self.prefill_chunk)
                      for n in range(1, max_prompt_len + 1)})
     longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
-    windows = sorted({min(_half_pow2(n + self.chunk_steps + 1, self.min_cache_len),
-                          self.cache_len) for n in range(1, longest + 1)})
+    windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+                      for n in range(1, longest + 1)})
     plans = [(sizes[0], "prefill", c) for c in chunks]
     plans += [(b, "decode", w) for b in sizes for w in windows]
     return sorted(plans, key=lambda p: (p[0], p[1] != "prefill", p[2]))
