@@ -493,6 +493,7 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
     finally:
       if not fut.done() and hasattr(batcher, "cancel"):
         batcher.cancel(fut)  # the client went away: its rows leave their slots
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, not logged
     while not q.empty():  # deltas queued before the batch finished
       k, d = q.get_nowait()
       c = _delta_choice(k, d, chat)
