@@ -183,11 +183,13 @@ class ContinuousEngine(Engine):
   num_slots: rows decoded together (default `max_batch`); cache_len: positions per slot (default
   the model's context; a prompt plus its budget must fit, and the engine's `context` becomes this);
   prefix_cache_mb: the prefix cache's bound in MiB (0 turns it off); prefix_block: tokens per
-  prefix-cache block.
+  prefix-cache block; share_prefixes: False prefills every row on its own and turns the prefix
+  cache off (the benchmark's baseline).
   """
 
   def __init__(self, model, *, num_slots: int | None = None, cache_len: int | None = None,
-               prefix_cache_mb: float = 256.0, prefix_block: int = 16, **engine_kw: Any):
+               prefix_cache_mb: float = 256.0, prefix_block: int = 16,
+               share_prefixes: bool = True, **engine_kw: Any):
     super().__init__(model, **engine_kw)
     self.num_slots = int(num_slots or self.max_batch)
     if self.num_slots < 1:
@@ -200,7 +202,9 @@ class ContinuousEngine(Engine):
     if prefix_cache_mb < 0:
       raise ValueError(f"prefix_cache_mb: must be >= 0, got {prefix_cache_mb}")
     self.cache_len = self.context = t
-    self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2 ** 20), prefix_block)
+    self.share_prefixes = bool(share_prefixes)
+    self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2 ** 20) if share_prefixes else 0,
+                                    prefix_block)
     self._lock = threading.RLock()  # held by step(): one scheduler at a time
     self._inbox_lock = threading.Lock()
     self._inbox: list[Group] = []
@@ -383,7 +387,7 @@ class ContinuousEngine(Engine):
       same = [first]
       rest = collections.deque()
       for r in self._waiting:  # rows with the same prompt share its prefill
-        if len(same) < len(free) and r.prompt == key:
+        if self.share_prefixes and len(same) < len(free) and r.prompt == key:
           same.append(r)
         else:
           rest.append(r)
