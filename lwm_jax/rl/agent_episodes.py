@@ -315,6 +315,8 @@ class AgentEpisodeSource:
     self.cfg = cfg.validate()
     self.tok, self.envs, self.eval_envs, self.eval_tasks = tokenizer, envs, eval_envs, eval_tasks
     engine_kw.setdefault("max_batch", max(1, cfg.batch_size, len(eval_tasks)))
+    # The static engine until the rollouts move to the continuous one (issue 67, part 3).
+    engine_kw.setdefault("engine", "static")
     self.engine_kw, self.mesh = engine_kw, mesh
     self.sampler: Sampler | None = None
     self._graphdef = None

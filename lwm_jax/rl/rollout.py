@@ -164,6 +164,8 @@ class RolloutSource:
                        f"seq_len - max_new_tokens = {cfg.max_prompt_tokens} tokens; build the pool "
                        "with max_prompt_tokens=cfg.max_prompt_tokens")
     engine_kw.setdefault("max_batch", max(1, cfg.batch_size))
+    # The static engine until the rollouts move to the continuous one (issue 67, part 3).
+    engine_kw.setdefault("engine", "static")
     engine_kw.setdefault("min_batch_bucket", cfg.batch_size)
     self.engine_kw, self.mesh = engine_kw, mesh
     self.sampler: Sampler | None = None
