@@ -427,7 +427,8 @@ class ContinuousEngine(Engine):
           self.prefix_cache.store(key, ids[:stop],
                                   _trim(pcache, min(self.cache_len, _pow2(stop, 16))))
         start = stop
-      tokens = np.asarray(ids, np.int32)[None]
+      tokens = np.zeros((1, _pow2(n, self.min_prompt_bucket)), np.int32)  # one shape per bucket
+      tokens[0, :n] = ids
       seen = _prompt_seen(self.cfg.vocab_size, self._put(tokens),
                           self._put(np.array([n], np.int32)))
     self.prefills += 1
