@@ -84,13 +84,15 @@ def start_server(engine: str, args, port: int):
          f"--port={port}", "--model_name=bench", f"--engine={engine}", f"--max_batch={args.slots}", "--nowarmup",
          f"--max_tokens={args.max_reply}", f"--chunk_steps={args.chunk_steps}",
          f"--compilation_cache={args.compilation_cache}"]
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  log = open(os.path.join(args.log_dir, f"serving_load_{engine}.log"), "w")  # never a full pipe
+  proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+  proc.log_path = log.name
   import httpx
   deadline = time.time() + 600
   while time.time() < deadline:
     if proc.poll() is not None:
-      raise RuntimeError(f"server ({engine}) exited: {proc.stderr.read()[-3000:]}")
+      raise RuntimeError(f"server ({engine}) exited: {open(log.name).read()[-3000:]}")
     try:
       if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
         return proc
@@ -228,6 +230,7 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--compilation_cache", default="/tmp/lwm_serving_load_cache")
   ap.add_argument("--out", default="serving_load")
+  ap.add_argument("--log_dir", default="/tmp", help="where the servers' logs go")
   args = ap.parse_args()
   load0 = os.getloadavg()
   items, skipped = workload(args.checkpoint, args.bench, args.max_reply)
