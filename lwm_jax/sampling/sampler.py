@@ -8,7 +8,9 @@ end-of-text token and the checkpoint's `generation_config.json` eos ids; none of
 in a reply's text.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
 prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what
-`lwm_jax.checkpoints.load` finds.
+`lwm_jax.checkpoints.load` finds. `Sampler(..., engine="continuous")` (the default) decodes on the
+continuous-batching engine (`continuous.py`: slots, shared prefixes); `engine="static"` on the
+batch engine (`engine.py`); both take the engine options (`max_batch`, `chunk_steps`, ...).
 """
 from __future__ import annotations
 
