@@ -15,7 +15,9 @@ bandwidth XLA reaches here (a jitted sum over 256 MB): the tokens/s no batch-1 d
 on this machine. Then the server (OpenAI
 API, same model, a SentencePiece tokenizer trained here, decode dtype `--server_dtype`) answers
 `--clients` concurrent chat requests of `--server_tokens` tokens each, `--server_rounds` times.
-Writes benchmarks/results/sampling.json.
+`--continuous` also times the continuous engine (as many slots as the largest batch, a cache as
+long as the static engine's for these rows) in the same rounds. Writes
+benchmarks/results/sampling.json (or `--out`).
 """
 from __future__ import annotations
 
@@ -31,14 +33,22 @@ MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184",
               "MALLOC_ARENA_MAX": "1"}
 
 
-def our_runners(model, batches, prompt_len, new, chunk, dtypes):
-  """{(dtype, batch): run} for our engine, one engine per decode dtype."""
+def our_runners(model, batches, prompt_len, new, chunk, dtypes, engine="static"):
+  """{(dtype, batch): run} for our engine (static, or continuous with as many slots as the
+  largest batch), one engine per decode dtype."""
   import numpy as np
+  from lwm_jax.sampling.continuous import ContinuousEngine
   from lwm_jax.sampling.engine import Engine
   from lwm_jax.sampling.params import SamplingParams
   runners, layout = {}, None
   for dt in dtypes:
-    eng = Engine(model, chunk_steps=chunk, decode_dtype=None if dt == "float32" else dt)
+    kw = dict(chunk_steps=chunk, decode_dtype=None if dt == "float32" else dt)
+    if engine == "continuous":  # the cache as long as the static engine's for these rows
+      eng = ContinuousEngine(model, num_slots=max(batches), **kw,
+                             cache_len=min(model.cfg.max_position_embeddings,
+                                           1 << (prompt_len + new - 1).bit_length()))
+    else:
+      eng = Engine(model, **kw)
     layout = eng.decode_layout
     rng = np.random.default_rng(0)
     for b in batches:
@@ -169,13 +179,17 @@ def main():
   ap.add_argument("--server_dtype", default="bfloat16")
   ap.add_argument("--skip_hf", action="store_true")
   ap.add_argument("--skip_server", action="store_true")
+  ap.add_argument("--continuous", action="store_true",
+                  help="also time the continuous engine (sampling/continuous.py) beside the static")
+  ap.add_argument("--out", default="sampling", help="result file name under benchmarks/results")
   ap.add_argument("--no_malloc_env", action="store_true")
   a = ap.parse_args()
   if not a.no_malloc_env and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
     os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **MALLOC_ENV})
-  import torch
   from flax import nnx
-  torch.set_num_threads(os.cpu_count() or 1)
+  if not a.skip_hf:
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
   from common import table, write_result
   from lwm_jax.model.config import get_preset
   from lwm_jax.model.transformer import Transformer
@@ -184,6 +198,9 @@ def main():
   dtypes = [x for x in a.dtypes.split(",") if x]
   runners, layout = our_runners(model, batches, a.prompt, a.new, a.chunk, dtypes)
   runners = {("lwm_jax",) + k: v for k, v in runners.items()}
+  if a.continuous:
+    cont, _ = our_runners(model, batches, a.prompt, a.new, a.chunk, dtypes, "continuous")
+    runners.update({("continuous",) + k: v for k, v in cont.items()})
   tv = pv = None
   if not a.skip_hf:
     hf_runs, tv, pv = hf_runners(model, batches, a.prompt, a.new, dtypes)
@@ -199,9 +216,17 @@ def main():
       rows.append({"batch": b, "weights": dt, "lwm_jax tok/s": f"{mine[dt][b]:.1f}",
                    "HF tok/s": f"{theirs[dt][b]:.1f}" if theirs else "-",
                    "ours / HF's fastest": f"{mine[dt][b] / best_hf[b]:.2f}x" if theirs else "-"})
+  cont = {}
+  if a.continuous:
+    cont = {dt: {b: tps["continuous", dt, b] for b in batches} for dt in dtypes}
+    for r in rows:
+      c = cont[r["weights"]][r["batch"]]
+      r["continuous tok/s"] = f"{c:.1f}"
+      r["continuous / static"] = f"{c / mine[r['weights']][r['batch']]:.2f}x"
   print(f"decode, preset {a.preset}, prompt {a.prompt} + {a.new} new tokens, greedy, "
         f"decode layout {layout}")
-  print(table(rows, ["batch", "weights", "lwm_jax tok/s", "HF tok/s", "ours / HF's fastest"]))
+  print(table(rows, ["batch", "weights", "lwm_jax tok/s", "HF tok/s", "ours / HF's fastest"]
+              + (["continuous tok/s", "continuous / static"] if a.continuous else [])))
   bw = read_bandwidth()
   floor = {}
   for dt in dtypes:
@@ -218,7 +243,8 @@ def main():
     print(f"server ({a.server_dtype} decode weights): {srv['requests']} chat requests from "
           f"{srv['clients']} concurrent clients, {srv['max_tokens']} tokens each: "
           f"{srv['requests_per_s']:.2f} requests/s, {srv['tokens_per_s']:.1f} tokens/s")
-  path = write_result("sampling", {
+  path = write_result(a.out, {
+      "continuous_tokens_per_s": cont, "command": "python " + " ".join(sys.argv),
       "preset": a.preset, "prompt_tokens": a.prompt, "new_tokens": a.new, "repeats": a.repeats,
       "chunk_steps": a.chunk, "decode_layout": layout,
       "read_bandwidth_bytes_per_s": bw, "batch1_memory_floor": floor,

@@ -17,6 +17,11 @@ buckets up to --max_batch in the background, beside the batches being served. Be
 cannot serve them). --nowarmup_background compiles everything before listening (the old way);
 --nowarmup skips the warm-up (the first requests of each new shape then wait for their
 compilation).
+
+Engines (--engine): "continuous" (default) keeps --num_slots decode slots (default --max_batch) of
+--cache_len positions that requests enter as soon as a slot frees and leave as soon as they finish,
+and reuses prompt prefixes through a cache bounded by --prefix_cache_mb; "static" collects the
+requests that arrive within --window_ms and decodes them as one batch to its longest reply.
 """
 import logging
 import os
@@ -45,6 +50,15 @@ flags.DEFINE_integer("max_rows_per_request", 0,
 flags.DEFINE_boolean("warmup", True, "compile the engine's shapes before serving")
 flags.DEFINE_integer("warmup_prompt_len", 512, "longest prompt (tokens) the warm-up covers")
 flags.DEFINE_list("warmup_max_tokens", [], "token budgets the warm-up covers besides --max_tokens")
+flags.DEFINE_enum("engine", "continuous", ["continuous", "static"],
+                  "continuous: decode slots that requests enter and leave, shared prefixes; "
+                  "static: batches collected for --window_ms run to their longest reply")
+flags.DEFINE_integer("num_slots", 0, "continuous engine: rows decoded together (0: --max_batch)",
+                     lower_bound=0)
+flags.DEFINE_integer("cache_len", 0, "continuous engine: positions per slot, the longest prompt "
+                     "plus reply served (0: the model's context)", lower_bound=0)
+flags.DEFINE_float("prefix_cache_mb", 256.0, "continuous engine: memory bound of the prefix "
+                   "cache in MiB (0: off)", lower_bound=0.0)
 flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
 flags.DEFINE_string("mesh", "", "mesh axis sizes, e.g. 'tensor=4,expert=2' (default: one device)")
 flags.DEFINE_string("decode_layout", "auto",
@@ -84,7 +98,11 @@ def main(argv):
   f = flags.FLAGS
   compile_cache.enable(f.compilation_cache)
   try:
+    extra = {} if f.engine == "static" else dict(
+        num_slots=f.num_slots or None, cache_len=f.cache_len or None,
+        prefix_cache_mb=f.prefix_cache_mb)
     sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer, mesh=parse_mesh(f.mesh),
+                                      engine=f.engine, **extra,
                                       chunk_steps=f.chunk_steps, max_batch=max(f.max_batch, 1),
                                       decode_layout=f.decode_layout,
                                       decode_dtype=f.decode_dtype or None,

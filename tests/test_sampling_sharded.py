@@ -1,4 +1,5 @@
-"""Greedy decoding on an 8-device CPU mesh equals decoding on one device. The test runs this file
+"""Greedy decoding on an 8-device CPU mesh equals decoding on one device (the static engine, and
+the continuous engine with its slots sharded over the mesh). The test runs this file
 as a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 import json
 import os
@@ -13,6 +14,7 @@ from flax import nnx
 from lwm_jax import sharding
 from lwm_jax.model.config import get_preset
 from lwm_jax.model.transformer import Transformer
+from lwm_jax.sampling.continuous import ContinuousEngine
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import SamplingParams
 
@@ -37,10 +39,20 @@ def main():
     mesh = sharding.make_mesh(**axes)
     eng = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), mesh=mesh, min_prompt_bucket=32)
     got = eng.generate(prompts, sp, [[]] * 4)
+    # The continuous engine on the same mesh: slots sharded like the static engine's batch,
+    # two slots for four requests (slots reused), an n = 2 fork of the first prompt.
+    ceng = ContinuousEngine(Transformer(cfg, rngs=nnx.Rngs(0)), mesh=mesh, min_prompt_bucket=32,
+                            num_slots=2, min_batch_bucket=2, cache_len=64)
+    cont = ceng.generate(prompts + prompts[:1], sp + sp[:1], [[]] * 5)
     out[json.dumps(axes)] = {
         "same_tokens": all(a.token_ids == b.token_ids for a, b in zip(ref, got)),
         "max_logprob_diff": float(max(np.max(np.abs(np.array(a.logprobs) - b.logprobs))
-                                      for a, b in zip(ref, got)))}
+                                      for a, b in zip(ref, got))),
+        "continuous_same_tokens": all(a.token_ids == b.token_ids
+                                      for a, b in zip(ref + ref[:1], cont)),
+        "continuous_max_logprob_diff": float(max(np.max(np.abs(np.array(a.logprobs) - b.logprobs))
+                                                 for a, b in zip(ref + ref[:1], cont))),
+        "continuous_forked": ceng.forked_rows}
   print(json.dumps(out))
 
 
@@ -56,6 +68,9 @@ def test_sharded_decoding_equals_single_device(mesh):
   for axes, r in out.items():
     assert r["same_tokens"], axes
     assert r["max_logprob_diff"] < 1e-4, (axes, r)
+    assert r["continuous_same_tokens"], axes
+    assert r["continuous_max_logprob_diff"] < 1e-4, (axes, r)
+    assert r["continuous_forked"] == 1, (axes, r)
 
 
 if __name__ == "__main__":

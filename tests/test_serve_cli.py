@@ -69,11 +69,13 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
     proc.terminate()
     proc.wait(timeout=30)
   log = proc.stdout.read()
-  # Batches of 1, 2 and 4 rows, prompts up to 16 tokens, budgets 16 and the whole context: two
-  # cache buckets per batch size; ready after the lone request's two, four more while serving.
-  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 4 more in the background",
+  # The continuous engine (the default): slot buckets of 1, 2 and 4 rows, prompts up to 16 tokens
+  # (one prefill chunk), budgets 16 and the whole context (decode windows 64, 128, ..., 2048: six
+  # per slot bucket); ready after the lone request's prefill and six windows, twelve more while
+  # serving.
+  assert re.search(r"ready after [0-9.]+ s: 7 warm-up shapes compiled; 12 more in the background",
                    log), log[-3000:]
-  assert re.search(r"warm-up finished after [0-9.]+ s \(6 shapes\)", log), log[-3000:]
+  assert re.search(r"warm-up finished after [0-9.]+ s \(19 shapes\)", log), log[-3000:]
   assert os.listdir(checkpoint / "jax_cache")  # compiled shapes kept for the next start
 
 

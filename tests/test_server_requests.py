@@ -65,20 +65,34 @@ def test_a_bad_request_never_fails_the_good_ones_batched_with_it(served):
 
 
 def test_an_engine_failure_fails_only_its_own_request(served, monkeypatch):
-  """A request that breaks the engine (here: a poisoned prompt) is retried alone; the others in
-  its batch get their answers."""
+  """A request that breaks the engine (here: a poisoned prompt) fails alone (the static engine
+  retries each request of the batch alone; the continuous engine fails the request whose prefill
+  broke); the others get their answers."""
   sampler, _, base = served
   poison = "POISON-PILL"
   poison_ids = sampler.tokenizer.encode(poison)
-  real = sampler.engine.generate
 
-  def generate(prompts, *a, **kw):
-    for p in prompts:
-      if any(p[i:i + len(poison_ids)] == poison_ids for i in range(len(p))):
+  def poisoned(p):
+    return any(p[i:i + len(poison_ids)] == poison_ids for i in range(len(p)))
+
+  if sampler.engine_kind == "continuous":  # the engine prefills each prompt on its own
+    real_prefill = sampler.engine._prefill_prompt  # pylint: disable=protected-access
+
+    def prefill(ids):
+      if poisoned(ids):
         raise RuntimeError("engine broke on this prompt")
-    return real(prompts, *a, **kw)
+      return real_prefill(ids)
 
-  monkeypatch.setattr(sampler.engine, "generate", generate)
+    monkeypatch.setattr(sampler.engine, "_prefill_prompt", prefill)
+  else:
+    real = sampler.engine.generate
+
+    def generate(prompts, *a, **kw):
+      if any(poisoned(p) for p in prompts):
+        raise RuntimeError("engine broke on this prompt")
+      return real(prompts, *a, **kw)
+
+    monkeypatch.setattr(sampler.engine, "generate", generate)
   bodies = [_ok_body(400 + i) for i in range(6)]
   bodies.insert(3, dict(_ok_body(0), messages=[{"role": "user", "content": poison}]))
   with concurrent.futures.ThreadPoolExecutor(7) as pool:

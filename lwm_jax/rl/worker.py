@@ -206,6 +206,9 @@ class RolloutWorker:
                process_index: int = 0, process_count: int = 1, **engine_kw: Any):
     self.cfg = cfg.validate()
     self.tok, self.kl, self.one_process, self.name = tokenizer, kl, one_process, name
+    # The static engine until the rollouts move to the continuous one (issue 67, part 3): the
+    # old log-probs' exactness is tested on it.
+    engine_kw.setdefault("engine", "static")
     self.mesh, self.engine_kw = mesh, engine_kw
     self.sampler: Any = None
     self.graphdef = None

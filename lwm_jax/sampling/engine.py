@@ -154,10 +154,11 @@ def _prompt_seen(vocab: int, tokens_BxS, lengths_B):
   return jnp.zeros((b, vocab), bool).at[rows, tokens_BxS].max(real)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
-def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carry, rows: _Rows):
+def decode_steps(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carry,
+                 rows: _Rows):
   """Up to `steps` decode steps; a row also finishes when its position reaches `cache_len` - 1.
-  With `top_n` > 0 each step also records the `top_n` most likely ids and their raw logprobs."""
+  With `top_n` > 0 each step also records the `top_n` most likely ids and their raw logprobs.
+  Traced inside `_decode` here and inside the continuous engine's windowed decode."""
   model = nnx.merge(graphdef.graphdef, state)
   b = carry["pos"].shape[0]
   rows_b = jnp.arange(b)
@@ -207,6 +208,9 @@ def _decode(graphdef, steps: int, cache_len: int, top_n: int, state, cache, carr
   new_carry = {k: c[k] for k in carry}
   top = (c["out_top_id"], c["out_top_lp"]) if top_n else None
   return c["cache"], new_carry, c["out_tok"], c["out_lp"], top
+
+
+_decode = jax.jit(decode_steps, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 
 
 def _copy_bytes(state, dtype: str | None) -> int:

@@ -3,6 +3,8 @@
 Metric names follow vLLM's (`vllm:` prefix, a `model_name` label), so a dashboard or alert written
 for a vLLM server reads ours: requests by outcome, prompt and generated tokens, requests running and
 waiting, and histograms of end-to-end latency, time to the first token and tokens per request.
+With the continuous engine, the prefix cache too: vLLM's `prefix_cache_queries` / `prefix_cache_hits`
+token counters, and ours (`lwm:` prefix) for its hit rate, bytes, bound, entries and evictions.
 No client library: the format is a few lines of text (https://prometheus.io/docs/instrumenting/
 exposition_formats/).
 """
@@ -46,9 +48,11 @@ class Metrics:
   """Thread-safe metrics of one served model; `render()` is the `/metrics` body."""
 
   def __init__(self, model_name: str, running: Callable[[], int] = lambda: 0,
-               waiting: Callable[[], int] = lambda: 0):
+               waiting: Callable[[], int] = lambda: 0,
+               prefix_cache: Callable[[], dict] | None = None):
     self.model = model_name
     self._running, self._waiting = running, waiting
+    self._prefix = prefix_cache  # the continuous engine's PrefixCache.stats, when there is one
     self._lock = threading.Lock()
     self.requests: dict[tuple[str, str], int] = {}   # (endpoint, status code) -> count
     self.finished: dict[str, int] = {}               # finish reason -> count
@@ -118,4 +122,23 @@ class Metrics:
            "not streamed).")
       hist("vllm:request_prompt_tokens", self.prompt_hist, "Prompt tokens per request.")
       hist("vllm:request_generation_tokens", self.gen_hist, "Generated tokens per request.")
+    if self._prefix is not None:
+      p = self._prefix()
+      for name, kind, value, help_ in (
+          ("vllm:prefix_cache_queries_total", "counter", p["query_tokens"],
+           "Prompt tokens looked up in the prefix cache."),
+          ("vllm:prefix_cache_hits_total", "counter", p["hit_tokens"],
+           "Prompt tokens served from the prefix cache (not prefilled again)."),
+          ("lwm:prefix_cache_lookups_total", "counter", p["lookups"], "Prompts looked up."),
+          ("lwm:prefix_cache_request_hits_total", "counter", p["hits"],
+           "Prompts that found a cached prefix."),
+          ("lwm:prefix_cache_hit_rate", "gauge", p["token_hit_rate"],
+           "Share of looked-up prompt tokens served from the prefix cache."),
+          ("lwm:prefix_cache_bytes", "gauge", p["bytes"], "Bytes held by the prefix cache."),
+          ("lwm:prefix_cache_max_bytes", "gauge", p["max_bytes"], "The prefix cache's bound."),
+          ("lwm:prefix_cache_entries", "gauge", p["entries"], "Prefixes held."),
+          ("lwm:prefix_cache_evictions_total", "counter", p["evicted"],
+           "Prefixes evicted to stay within the bound.")):
+        head(name, kind, help_)
+        out.append(f"{name}{_labels(base)} {_num(value)}")
     return "\n".join(out) + "\n"

@@ -8,7 +8,9 @@ end-of-text token and the checkpoint's `generation_config.json` eos ids; none of
 in a reply's text.
 `generate` takes one prompt or a list of them and returns a flat list of `Generation`s, prompt by
 prompt, `params.n` choices each. `Sampler.from_checkpoint(dir)` loads what
-`lwm_jax.checkpoints.load` finds.
+`lwm_jax.checkpoints.load` finds. `Sampler(..., engine="continuous")` (the default) decodes on the
+continuous-batching engine (`continuous.py`: slots, shared prefixes); `engine="static"` on the
+batch engine (`engine.py`); both take the engine options (`max_batch`, `chunk_steps`, ...).
 """
 from __future__ import annotations
 
@@ -19,11 +21,15 @@ from lwm_jax.data.reply import THINK_CLOSE, THINK_OPEN, split_reasoning
 from lwm_jax.hf_tokenizer import OUR_TEMPLATES
 from lwm_jax.sampling.chat_template import (ChatTemplate, GenerationDefaults, chatml_ids,
                                             end_token_ids)
+from lwm_jax.sampling.continuous import ContinuousEngine
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.text import Delta, RowText
 
 Prompt = Any  # str | list[dict] | list[int]
+# engine="continuous" (default): slots that requests enter and leave, shared prefixes
+# (`continuous.py`); "static": batches run to their longest row (`engine.py`).
+ENGINES = {"continuous": ContinuousEngine, "static": Engine}
 
 
 @dataclasses.dataclass
@@ -44,19 +50,25 @@ def stop_token_ids(tokenizer, params: SamplingParams, end_ids: Sequence[int] | N
   return ids
 
 
-def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
-             end_ids: Sequence[int] | None = None) -> list[Generation]:
-  """Generates every row in one batch; streams text deltas through each row's `on_delta`."""
-  end_ids = list(end_ids or [tokenizer.eos_id])
-  stops = [stop_token_ids(tokenizer, r.params, end_ids) for r in rows]
-  texts = [RowText(tokenizer, r.params.stop, s, hidden_ids=end_ids, thinking=r.starts_thinking,
-                   min_tokens=r.params.min_tokens,
-                   include_stop=r.params.include_stop_str_in_output)
-           for r, s in zip(rows, stops)]
+class _RowsRun:
+  """The text side of generating rows: stop strings, streamed deltas, the final `Generation`s."""
 
-  def on_chunk(new_t, new_l):
+  def __init__(self, tokenizer, rows: Sequence[RowRequest], end_ids: Sequence[int] | None):
+    self.rows = list(rows)
+    self.end_ids = list(end_ids or [tokenizer.eos_id])
+    self.stops = [stop_token_ids(tokenizer, r.params, self.end_ids) for r in self.rows]
+    self.texts = [RowText(tokenizer, r.params.stop, s, hidden_ids=self.end_ids,
+                          thinking=r.starts_thinking, min_tokens=r.params.min_tokens,
+                          include_stop=r.params.include_stop_str_in_output)
+                  for r, s in zip(self.rows, self.stops)]
+
+  def engine_args(self):
+    return ([r.prompt_ids for r in self.rows], [r.params for r in self.rows], self.stops,
+            [r.choice for r in self.rows])
+
+  def on_chunk(self, new_t, new_l) -> list[int]:
     finished = []
-    for i, (row, tr) in enumerate(zip(rows, texts)):
+    for i, (row, tr) in enumerate(zip(self.rows, self.texts)):
       if not new_t[i]:
         continue
       delta = tr.feed(new_t[i], new_l[i])
@@ -66,26 +78,56 @@ def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
         finished.append(i)
     return finished
 
-  outs = engine.generate([r.prompt_ids for r in rows], [r.params for r in rows], stops,
-                         choices=[r.choice for r in rows], on_chunk=on_chunk)
-  results = []
-  for row, tr, out in zip(rows, texts, outs):
-    tail = tr.finish()
-    if tail and row.on_delta is not None:
-      row.on_delta(tail)
-    text = (THINK_OPEN + tr.text) if row.starts_thinking else tr.text
-    reasoning, content = split_reasoning(text)
-    top = None if out.top_logprobs is None else out.top_logprobs[:len(tr.ids)]
-    stop_reason = tr.stop_str
-    if stop_reason is None and out.finish_reason == "stop" and tr.ids and \
-        tr.ids[-1] in row.params.stop_token_ids and tr.ids[-1] not in end_ids:
-      stop_reason = tr.ids[-1]  # a stop token the request named (end tokens report None)
-    results.append(Generation(text=tr.text, token_ids=tr.ids, logprobs=tr.logprobs,
-                              finish_reason="stop" if tr.stopped else out.finish_reason,
-                              prompt_tokens=len(row.prompt_ids), reasoning=reasoning,
-                              content=content, top_logprobs=top, raw_content=tr.content,
-                              raw_reasoning=tr.reasoning, stop_reason=stop_reason))
-  return results
+  def finish(self, outs) -> list[Generation]:
+    results = []
+    for row, tr, out in zip(self.rows, self.texts, outs):
+      tail = tr.finish()
+      if tail and row.on_delta is not None:
+        row.on_delta(tail)
+      text = (THINK_OPEN + tr.text) if row.starts_thinking else tr.text
+      reasoning, content = split_reasoning(text)
+      top = None if out.top_logprobs is None else out.top_logprobs[:len(tr.ids)]
+      stop_reason = tr.stop_str
+      if stop_reason is None and out.finish_reason == "stop" and tr.ids and \
+          tr.ids[-1] in row.params.stop_token_ids and tr.ids[-1] not in self.end_ids:
+        stop_reason = tr.ids[-1]  # a stop token the request named (end tokens report None)
+      results.append(Generation(text=tr.text, token_ids=tr.ids, logprobs=tr.logprobs,
+                                finish_reason="stop" if tr.stopped else out.finish_reason,
+                                prompt_tokens=len(row.prompt_ids), reasoning=reasoning,
+                                content=content, top_logprobs=top, raw_content=tr.content,
+                                raw_reasoning=tr.reasoning, stop_reason=stop_reason))
+    return results
+
+
+def run_rows(engine: Engine, tokenizer, rows: Sequence[RowRequest],
+             end_ids: Sequence[int] | None = None) -> list[Generation]:
+  """Generates every row; streams text deltas through each row's `on_delta`."""
+  run = _RowsRun(tokenizer, rows, end_ids)
+  prompts, params, stops, choices = run.engine_args()
+  return run.finish(engine.generate(prompts, params, stops, choices=choices,
+                                    on_chunk=run.on_chunk))
+
+
+def submit_rows(engine: ContinuousEngine, tokenizer, rows: Sequence[RowRequest],
+                end_ids: Sequence[int] | None,
+                on_done: Callable[[list[Generation] | None, BaseException | None], None]):
+  """Queues rows on a continuous engine without waiting; `on_done(generations, error)` is called
+  on the engine's stepping thread when they finish. Returns the engine's `Group` (to cancel)."""
+  run = _RowsRun(tokenizer, rows, end_ids)
+
+  def done(outs, error):
+    if error is not None:
+      on_done(None, error)
+      return
+    try:
+      gens = run.finish(outs)
+    except Exception as e:  # noqa: BLE001 - reported to the caller, not the engine
+      on_done(None, e)
+      return
+    on_done(gens, None)
+
+  prompts, params, stops, choices = run.engine_args()
+  return engine.submit(prompts, params, stops, choices, on_chunk=run.on_chunk, on_done=done)
 
 
 def fit_chat(sampler: Any, messages: Sequence[dict], budget: int
@@ -124,7 +166,8 @@ class Sampler:
   """Generation for one model and tokenizer (see the module docstring)."""
 
   def __init__(self, model, tokenizer, *, mesh=None, chat_template: ChatTemplate | None = None,
-               defaults: GenerationDefaults | None = None, **engine_kw: Any):
+               defaults: GenerationDefaults | None = None, engine: str = "continuous",
+               **engine_kw: Any):
     self.model, self.tokenizer = model, tokenizer
     self.cfg = model.cfg
     if tokenizer.vocab_size > self.cfg.vocab_size:
@@ -133,7 +176,10 @@ class Sampler:
     self.chat_template = chat_template
     self.defaults = defaults or GenerationDefaults()
     self.end_ids = end_token_ids(tokenizer, self.defaults)
-    self.engine = Engine(model, mesh=mesh, **engine_kw)
+    if engine not in ENGINES:
+      raise ValueError(f"engine: '{engine}' is not one of {', '.join(ENGINES)}")
+    self.engine_kind = engine
+    self.engine = ENGINES[engine](model, mesh=mesh, **engine_kw)
 
   @classmethod
   def from_checkpoint(cls, path: str, *, tokenizer=None, mesh=None, **engine_kw: Any) -> "Sampler":
@@ -239,8 +285,15 @@ class Sampler:
     return self.run(rows)
 
   def run(self, rows: Sequence[RowRequest]) -> list[Generation]:
-    """Generates prepared rows as one batch (what the server's batcher calls)."""
+    """Generates prepared rows (the static engine: as one batch) and waits for them."""
     return run_rows(self.engine, self.tokenizer, rows, self.end_ids)
+
+  def submit(self, rows: Sequence[RowRequest],
+             on_done: Callable[[list[Generation] | None, BaseException | None], None]):
+    """Queues prepared rows on the continuous engine (see `submit_rows`)."""
+    if not isinstance(self.engine, ContinuousEngine):
+      raise ValueError("submit: needs the continuous engine (Sampler(engine='continuous'))")
+    return submit_rows(self.engine, self.tokenizer, rows, self.end_ids, on_done)
 
   def chat(self, messages: Sequence[dict], params: SamplingParams | None = None) -> Generation:
     return self.generate([list(messages)], params)[0]

@@ -19,13 +19,19 @@ that sets none gets the default cut to the room left. `stop_reason` says which s
 requested stop token ended a choice. In a `/v1/completions` prompt string the tokenizer's added
 tokens (`<|im_start|>`, ...) are read as their ids, as vLLM reads them.
 
-Batching: handlers never touch the model. Parsing the body and tokenizing run in a worker thread
-(the event loop keeps answering, e.g. /health, while a large body is tokenized). A request becomes
+Batching (`engine="static"`): handlers never touch the model. Parsing the body and tokenizing run
+in a worker thread (the event loop keeps answering, e.g. /health, while a large body is tokenized). A request becomes
 rows (one per choice, at most `max_rows_per_request`) handed to the `Batcher` thread, which waits
 `window_ms` after the first request for others to arrive, then decodes everything it collected (up
 to `max_batch` rows) as one batch. Rows stream their text back to the handler's event loop as it
 becomes final. When a batch fails, each of its requests is retried alone, so one request that
 breaks the engine fails only itself (a streamed request that already sent text is not retried).
+
+With the continuous engine (the default, `continuous.py`) a request's rows go straight into the
+engine's queue and enter decode slots as they free (`ContinuousBatcher`); a request resolves when
+its own rows finish, and a streaming client that disconnects has its rows cancelled, freeing their
+slots. `/metrics` then also reports the prefix cache (lookups, hits, tokens served from it, its
+bytes and evictions).
 """
 from __future__ import annotations
 
@@ -157,6 +163,66 @@ class Batcher:
       at += len(j.rows)
 
 
+class ContinuousBatcher:
+  """The continuous engine's face to the server: each request's rows are queued on the engine
+  as they arrive (no batching window), a thread steps the engine while it has work, and each
+  request's future resolves as soon as its own rows finish. `cancel` frees a request's slots
+  (a streaming client that went away)."""
+
+  def __init__(self, sampler: Sampler):
+    self.sampler, self.engine = sampler, sampler.engine
+    self._closed = False
+    self._thread = threading.Thread(target=self._loop, name="lwm-engine", daemon=True)
+    self._thread.start()
+
+  @property
+  def batches(self) -> int:
+    return self.engine.chunks
+
+  @property
+  def running(self) -> int:
+    return self.engine.running()
+
+  def waiting(self) -> int:
+    return self.engine.waiting()
+
+  def submit(self, rows: list[RowRequest]) -> concurrent.futures.Future:
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(gens, error):
+      if fut.done():
+        return
+      if error is not None:
+        fut.set_exception(error)
+      else:
+        fut.set_result(gens)
+
+    fut.group = self.sampler.submit(rows, done)  # type: ignore[attr-defined]
+    return fut
+
+  def cancel(self, fut: concurrent.futures.Future) -> None:
+    group = getattr(fut, "group", None)
+    if group is not None and not group.finished:
+      self.engine.cancel(group)
+
+  def close(self) -> None:
+    self._closed = True
+    with self.engine.wakeup:
+      self.engine.wakeup.notify_all()
+    self._thread.join(timeout=30)
+
+  def _loop(self) -> None:
+    while not self._closed:
+      if not self.engine.busy():
+        with self.engine.wakeup:
+          self.engine.wakeup.wait(timeout=0.05)
+        continue
+      try:
+        self.engine.step()
+      except Exception:  # noqa: BLE001 - the engine fails its own requests; keep serving
+        log.exception("engine step failed")
+
+
 def warmup(sampler: Sampler, max_batch: int, max_prompt_len: int,
            max_tokens: Sequence[int]) -> dict:
   """Compiles the engine's shapes for batches up to `max_batch` rows (the most the batcher
@@ -240,12 +306,17 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
   """The app; a request may ask for at most `max_rows_per_request` sequences (n x prompts,
   default `max_batch`). `ready` (a callable returning (ready, detail)) gates /health and the
   generating endpoints with 503 until it says ready (see `launch/serve.py`)."""
-  batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
+  if getattr(sampler, "engine_kind", "static") == "continuous":
+    batcher = ContinuousBatcher(sampler)
+  else:
+    batcher = Batcher(sampler, max_batch=max_batch, window_ms=window_ms)
   max_rows = max_rows_per_request or max_batch
   defaults = sampler.defaults.sampling()
   default_max = default_max_tokens_for(sampler, default_max_tokens)
   context = sampler.engine.context
-  metrics = Metrics(model_name, running=lambda: batcher.running, waiting=batcher.waiting)
+  prefix = getattr(sampler.engine, "prefix_cache", None)
+  metrics = Metrics(model_name, running=lambda: batcher.running, waiting=batcher.waiting,
+                    prefix_cache=None if prefix is None else prefix.stats)
   ready = ready or (lambda: (True, ""))
 
   @contextlib.asynccontextmanager
@@ -317,6 +388,10 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
                                media_type="text/event-stream")
     try:
       gens: list[Generation] = await asyncio.wrap_future(fut)
+    except asyncio.CancelledError:  # the client went away before the reply
+      if hasattr(batcher, "cancel"):
+        batcher.cancel(fut)
+      raise
     except Exception as e:  # noqa: BLE001
       metrics.request(endpoint, 500)
       return error(500, f"generation failed: {e}")
@@ -402,18 +477,23 @@ def create_app(sampler: Sampler, model_name: str = "lwm", max_batch: int = 32,
       yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                     "finish_reason": None} for i in range(len(rows))])
     done = asyncio.ensure_future(asyncio.wrap_future(fut))
-    while True:
-      getter = asyncio.ensure_future(q.get())
-      finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-      if getter in finished:
-        k, d = getter.result()
-        c = _delta_choice(k, d, chat)
-        if c is not None:
-          first = first or time.monotonic()
-          yield chunk([c])
-        continue
-      getter.cancel()
-      break
+    try:
+      while True:
+        getter = asyncio.ensure_future(q.get())
+        finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in finished:
+          k, d = getter.result()
+          c = _delta_choice(k, d, chat)
+          if c is not None:
+            first = first or time.monotonic()
+            yield chunk([c])
+          continue
+        getter.cancel()
+        break
+    finally:
+      if not fut.done() and hasattr(batcher, "cancel"):
+        batcher.cancel(fut)  # the client went away: its rows leave their slots
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, not logged
     while not q.empty():  # deltas queued before the batch finished
       k, d = q.get_nowait()
       c = _delta_choice(k, d, chat)

@@ -1,0 +1,577 @@
+"""The continuous-batching engine: a fixed set of decode slots that requests enter and leave.
+
+`ContinuousEngine` keeps one cache of `num_slots` rows, each `cache_len` positions long (KV for
+attention layers; convolution and recurrent state for the linear-attention layers of the hybrid
+model), and the per-slot decode state beside it (last logits, position, tokens generated, the
+penalty counts, sampling settings). Work is split as in JetStream:
+
+- insert: a waiting request's prompt is prefilled on its own (batch 1, in chunks, the static
+  engine's `_prefill`) into a one-row cache, which is then copied into every free slot that one of
+  its rows takes (the `n` choices of a request, and waiting rows of other requests with the same
+  prompt, share one prefill: the prompt's state is forked into their slots);
+- generate: one jit call runs up to `chunk_steps` decode steps over the slots (`engine.decode_steps`,
+  the static engine's loop); empty and finished slots are idle rows.
+
+`step()` admits waiting rows into free slots, runs one decode chunk, hands each request its new
+tokens (`on_chunk`, which may stop rows, e.g. at a stop string) and frees the slots of rows that
+finished, so a short reply leaves at once and a late request starts at the next chunk.
+Shapes stay static: a decode chunk is compiled per (slot bucket, window) pair, where the slot
+bucket is the power of two covering the highest busy slot (free slots are taken lowest first, so
+a lone request decodes one row, not `num_slots`) and the window is the smallest power of two
+(at least `min_cache_len`, at most `cache_len`) that holds every busy slot's position after the
+chunk (attention then reads only that
+much of the cache); prefill is compiled per chunk length.
+
+The prompt prefixes of earlier requests are kept in a `PrefixCache` (`prefix_cache.py`) under a
+byte bound: a prompt that starts with a stored prefix restores that state and prefills only its
+remaining tokens.
+
+A row's tokens do not depend on its slot or its neighbours: the sampling key of step t is
+`fold_in(fold_in(key(seed), choice), t)` as in the static engine, so under greedy decoding a
+request gets the tokens it gets alone. Thread use: `submit` and `cancel` may be called from any
+thread; `step` runs under a lock (the server runs it on one thread; `generate` steps until its own
+rows are done).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lwm_jax.model.attention import CACHE_LAYOUT
+from lwm_jax.sampling.engine import (FINISH_NAMES, FINISH_STOP, TOP_LOGPROBS,
+                                     Engine, RowOutput, _init_cache, _nullcontext,
+                                     _pow2, _prefill, _prompt_seen, _Rows, decode_steps)
+from lwm_jax.sampling.params import SamplingParams
+from lwm_jax.sampling.prefix_cache import PrefixCache
+
+
+class Cancelled(RuntimeError):
+  """A request's rows were cancelled (e.g. its streaming client went away)."""
+
+
+# ------------------------------------------------------------------------------ device helpers
+def _time_axis(name: str) -> int | None:
+  return CACHE_LAYOUT[name].index("t") if name in CACHE_LAYOUT else None
+
+
+def _map_cache(fn, *caches):
+  """Applies fn(name, *arrays) to each array of per-layer cache dicts."""
+  return [{n: fn(n, *(c[i][n] for c in caches)) for n in caches[0][i]}
+          for i in range(len(caches[0]))]
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _trim(cache, length: int):
+  """A copy of a one-row cache with attention keys/values cut to the first `length` positions."""
+  def cut(name, a):
+    ax = _time_axis(name)
+    return jnp.copy(a) if ax is None else jax.lax.slice_in_dim(a, 0, length, axis=ax)
+  return _map_cache(cut, cache)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _restore(trimmed, cache_len: int):
+  """A trimmed one-row cache padded back to `cache_len` positions (the padding is never read
+  before the row writes it)."""
+  def pad(name, a):
+    ax = _time_axis(name)
+    if ax is None:
+      return jnp.copy(a)
+    widths = [(0, 0)] * a.ndim
+    widths[ax] = (0, cache_len - a.shape[ax])
+    return jnp.pad(a, widths)
+  return _map_cache(pad, trimmed)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+def _insert(cache, carry, rows, slot, pcache, logits_1xV, seen_1xV, pos, new_rows):
+  """Copies a prefilled one-row cache into `slot` and resets the slot's decode state."""
+  cache = _map_cache(lambda _, big, small: jax.lax.dynamic_update_slice_in_dim(
+      big, small.astype(big.dtype), slot, axis=0), cache, pcache)
+  carry = dict(carry, logits=carry["logits"].at[slot].set(logits_1xV[0]),
+               pos=carry["pos"].at[slot].set(pos), n_gen=carry["n_gen"].at[slot].set(0),
+               done=carry["done"].at[slot].set(False), finish=carry["finish"].at[slot].set(0),
+               counts=carry["counts"].at[slot].set(0), seen=carry["seen"].at[slot].set(seen_1xV[0]))
+  rows = jax.tree_util.tree_map(lambda a, v: a.at[slot].set(v[0].astype(a.dtype)), rows, new_rows)
+  return cache, carry, rows
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5), donate_argnums=(7, 8))
+def _decode_slots(graphdef, steps: int, cache_len: int, nb: int, window: int, top_n: int, state,
+                  cache, carry, rows: _Rows):
+  """A decode chunk over the first `nb` slots, attention reading the first `window` positions."""
+  def view_of(name, a):
+    a = a[:nb]
+    ax = _time_axis(name)
+    return a if ax is None else jax.lax.slice_in_dim(a, 0, window, axis=ax)
+
+  view = _map_cache(view_of, cache)
+  sub = {k: v[:nb] for k, v in carry.items()}
+  sub_rows = jax.tree_util.tree_map(lambda a: a[:nb], rows)
+  view, sub, out_tok, out_lp, top = decode_steps(graphdef, steps, cache_len, top_n, state, view,
+                                                 sub, sub_rows)
+  cache = _map_cache(lambda _, a, v: jax.lax.dynamic_update_slice(a, v, (0,) * a.ndim),
+                     cache, view)
+  carry = {k: jax.lax.dynamic_update_slice(v, sub[k], (0,) * v.ndim) for k, v in carry.items()}
+  return cache, carry, out_tok, out_lp, top
+
+
+# ------------------------------------------------------------------------------ host records
+@dataclasses.dataclass(eq=False)
+class _Row:
+  group: "Group"
+  index: int  # within its group
+  prompt: list[int]
+  params: SamplingParams
+  stop_ids: list[int]
+  choice: int
+  max_new: int
+  slot: int | None = None
+  finish: str | None = None
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  tops: list = dataclasses.field(default_factory=list)
+
+
+class Group:
+  """The rows of one submission (a request's prompts x choices); `wait()` returns their outputs."""
+
+  def __init__(self, on_chunk, on_done):
+    self.rows: list[_Row] = []
+    self.on_chunk, self.on_done = on_chunk, on_done
+    self.outputs: list[RowOutput] | None = None
+    self.error: BaseException | None = None
+    self.submitted = time.monotonic()
+    self._event = threading.Event()
+
+  @property
+  def finished(self) -> bool:
+    return self._event.is_set()
+
+  def _complete(self, error: BaseException | None = None) -> None:
+    if self._event.is_set():
+      return
+    self.error = error
+    if error is None:
+      self.outputs = [RowOutput(r.tokens, r.logprobs, r.finish or "length",
+                                r.tops if r.params.top_logprobs else None) for r in self.rows]
+    self._event.set()
+    if self.on_done is not None:
+      self.on_done(self.outputs, error)
+
+  def wait(self, timeout: float | None = None) -> list[RowOutput]:
+    if not self._event.wait(timeout):
+      raise TimeoutError("the request's rows did not finish in time")
+    if self.error is not None:
+      raise self.error
+    return self.outputs
+
+
+# ------------------------------------------------------------------------------ engine
+class ContinuousEngine(Engine):
+  """Slots, insert/generate and a prefix cache over the static engine's model set-up (decode
+  layout, MoE backend, mesh); see the module docstring. Extra options:
+
+  num_slots: rows decoded together (default `max_batch`); cache_len: positions per slot (default
+  the model's context; a prompt plus its budget must fit, and the engine's `context` becomes this);
+  prefix_cache_mb: the prefix cache's bound in MiB (0 turns it off); prefix_block: tokens per
+  prefix-cache block; share_prefixes: False prefills every row on its own and turns the prefix
+  cache off (the benchmark's baseline).
+  """
+
+  def __init__(self, model, *, num_slots: int | None = None, cache_len: int | None = None,
+               prefix_cache_mb: float = 256.0, prefix_block: int = 16,
+               share_prefixes: bool = True, **engine_kw: Any):
+    super().__init__(model, **engine_kw)
+    self.num_slots = int(num_slots or self.max_batch)
+    if self.num_slots < 1:
+      raise ValueError(f"num_slots: must be at least 1, got {num_slots}")
+    context = self.cfg.max_position_embeddings
+    t = int(cache_len or context)
+    if not 2 <= t <= context:
+      raise ValueError(f"cache_len: {cache_len} must lie in [2, {context}] (the model's "
+                       f"max_position_embeddings)")
+    if prefix_cache_mb < 0:
+      raise ValueError(f"prefix_cache_mb: must be >= 0, got {prefix_cache_mb}")
+    self.cache_len = self.context = t
+    self.share_prefixes = bool(share_prefixes)
+    self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2 ** 20) if share_prefixes else 0,
+                                    prefix_block)
+    self._lock = threading.RLock()  # held by step(): one scheduler at a time
+    self._inbox_lock = threading.Lock()
+    self._inbox: list[Group] = []
+    self._cancels: list[Group] = []
+    self._waiting: collections.deque[_Row] = collections.deque()
+    self._slots: list[_Row | None] = [None] * self.num_slots
+    self._k = 4  # stop ids per slot (grows in powers of two)
+    self._cache = self._carry = self._rows = None
+    self.wakeup = threading.Condition()  # notified when work arrives (the server's loop waits)
+    # counters
+    self.chunks = self.decode_steps_run = 0
+    self.prefills = self.prefill_tokens = self.forked_rows = 0
+    self.prefill_seconds = 0.0
+
+  # ------------------------------------------------------------------------ public
+  def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+             stop_ids: Sequence[Sequence[int]], choices: Sequence[int] | None = None,
+             on_chunk: Callable[[list[list[int]], list[list[float]]], Sequence[int]] | None
+             = None, on_done: Callable[[list[RowOutput] | None, BaseException | None], None]
+             | None = None) -> Group:
+    """Queues rows (one per prompt) and returns their `Group`. `on_chunk(new_tokens,
+    new_logprobs)` is called (on the stepping thread) after each decode chunk with the group's
+    rows' new tokens and returns indices of rows to finish now ("stop"); `on_done(outputs,
+    error)` once every row has finished (or the group failed or was cancelled)."""
+    if not (len(prompts) == len(params) == len(stop_ids)):
+      raise ValueError(f"submit: {len(prompts)} prompts, {len(params)} params and "
+                       f"{len(stop_ids)} stop-id lists must be as many")
+    if choices is not None and len(choices) != len(prompts):
+      raise ValueError(f"submit: {len(choices)} choices for {len(prompts)} prompts")
+    group = Group(on_chunk, on_done)
+    for i, (p, sp, st) in enumerate(zip(prompts, params, stop_ids)):
+      self.check_prompt(len(p))
+      group.rows.append(_Row(group, i, [int(t) for t in p], sp, [int(t) for t in st],
+                             0 if choices is None else int(choices[i]),
+                             max(1, min(sp.max_new_tokens, self.cache_len - len(p)))))
+    if not group.rows:
+      group._complete()  # pylint: disable=protected-access
+      return group
+    with self._inbox_lock:
+      self._inbox.append(group)
+    with self.wakeup:
+      self.wakeup.notify_all()
+    return group
+
+  def cancel(self, group: Group) -> None:
+    """Finishes a group's rows at the next step and frees their slots (any thread)."""
+    with self._inbox_lock:
+      self._cancels.append(group)
+    with self.wakeup:
+      self.wakeup.notify_all()
+
+  def generate(self, prompts, params, stop_ids, choices=None, on_chunk=None) -> list[RowOutput]:
+    """The static engine's call: generates one sequence per prompt, stepping until done."""
+    group = self.submit(prompts, params, stop_ids, choices, on_chunk)
+    while not group.finished:
+      self.step()
+    return group.wait()
+
+  def busy(self) -> bool:
+    """Whether a step has anything to do."""
+    with self._inbox_lock:
+      if self._inbox or self._cancels:
+        return True
+    return bool(self._waiting) or any(s is not None for s in self._slots)
+
+  def running(self) -> int:
+    return sum(s is not None for s in self._slots)
+
+  def waiting(self) -> int:
+    with self._inbox_lock:
+      inbox = sum(len(g.rows) for g in self._inbox)
+    return inbox + len(self._waiting)
+
+  def stats(self) -> dict[str, Any]:
+    return {"slots": self.num_slots, "running": self.running(), "waiting": self.waiting(),
+            "chunks": self.chunks, "decode_steps": self.decode_steps_run,
+            "prefills": self.prefills, "prefill_tokens": self.prefill_tokens,
+            "prefill_seconds": self.prefill_seconds, "forked_rows": self.forked_rows,
+            "prefix_cache": self.prefix_cache.stats()}
+
+  def step(self) -> bool:
+    """Admits waiting rows into free slots and runs one decode chunk; False when idle."""
+    with self._lock:
+      self._take_inbox()
+      self._admit()
+      if all(s is None for s in self._slots):
+        return False
+      self._decode_chunk()
+      return True
+
+  # ------------------------------------------------------------------------ state
+  def _ctx(self):
+    return jax.set_mesh(self.mesh) if self.mesh is not None else _nullcontext()
+
+  def _ensure_state(self) -> None:
+    if self._cache is not None:
+      return
+    s, v = self.num_slots, self.cfg.vocab_size
+    with self._ctx():
+      cache = _init_cache(self.graphdef, s, self.cache_len, self.state)
+      if self.mesh is not None:
+        cache = jax.tree_util.tree_map(self._put_like_batch, cache)
+      self._cache = cache
+      self._carry = dict(logits=self._put(np.zeros((s, v), np.float32)),
+                         pos=self._put(np.zeros(s, np.int32)),
+                         n_gen=self._put(np.zeros(s, np.int32)),
+                         done=self._put(np.ones(s, bool)), finish=self._put(np.zeros(s, np.int32)),
+                         counts=self._put(np.zeros((s, v), np.int32)),
+                         seen=self._put(np.zeros((s, v), bool)))
+      self._rows = self._put_rows(self._row_arrays([None] * s))
+
+  def _row_arrays(self, rows: Sequence[_Row | None]) -> dict[str, np.ndarray]:
+    """Host arrays of the sampling settings of `rows` (None: an idle slot)."""
+    vocab, base = self.cfg.vocab_size, SamplingParams()
+    ps = [r.params if r is not None else base for r in rows]
+    stop = np.full((len(rows), self._k), -1, np.int32)
+    for i, r in enumerate(rows):
+      if r is not None:
+        stop[i, :len(r.stop_ids)] = r.stop_ids
+
+    def f32(field):
+      return np.array([getattr(p, field) for p in ps], np.float32)
+
+    return dict(temperature=f32("temperature"),
+                top_k=np.array([min(p.top_k, vocab) for p in ps], np.int32),
+                top_p=f32("top_p"), min_p=f32("min_p"),
+                seed=np.array([p.seed % (2 ** 31) for p in ps], np.int32),
+                choice=np.array([r.choice if r else 0 for r in rows], np.int32),
+                max_new=np.array([r.max_new if r else 1 for r in rows], np.int32),
+                stop_ids=stop, min_new=np.array([p.min_tokens for p in ps], np.int32),
+                repetition=f32("repetition_penalty"), presence=f32("presence_penalty"),
+                frequency=f32("frequency_penalty"))
+
+  def _put_rows(self, arrays: dict[str, np.ndarray]) -> _Rows:
+    return _Rows(**{k: self._put(v) for k, v in arrays.items()})
+
+  def _grow_stop_ids(self, need: int) -> None:
+    if need <= self._k:
+      return
+    k = _pow2(need, 4)
+    old = self._rows.stop_ids
+    pad = jnp.full((old.shape[0], k - old.shape[1]), -1, old.dtype)
+    self._rows = dataclasses.replace(self._rows, stop_ids=jnp.concatenate([old, pad], axis=1))
+    self._k = k
+
+  # ------------------------------------------------------------------------ scheduling
+  def _take_inbox(self) -> None:
+    with self._inbox_lock:
+      inbox, self._inbox = self._inbox, []
+      cancels, self._cancels = self._cancels, []
+    for g in inbox:
+      self._waiting.extend(g.rows)
+    for g in cancels:
+      self._drop_group(g, Cancelled("the request was cancelled"))
+
+  def _drop_group(self, group: Group, error: BaseException) -> None:
+    """Removes a group's waiting rows and frees its slots, then completes it with `error`."""
+    if group.finished:
+      return
+    self._waiting = collections.deque(r for r in self._waiting if r.group is not group)
+    freed = [r.slot for r in group.rows if r.slot is not None]
+    for r in group.rows:
+      if r.slot is not None:
+        self._slots[r.slot] = None
+        r.slot = None
+      r.finish = r.finish or "abort"
+    self._mark_done(freed)
+    group._complete(error)  # pylint: disable=protected-access
+
+  def _mark_done(self, slots: list[int]) -> None:
+    if slots and self._carry is not None:
+      with self._ctx():
+        self._carry["done"] = self._carry["done"].at[np.array(slots)].set(True)
+
+  def _admit(self) -> None:
+    free = [i for i, s in enumerate(self._slots) if s is None]
+    while free and self._waiting:
+      first = self._waiting.popleft()
+      key = first.prompt
+      same = [first]
+      rest = collections.deque()
+      for r in self._waiting:  # rows with the same prompt share its prefill
+        if self.share_prefixes and len(same) < len(free) and r.prompt == key:
+          same.append(r)
+        else:
+          rest.append(r)
+      self._waiting = rest
+      try:
+        self._ensure_state()
+        self._grow_stop_ids(max(len(r.stop_ids) for r in same))
+        pcache, logits, seen = self._prefill_prompt(key)
+        for r in same:
+          slot = free.pop(0)
+          self._insert_row(r, slot, pcache, logits, seen)
+        self.forked_rows += len(same) - 1
+      except Exception as e:  # noqa: BLE001 - fail the requests whose prefill broke, keep going
+        for g in {id(r.group): r.group for r in same}.values():
+          self._drop_group(g, e)
+        free = [i for i, s in enumerate(self._slots) if s is None]
+
+  def _prefill_prompt(self, ids: list[int]):
+    """(one-row cache, last logits [1, V], prompt token set [1, V]) for a prompt, restoring the
+    longest cached prefix and storing snapshots where the prefix cache asks for them."""
+    t0 = time.perf_counter()
+    n = len(ids)
+    with self._ctx():
+      start, entry = self.prefix_cache.lookup(ids, n - 1) if self.prefix_cache.max_bytes else \
+          (0, None)
+      if entry is not None:
+        pcache = _restore(entry.state, self.cache_len)
+      else:
+        pcache = _init_cache(self.graphdef, 1, self.cache_len, self.state)
+      if self.mesh is not None:
+        pcache = jax.tree_util.tree_map(self._put_like_batch, pcache)
+      logits = self._put(np.zeros((1, self.cfg.vocab_size), np.float32))
+      points = self.prefix_cache.snapshot_points(ids, start)
+      for stop, key in points + [(n, None)]:
+        pcache, logits = self._prefill_range(pcache, ids, start, stop, logits)
+        if key is not None:
+          self.prefix_cache.store(key, ids[:stop],
+                                  _trim(pcache, min(self.cache_len, _pow2(stop, 16))))
+        start = stop
+      tokens = np.zeros((1, _pow2(n, self.min_prompt_bucket)), np.int32)  # one shape per bucket
+      tokens[0, :n] = ids
+      seen = _prompt_seen(self.cfg.vocab_size, self._put(tokens),
+                          self._put(np.array([n], np.int32)))
+    self.prefills += 1
+    self.prefill_seconds += time.perf_counter() - t0
+    return pcache, logits, seen
+
+  def _prefill_range(self, pcache, ids, start: int, stop: int, logits):
+    """Prefills prompt positions [start, stop) of a one-row cache, in chunks of one compiled
+    length; returns the cache and the logits after position stop - 1."""
+    n = stop - start
+    chunk = min(_pow2(n, self.min_prompt_bucket), self.prefill_chunk)
+    chunks = -(-n // chunk)
+    tokens = np.zeros((1, chunks * chunk), np.int32)
+    tokens[0, :n] = ids[start:stop]
+    length = self._put(np.array([stop], np.int32))
+    for c in range(chunks):
+      pcache, logits = _prefill(*self._prefill_model(chunk), pcache,
+                                self._put(tokens[:, c * chunk:(c + 1) * chunk]),
+                                np.int32(start + c * chunk), length, logits)
+    self.prefill_tokens += n
+    return pcache, logits
+
+  def _insert_row(self, row: _Row, slot: int, pcache, logits, seen) -> None:
+    arrays = self._row_arrays([row])  # each [1, ...]
+    with self._ctx():
+      self._cache, self._carry, self._rows = _insert(
+          self._cache, self._carry, self._rows, np.int32(slot), pcache, logits, seen,
+          np.int32(len(row.prompt)), _Rows(**{k: jnp.asarray(v) for k, v in arrays.items()}))
+    row.slot = slot
+    self._slots[slot] = row
+
+  def _buckets(self) -> tuple[int, int]:
+    """(slot bucket, window) for the next chunk."""
+    busy = [i for i, s in enumerate(self._slots) if s is not None]
+    nb = min(_pow2(max(busy) + 1, self.min_batch_bucket), self.num_slots)
+    need = max(len(s.prompt) + len(s.tokens) for s in self._slots if s is not None)
+    window = min(_pow2(need + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+    return nb, window
+
+  def _decode_chunk(self) -> None:
+    nb, window = self._buckets()
+    active = [(i, s) for i, s in enumerate(self._slots) if s is not None]
+    top_n = TOP_LOGPROBS if any(s.params.top_logprobs for _, s in active) else 0
+    try:
+      with self._ctx():
+        self._cache, self._carry, out_tok, out_lp, top = _decode_slots(
+            self.decode_graphdef, self.chunk_steps, self.cache_len, nb, window, top_n,
+            self.decode_state, self._cache, self._carry, self._rows)
+        out_tok, out_lp = np.asarray(out_tok), np.asarray(out_lp)
+        done, finish = np.asarray(self._carry["done"]), np.asarray(self._carry["finish"])
+        if top is not None:
+          top_id, top_lp = np.asarray(top[0]), np.asarray(top[1])
+    except Exception as e:  # noqa: BLE001 - the slots' state is lost: fail their requests
+      self._cache = self._carry = self._rows = None
+      for g in {id(s.group): s.group for _, s in active}.values():
+        self._drop_group(g, e)
+      return
+    self.chunks += 1
+    self.decode_steps_run += int((out_tok >= 0).any(axis=0).sum())
+    groups: dict[int, tuple[Group, list]] = {}
+    for i, row in active:
+      m = out_tok[i] >= 0
+      new_t, new_l = out_tok[i][m].tolist(), out_lp[i][m].tolist()
+      row.tokens += new_t
+      row.logprobs += new_l
+      if top is not None and row.params.top_logprobs:
+        row.tops += [list(zip(ids.tolist(), lp.tolist()))
+                     for ids, lp in zip(top_id[i][m], top_lp[i][m])]
+      if done[i]:
+        row.finish = FINISH_NAMES.get(int(finish[i]), "length")
+      groups.setdefault(id(row.group), (row.group, []))[1].append((row, new_t, new_l))
+    freed = []
+    for group, items in groups.values():
+      if group.on_chunk is not None:
+        new_t = [[] for _ in group.rows]
+        new_l = [[] for _ in group.rows]
+        for row, t, lp in items:
+          new_t[row.index], new_l[row.index] = t, lp
+        try:
+          stopped = group.on_chunk(new_t, new_l)
+        except Exception as e:  # noqa: BLE001 - a failing callback fails its own request only
+          self._drop_group(group, e)
+          continue
+        for k in stopped:
+          row = group.rows[k]
+          if row.finish is None and row.slot is not None:
+            row.finish = FINISH_NAMES[FINISH_STOP]
+            freed.append(row.slot)
+      for row in group.rows:
+        if row.finish is not None and row.slot is not None:
+          self._slots[row.slot] = None
+          row.slot = None
+      if all(r.finish is not None for r in group.rows):
+        group._complete()  # pylint: disable=protected-access
+    self._mark_done(freed)
+
+  # ------------------------------------------------------------------------ warm-up
+  def warmup_plans(self, max_prompt_len: int, max_new_tokens: Sequence[int],
+                   batch_sizes: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
+    """(slot bucket, "prefill" | "decode", chunk or window) shapes requests of up to
+    `max_prompt_len` tokens with these budgets can need, smallest slot bucket first; prefill
+    shapes carry the smallest bucket (they run one row at a time)."""
+    top = _pow2(self.num_slots, self.min_batch_bucket)
+    sizes = sorted({min(_pow2(b, self.min_batch_bucket), self.num_slots)
+                    for b in (batch_sizes or [])} or
+                   {min(1 << i, self.num_slots) for i in range(top.bit_length())
+                    if (1 << i) >= self.min_batch_bucket} or {self.num_slots})
+    max_prompt_len = max(1, min(max_prompt_len, self.cache_len - 1))
+    chunks = sorted({min(_pow2(n, self.min_prompt_bucket), self.prefill_chunk)
+                     for n in range(1, max_prompt_len + 1)})
+    longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
+    windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+                      for n in range(1, longest + 1)})
+    plans = [(sizes[0], "prefill", c) for c in chunks]
+    plans += [(b, "decode", w) for b in sizes for w in windows]
+    return sorted(plans, key=lambda p: (p[0], p[1] != "prefill", p[2]))
+
+  def warmup_plan(self, plan) -> None:
+    """Compiles one warm-up shape: a prefill chunk on a throw-away row, or a decode chunk over
+    the live slots with every slot marked finished (the loop runs no step; nothing changes)."""
+    nb, kind, size = plan
+    with self._lock, self._ctx():
+      self._ensure_state()
+      if kind == "prefill":
+        pcache = _init_cache(self.graphdef, 1, self.cache_len, self.state)
+        if self.mesh is not None:
+          pcache = jax.tree_util.tree_map(self._put_like_batch, pcache)
+        logits = self._put(np.zeros((1, self.cfg.vocab_size), np.float32))
+        _prefill(*self._prefill_model(size), pcache, self._put(np.zeros((1, size), np.int32)),
+                 np.int32(0), self._put(np.ones(1, np.int32)), logits)
+        return
+      idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
+      keep_done = self._carry["done"]
+      self._cache, carry, *_ = _decode_slots(
+          self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
+          self.decode_state, self._cache, idle, self._rows)
+      self._carry = dict(carry, done=keep_done)
+
+  def warmup(self, max_prompt_len: int, max_new_tokens: Sequence[int],
+             batch_sizes: Sequence[int] | None = None) -> dict:
+    t0 = time.perf_counter()
+    plans = self.warmup_plans(max_prompt_len, max_new_tokens, batch_sizes)
+    for plan in plans:
+      self.warmup_plan(plan)
+    return {"shapes": len(plans), "seconds": time.perf_counter() - t0}
+
