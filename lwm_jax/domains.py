@@ -111,24 +111,30 @@ class Domain:
 _DOMAINS: dict[str, Domain] = {}
 _LOCK = threading.RLock()
 _loaded = False
+_loading = False  # the built-in folders are being imported (by the thread holding _LOCK)
 _builtin_names: list[str] = []  # the built-in domains' names in _BUILTIN's order
 
 
 def _load_builtin() -> None:
-  global _loaded
+  """Imports the built-in domain folders once. Other threads wait on the lock until the loading
+  thread is done (they must never see a half-filled registry); the loading thread itself may call
+  back in while a folder registers its record (the lock is re-entrant), and then returns at once."""
+  global _loaded, _loading
   if _loaded:
     return
   with _LOCK:
-    if _loaded:
+    if _loaded or _loading:
       return
-    _loaded = True  # set first: a built-in's module registers itself through register_domain
+    _loading = True
     try:
       for module in _BUILTIN:
         _builtin_names.append(importlib.import_module(module).DOMAIN.name)
+      _loaded = True
     except BaseException:  # a broken built-in leaves no half-filled registry behind
-      _loaded = False
       _builtin_names.clear()
       raise
+    finally:
+      _loading = False
 
 
 def register_domain(domain: Domain, replace: bool = False) -> Domain:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
@@ -37,3 +39,19 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: an expensive check (several processes, every mesh) left to `make test-slow`; "
       "`make test` deselects it")
+
+
+@pytest.fixture(scope="module")
+def jax_disk_cache(tmp_path_factory):
+  """JAX's persistent compilation cache in a fresh folder for one test module: runs in a module
+  that compile the same step several times compile it once (`pytestmark =
+  pytest.mark.usefixtures("jax_disk_cache")`). The old settings come back afterwards."""
+  import jax  # pylint: disable=import-outside-toplevel
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = [getattr(jax.config, k) for k in keys]
+  for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
+    jax.config.update(k, v)
+  yield
+  for k, v in zip(keys, old):
+    jax.config.update(k, v)

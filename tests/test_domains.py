@@ -57,3 +57,29 @@ def test_an_eighth_benchmark_domain_counts_for_partial():
   finally:
     domains.unregister_domain("shop2")
   assert metrics.bench_domains() == BUNDLED
+
+
+def test_threads_never_see_a_half_filled_registry():
+  """The first lookups of a fresh process from many threads at once (as a Grain worker's thread
+  pool makes them) all find every bundled domain: none returns while another thread is still
+  importing the domain folders."""
+  import subprocess
+  import sys
+  code = """
+import threading
+from lwm_jax import domains
+start, errors = threading.Barrier(8), []
+def look():
+  start.wait()
+  try:
+    domains.get_domain("os")
+  except ValueError as e:
+    errors.append(str(e))
+ts = [threading.Thread(target=look) for _ in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(len(errors), len(domains.names()))
+"""
+  for _ in range(3):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "7"], out.stdout + out.stderr

@@ -16,7 +16,6 @@ import json
 import os
 import types
 
-import jax
 import numpy as np
 import pytest
 
@@ -32,17 +31,7 @@ CORPUS = os.path.join(ROOT, "data", "corpus")
 LISTING = os.path.join(CORPUS, "terminal_train.jsonl.gz")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_cache(tmp_path_factory):
-  """The trainer runs below compile the same step three times: reuse it through JAX's disk cache."""
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  old = [getattr(jax.config, k) for k in keys]
-  for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
-    jax.config.update(k, v)
-  yield
-  for k, v in zip(keys, old):
-    jax.config.update(k, v)
+pytestmark = pytest.mark.usefixtures("jax_disk_cache")  # one compile per repeated step
 
 
 @pytest.fixture(scope="module")

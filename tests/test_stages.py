@@ -8,6 +8,9 @@ from lwm_jax import stages
 from lwm_jax.train import run_config, trainer
 
 
+pytestmark = pytest.mark.usefixtures("jax_disk_cache")  # one compile per repeated step
+
+
 def test_builtin_records_and_errors():
   assert stages.stage_names()[:5] == ("cpt", "sft", "rl", "agent-bc", "agent-rl")
   assert trainer.step_kind("cpt") is trainer.XENT and trainer.step_kind("rl") is trainer.POLICY

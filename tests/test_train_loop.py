@@ -18,18 +18,7 @@ from lwm_jax.train import trainer
 from lwm_jax.train.synthetic import SyntheticIterator
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_cache(tmp_path_factory):
-  """Runs in one module compile the same step several times: reuse it through JAX's disk cache."""
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
-         jax.config.jax_persistent_cache_min_entry_size_bytes)
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  yield
-  jax.config.update("jax_compilation_cache_dir", old[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", old[2])
+pytestmark = pytest.mark.usefixtures("jax_disk_cache")  # one compile per repeated step
 
 
 def _tiny(num_steps=40, **train):
