@@ -75,6 +75,7 @@ def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny):
   assert eng.running() == 0 and not eng.busy()
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_hybrid_slots_carry_recurrent_state():
   """Gated DeltaNet layers: a slot's conv/recurrent state is inserted with its KV; checked against
   the no-cache reference (whole sequence through the model, argmax, append)."""

@@ -160,6 +160,7 @@ def test_memory_and_stream_agree_on_crafted_inputs(crafted, tmp_path):
   assert sum(len(v.splitlines()) for v in _quarantine(str(tmp_path / "qm")).values()) == 4
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 @needs_beam
 def test_beam_direct_runner_agrees_with_memory(crafted, tmp_path):
   logging.getLogger("apache_beam").setLevel(logging.ERROR)

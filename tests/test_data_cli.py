@@ -1,4 +1,5 @@
 """launch/data.py as a user runs it: stats and inspect on a small trajectory file."""
+import pytest
 import collections
 import json
 import os
@@ -16,6 +17,7 @@ def _run(*args):
                         capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_stats_counts_every_domain(tmp_path):
   png = tmp_path / "lengths.png"
   proc = _run("stats", f"--inputs={FIX}", f"--png={png}", "--sp_vocab=600")

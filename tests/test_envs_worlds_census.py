@@ -48,6 +48,7 @@ def test_bad_ranges_and_domains_are_named():
     worlds.generate("moon", 0)
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_cli_prints_the_census_and_refuses_bad_flags():
   def run(*args):
     return subprocess.run([sys.executable, os.path.join(REPO, "launch", "data.py"), "worlds",

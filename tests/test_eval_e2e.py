@@ -139,6 +139,7 @@ def test_load_bench_errors(tmp_path):
   assert len(R.load_bench(tmp_path, domains=["terminal"], limit_per_domain=2)) == 2
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_end_to_end_cli(tmp_path):
   bench = tmp_path / "bench" / "all_test.jsonl"
   bench.parent.mkdir()

@@ -227,6 +227,7 @@ def test_norm_backward_passes_match_autodiff_of_the_plain_formulas(dtype):
       np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol * 10, rtol=tol)
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_norm_backward_switch_keeps_the_hybrid_model_s_values_and_gradients():
   # `model.norm_backward` picks how the norms are differentiated, never what they compute: the
   # tiny hybrid (RMSNorms, q/k norms, DeltaNet's L2 and gated norms) under "xla" and "written".

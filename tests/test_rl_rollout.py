@@ -44,6 +44,7 @@ class _Const(R.Reward):
     return [R.Score(3.0) for _ in inputs]
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_greedy_rollout_equals_the_policys_own_generate(setup):
   tok, cfg, rc, pool = setup
   model_a = Transformer(cfg, rngs=nnx.Rngs(0))

@@ -73,6 +73,7 @@ def test_greedy_cached_equals_no_cache_reference(tiny, layout):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_hybrid_model_greedy_with_chunked_prefill():
   """Qwen3.5 layout (Gated DeltaNet + gated attention): the recurrent state carried through prompt
   chunks and decode steps gives the no-cache reference's tokens."""

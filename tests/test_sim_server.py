@@ -35,6 +35,7 @@ def _world(i: int) -> dict:
   return terminal_world(task=f"t{i}").to_dict()
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_sixteen_concurrent_episodes_are_batched_and_match_python(served):
   sampler, app, base = served
   client = SimClient(base)

@@ -34,7 +34,7 @@ def _setup(tied: bool):
   return cfg, g, s, tx, sch, {k: jnp.asarray(v) for k, v in batch.items()}
 
 
-@pytest.mark.parametrize("tied,micro", [(False, 2), (True, 1)])
+@pytest.mark.parametrize("tied,micro", [pytest.param(False, 2, marks=pytest.mark.slow), (True, 1)])
 def test_chunked_step_equals_plain_step(tied, micro):
   cfg, g, s0, tx, sch, batch = _setup(tied)
   results = {}

@@ -130,6 +130,7 @@ def test_unknown_stage_is_named():
   assert world_model.get_config("cs2").order == "cs2"
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_runner_plans_the_stages_it_is_given():
   import subprocess
   import sys

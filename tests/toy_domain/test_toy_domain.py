@@ -17,6 +17,7 @@ def toy():
   domains.unregister_domain(DOMAIN.name)
 
 
+@pytest.mark.slow  # heavy (tens of seconds): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_a_toy_domain_needs_only_its_record(toy, tmp_path):
   from configs import stages
   from lwm_jax import judge as judge_lib
