@@ -37,19 +37,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", str(ROOT / "runs" / "long_prompts"), "work folder (replaced)")
 # the demo's data and shapes (launch/demo.py)
 flags.DEFINE_string("corpus", str(ROOT / "data" / "corpus"), "bundled corpus folder")
-flags.DEFINE_integer("vocab", 2048, "SentencePiece vocabulary size")
-flags.DEFINE_integer("cpt_steps", 80, "CPT steps")
-flags.DEFINE_integer("sft_steps", 40, "SFT steps")
-flags.DEFINE_integer("seq_len", 1024, "tokens per packed row")
-flags.DEFINE_integer("batch", 8, "rows per batch")
-flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the accuracy table")
+stages.define_demo_flags()  # vocab, cpt_steps, sft_steps, seq_len, batch, eval_trajectories
 
 
-def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
-            valid: str, init_from_hf: str = ""):
-  return stages.demo_config(stage, vocab=vocab, steps=steps, batch=FLAGS.batch,
-                            seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
-                            train=train, valid=valid, init_from_hf=init_from_hf)
+_config = stages.demo_config_from_flags
 
 
 def main(_):

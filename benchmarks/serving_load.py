@@ -41,8 +41,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.common import table, write_result  # noqa: E402
+from common import table, write_result  # benchmarks/common.py, beside this script
 
 
 def _pct(xs, q):

@@ -56,3 +56,29 @@ def demo_config(stage: str, *, vocab: int, steps: int, batch: int, seq_len: int,
   return stage_config(stage, preset="demo", vocab=vocab, steps=steps, batch=batch,
                       seq_len=seq_len, workdir=workdir, tokenizer=tokenizer, train=train,
                       valid=valid, init_from_hf=init_from_hf, export_hf=stage == "cpt")
+
+
+# The demo's data and shapes, shared by launch/demo.py and benchmarks/long_prompts.py.
+DEMO_FLAGS = (("vocab", 2048, "SentencePiece vocabulary size"),
+              ("cpt_steps", 80, "CPT steps"),
+              ("sft_steps", 40, "SFT steps"),
+              ("seq_len", 1024, "tokens per packed row"),
+              ("batch", 8, "rows per batch"),
+              ("eval_trajectories", 70, "held-out trajectories for the accuracy table"))
+
+
+def define_demo_flags() -> None:
+  """Defines DEMO_FLAGS as absl integer flags (a script that runs the demo's stages)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  for name, default, help_text in DEMO_FLAGS:
+    flags.DEFINE_integer(name, default, help_text)
+
+
+def demo_config_from_flags(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str,
+                           train: str, valid: str, init_from_hf: str = ""):
+  """`demo_config` with the batch and row length of the parsed demo flags."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  f = flags.FLAGS
+  return demo_config(stage, vocab=vocab, steps=steps, batch=f.batch, seq_len=f.seq_len,
+                     workdir=workdir, tokenizer=tokenizer, train=train, valid=valid,
+                     init_from_hf=init_from_hf)

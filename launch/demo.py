@@ -40,18 +40,9 @@ flags.DEFINE_string("workdir", os.path.join(ROOT, "runs", "demo"), "output folde
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "corpus"), "bundled corpus folder")
 flags.DEFINE_string("world_model", os.path.join(ROOT, "data", "world_model"),
                     "the shipped world model for part 6 ('' to skip)")
-flags.DEFINE_integer("vocab", 2048, "SentencePiece vocabulary size")
-flags.DEFINE_integer("cpt_steps", 80, "CPT steps")
-flags.DEFINE_integer("sft_steps", 40, "SFT steps")
-flags.DEFINE_integer("seq_len", 1024, "tokens per packed row")
-flags.DEFINE_integer("batch", 8, "rows per batch")
-flags.DEFINE_integer("eval_trajectories", 70, "held-out trajectories for the accuracy table")
+stages.define_demo_flags()  # vocab, cpt_steps, sft_steps, seq_len, batch, eval_trajectories
 
-def _config(stage: str, vocab: int, steps: int, workdir: str, tokenizer: str, train: str,
-            valid: str, init_from_hf: str = ""):
-  return stages.demo_config(stage, vocab=vocab, steps=steps, batch=FLAGS.batch,
-                            seq_len=FLAGS.seq_len, workdir=workdir, tokenizer=tokenizer,
-                            train=train, valid=valid, init_from_hf=init_from_hf)
+_config = stages.demo_config_from_flags
 
 
 def _banner(text: str) -> None:
