@@ -13,21 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lwm_jax.data import drill_sources
 from lwm_jax.train import losses
 
 Row = tuple  # (ids, weights) or (ids, weights, segment ids)
 
 
 def pad(rows: Sequence[Row], seq_len: int) -> tuple[jax.Array, jax.Array]:
-  """Tokens and weights [len(rows), seq_len], zero-padded after each row."""
-  toks = np.zeros((len(rows), seq_len), np.int32)
-  wts = np.zeros((len(rows), seq_len), np.float32)
-  for r, row in enumerate(rows):
-    ids, w = row[0], row[1]
-    if len(ids) > seq_len:
-      raise ValueError(f"row {r}: {len(ids)} ids do not fit rows of {seq_len}")
-    toks[r, :len(ids)], wts[r, :len(w)] = ids, w
-  return jnp.asarray(toks), jnp.asarray(wts)
+  """Tokens and weights [len(rows), seq_len], zero-padded after each row (the drills' packing)."""
+  b = drill_sources.pack(rows, seq_len)
+  return jnp.asarray(b["tokens"]), jnp.asarray(b["loss_weights"])
 
 
 def token_nll(model, toks, segs=None):
