@@ -6,6 +6,7 @@ that disconnects frees its slot."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import httpx
@@ -181,25 +182,45 @@ def test_cancelling_a_streaming_client_frees_its_slot():
   sampler = Sampler(model, tok, num_slots=2, min_batch_bucket=2, cache_len=256,
                     min_prompt_bucket=64, prefill_chunk=64, min_cache_len=256, chunk_steps=2)
   eng = sampler.engine
+  # The engine decodes two chunks, then holds before the third until the test lets it go, so a
+  # busy host cannot finish the whole reply before the client has gone (the reply is greedy
+  # from fixed weights: its first text always comes within those two chunks).
+  release, cancelled = threading.Event(), threading.Event()
+  decode_chunk, cancel = eng._decode_chunk, eng.cancel
+
+  def held_decode_chunk():
+    if eng.chunks >= 2:
+      assert release.wait(120), "the test never released the engine"
+    decode_chunk()
+
+  def noted_cancel(group):
+    cancel(group)
+    cancelled.set()
+
+  eng._decode_chunk, eng.cancel = held_decode_chunk, noted_cancel
   app = create_app(sampler, "m")
   body = {"model": "m", "messages": [{"role": "user", "content": "ls"}], "max_tokens": 200,
           "temperature": 0, "ignore_eos": True, "stream": True}
   with BackgroundServer(app) as server:
-    with httpx.Client(timeout=300) as client:
-      with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        chunks = 0
-        for line in r.iter_lines():
-          chunks += line.startswith("data: ")
-          if chunks == 2:
-            break  # the first text after the role chunk: the row is decoding in a slot
-        assert eng.running() == 1
-    # The client is gone; the server notices, cancels the rows and frees the slot.
+    try:
+      with httpx.Client(timeout=300) as client:
+        with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+          assert r.status_code == 200
+          chunks = 0
+          for line in r.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 2:
+              break  # the first text after the role chunk: the row is decoding in a slot
+          assert eng.running() == 1
+      # The client is gone; the server notices and cancels the group while the engine holds.
+      assert cancelled.wait(120), "the server never cancelled the departed client's rows"
+    finally:
+      release.set()
     deadline = time.monotonic() + 120
     while eng.running() and time.monotonic() < deadline:
       time.sleep(0.05)
     assert eng.running() == 0 and eng.waiting() == 0
-    assert eng.decode_steps_run < 200  # the reply was not decoded to its end
+    assert eng.decode_steps_run <= 3 * 2  # two chunks, the held one, then the slot was freed
     r = httpx.post(server.url + "/v1/chat/completions", timeout=300,
                    json=dict(body, stream=False, max_tokens=3))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
