@@ -16,7 +16,8 @@ from absl import app, flags
 
 
 flags.DEFINE_string("preset", "tiny", "configs preset (tiny, small, qwen3_30b_a3b, ...)")
-flags.DEFINE_list("stages", ["cpt"], "cpt, sft, gspo, logprobs, agent-rl, prefill, decode")
+flags.DEFINE_list("stages", ["cpt"], "cpt, sft, gspo, logprobs, agent-rl, prefill, decode (the "
+                  "continuous engine), decode-static")
 flags.DEFINE_string("topology", "v5e:2x2", "chip:shape, e.g. v5p:4x4x8, v5e:16x16, v6e:16x16")
 flags.DEFINE_integer("slices", 1, "slices over DCN (multi-slice)")
 flags.DEFINE_multi_string("set", [], "config override KEY=VALUE (e.g. train.micro_batches=8)")

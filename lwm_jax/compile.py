@@ -18,7 +18,9 @@ for the devices of a topology description (`jax.experimental.topologies`, which 
 
 Stages: cpt, sft (the next-token step), gspo (the RL update), logprobs (the RL log-prob step),
 agent-rl (the policy update at the agent RL stage's shapes), prefill and decode (the sampler's
-prefill chunk and decode loop with the KV cache, at the RL rollout batch and context).
+prefill chunk, and the continuous engine's decode chunk over its slots with their KV cache, at the
+RL rollout batch as slots and the RL context as each slot's cache; RL rollouts and the server run
+this engine), decode-static (the static engine's decode loop at the same shapes).
 
 Chip figures (docs/pods.md cites them): Google Cloud TPU documentation pages for v5p, v5e, v6e.
 """
@@ -37,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-STAGES = ("cpt", "sft", "gspo", "logprobs", "agent-rl", "prefill", "decode")
+STAGES = ("cpt", "sft", "gspo", "logprobs", "agent-rl", "prefill", "decode", "decode-static")
 CONFIG_OF_STAGE = {"cpt": "cpt", "sft": "sft", "gspo": "rl", "logprobs": "rl",
-                   "agent-rl": "agent_rl", "prefill": "rl", "decode": "rl"}
+                   "agent-rl": "agent_rl", "prefill": "rl", "decode": "rl", "decode-static": "rl"}
 COLLECTIVES = ("all-to-all", "all-gather", "reduce-scatter", "all-reduce", "collective-permute")
 GIB = 1024 ** 3
 
@@ -431,15 +433,22 @@ def _sampler_lowered(c, stage, graphdef, params, model_cfg, mesh, info):
       temperature=bsh((b,), jnp.float32), top_k=bsh((b,), jnp.int32),
       top_p=bsh((b,), jnp.float32), min_p=bsh((b,), jnp.float32), seed=bsh((b,), jnp.int32),
       choice=bsh((b,), jnp.int32), max_new=bsh((b,), jnp.int32),
-      stop_ids=bsh((b, 4), jnp.int32), repetition=bsh((b,), jnp.float32),
+      stop_ids=bsh((b, 4), jnp.int32), min_new=bsh((b,), jnp.int32),
+      repetition=bsh((b,), jnp.float32),
       presence=bsh((b,), jnp.float32), frequency=bsh((b,), jnp.float32))
   carry = dict(logits=bsh((b, vocab), jnp.float32), pos=bsh((b,), jnp.int32),
                n_gen=bsh((b,), jnp.int32), done=bsh((b,), jnp.bool_),
                finish=bsh((b,), jnp.int32), counts=bsh((b, vocab), jnp.int32),
                seen=bsh((b, vocab), jnp.bool_))
   with jax.set_mesh(mesh):
-    lowered = eng._decode.lower(graph, steps, t_len, 0, params, cache, carry, rows)  # pylint: disable=protected-access
-  info.update(decode_steps=steps, tokens=b * steps,
+    if stage == "decode":  # the continuous engine: every slot busy, attention over the whole cache
+      from lwm_jax.sampling import continuous  # pylint: disable=import-outside-toplevel
+      lowered = continuous._decode_slots.lower(  # pylint: disable=protected-access
+          graph, steps, t_len, b, t_len, 0, params, cache, carry, rows)
+    else:
+      lowered = eng._decode.lower(graph, steps, t_len, 0, params, cache, carry, rows)  # pylint: disable=protected-access
+  info.update(decode_steps=steps, tokens=b * steps, engine="static" if stage ==
+              "decode-static" else "continuous",
               model_flops=2.0 * n_params_active * b * steps)
   return lowered, info
 

@@ -168,3 +168,39 @@ def test_missing_libtpu_is_one_clear_line(tmp_path):
                      env=dict(os.environ, PYTHONPATH=ROOT), check=False)
   assert p.returncode == 2
   assert "pip install \"jax[tpu]==" in p.stderr and "libtpu" in p.stderr
+
+
+_LOWER_SAMPLER = """
+import json, jax
+from lwm_jax import compile as aot
+out = {}
+for stage in ("prefill", "decode", "decode-static"):
+  c = aot.stage_config(stage, "tiny", {"mesh.data": 1, "mesh.fsdp": 2, "mesh.expert": 2,
+                                       "model.num_hidden_layers": 2})
+  lowered, info = aot.build_lowered(c, stage, jax.devices()[:4], platform_name="cpu")
+  out[stage] = dict(info, text=len(lowered.as_text()))
+print(json.dumps(out))
+"""
+
+
+def test_sampler_stages_lower_on_host_devices():
+  # The report lowers the engines' own jitted functions from abstract arguments, so a field added
+  # to an engine's inputs must reach it too (checked here without libtpu, on 4 host devices).
+  from tests.conftest import xla_env  # pylint: disable=import-outside-toplevel
+  env = xla_env(4, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  p = subprocess.run([sys.executable, "-c", _LOWER_SAMPLER], env=env, capture_output=True,
+                     text=True, timeout=600, check=False, cwd=ROOT)
+  assert p.returncode == 0, p.stderr[-3000:]
+  got = json.loads(p.stdout.strip().splitlines()[-1])
+  for stage, info in got.items():
+    assert info["text"] > 0 and info["tokens"] > 0
+    assert info["mesh"]["fsdp"] == 2 and info["mesh"]["expert"] == 2
+  assert got["decode"]["engine"] == "continuous" and got["decode-static"]["engine"] == "static"
+
+
+def test_tiny_sampler_steps_compile_for_v5e_2x2(tmp_path):
+  rows = {r["stage"]: r for r in _compile(tmp_path, "prefill,decode", "--layers=2")}
+  assert rows["decode"]["engine"] == "continuous" and rows["decode"]["decode_steps"] > 0
+  for r in rows.values():
+    assert r["fits"] and r["chips"] == 4 and r["est_step_s"] > 0
+    assert r["collectives"]["all-to-all"]["count"] > 0  # tokens exchanged between experts

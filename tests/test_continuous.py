@@ -132,6 +132,28 @@ def test_forked_prefix_and_cache_hits_equal_separate_prefills(tiny):
   np.testing.assert_allclose(hit.logprobs, ref.logprobs, atol=1e-4)
 
 
+def test_new_parameters_never_meet_cached_prefixes_of_the_old(tiny):
+  # RL hands the engine the live policy after every update: a cached system prompt's keys and
+  # values from the old weights must not be restored under the new ones.
+  rng = np.random.default_rng(5)
+  prompt = rng.integers(0, 512, size=35).tolist()  # two 16-token blocks are cached
+  greedy = SamplingParams(temperature=0, max_new_tokens=8)
+  eng = ContinuousEngine(tiny, **SHAPES, num_slots=2, min_batch_bucket=2, cache_len=64,
+                         decode_layout="model")
+  eng.generate([prompt], [greedy], [[]])
+  assert len(eng.prefix_cache) > 0
+  moved = nnx.state(Transformer(get_preset("tiny"), rngs=nnx.Rngs(9)))
+  eng.set_params(moved)
+  assert len(eng.prefix_cache) == 0
+  got = eng.generate([prompt], [greedy], [[]])[0]
+  fresh = ContinuousEngine(Transformer(get_preset("tiny"), rngs=nnx.Rngs(9)), **SHAPES,
+                           num_slots=2, min_batch_bucket=2, cache_len=64, prefix_cache_mb=0,
+                           decode_layout="model")
+  want = fresh.generate([prompt], [greedy], [[]])[0]
+  assert got.token_ids == want.token_ids
+  np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
 def test_prefix_cache_bound_and_lru_eviction():
   state = lambda v: [{"k": np.full((1, 2, 16, 4), v, np.float32)}]  # noqa: E731 - 512 bytes
   cache = PrefixCache(max_bytes=3 * 512, block=4)

@@ -206,9 +206,9 @@ class RolloutWorker:
                process_index: int = 0, process_count: int = 1, **engine_kw: Any):
     self.cfg = cfg.validate()
     self.tok, self.kl, self.one_process, self.name = tokenizer, kl, one_process, name
-    # The static engine until the rollouts move to the continuous one (issue 67, part 3): the
-    # old log-probs' exactness is tested on it.
-    engine_kw.setdefault("engine", "static")
+    # The continuous engine: a group's G replies share one prefill of their prompt, and rows
+    # leave their slots as they finish. set_params empties its prefix cache on every sync.
+    engine_kw.setdefault("engine", "continuous")
     self.mesh, self.engine_kw = mesh, engine_kw
     self.sampler: Any = None
     self.graphdef = None
@@ -253,8 +253,7 @@ class RolloutWorker:
     if jax.tree.structure(params) != self._treedef:
       raise ValueError(f"{self.name}: the parameter tree does not match the rollout model's "
                        "(another model config?)")
-    self.sampler.engine.state = params
-    self.sampler.engine.decode_state = params
+    self.sampler.engine.set_params(params)
 
   def sync(self, state: Any) -> None:
     """Points the sampler at the policy `state` (a TrainState or a parameter state; None keeps

@@ -263,6 +263,13 @@ class ContinuousEngine(Engine):
       self.step()
     return group.wait()
 
+  def set_params(self, params) -> None:
+    """As `Engine.set_params`; the prefix cache is emptied too, since its snapshots hold keys
+    and values the old parameters computed (a hit would mix two policies)."""
+    with self._lock:
+      super().set_params(params)
+      self.prefix_cache.clear()
+
   def busy(self) -> bool:
     """Whether a step has anything to do."""
     with self._inbox_lock:

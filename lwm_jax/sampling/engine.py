@@ -275,6 +275,14 @@ class Engine:
     self.prefill_chunk = max(prefill_chunk, min_prompt_bucket)
     self.min_prompt_bucket, self.min_cache_len = min_prompt_bucket, min_cache_len
 
+  def set_params(self, params) -> None:
+    """Decodes with `params` (an `nnx.State` shaped like the model's) from now on, used in place:
+    no copy. Only with decode_layout "model", where decoding reads the model's own arrays."""
+    if self.decode_layout != "model":
+      raise ValueError("set_params: needs decode_layout 'model' (the 'rows' layout decodes with "
+                       "a converted copy of the weights)")
+    self.state = self.decode_state = params
+
   def _auto_layout(self, decode_dtype: str | None) -> str:
     """"rows" on CPU without a mesh when two copies of the weights fit in available memory
     (measured on CPU, benchmarks/sampling.py: 1.2-1.3x the capacity backend's tokens/s at batch 8
