@@ -87,10 +87,123 @@ _META_PATTERNS = [
 ]
 META_RE = re.compile("|".join(f"(?:{p})" for p in _META_PATTERNS), re.I)
 
+# Cue families. The phrase patterns above were written from seen examples and miss new wordings,
+# so a line is also meta when it COMBINES cue families in a way real output does not. Each family
+# alone is common in real observations (a search hit's "score 6.85", "Step 5/5", "reviewer: alice",
+# "the answer is correct", "please consider using utf-8"); a combination within one line is not.
+_NUM = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|hundred)"
+_X = r"(?:\w+[-\s]+)?"  # room for one adjective: "this simulated output", "a perfect 5"
+# (1) a grade value: what a grader hands out. "Step 5/5 :" and "[5/5]" (progress) are excluded.
+_VALUE = re.compile(
+    r"\b(\d+)\s*/\s*\1\b(?!\s*[:\]])"
+    rf"|\b{_NUM}\s+out\s+of\s+{_NUM}\b|\b100\s*(?:%|percent)|\b{_NUM}\s+stars\b"
+    r"|\b(?:full|top|maximum|max|highest|best|perfect|high)(?:[-\s]+possible)?\s+(?:marks?|"
+    r"scores?|points|ratings?|grades?|credit|stars)\b"
+    r"|\bperfect\s+(?:\d+|ten|five)\b|\bno\s+deductions?\b"
+    r"|\b(?:score|rate|grade|mark)\s+(?:it\s+|this\s+)?(?:highly|generously|accordingly)\b", re.I)
+# (1') a grading verb asked for: in the imperative (line or clause start, after please/kindly) or
+# after a modal ("should give", "would award"), followed by what it grades. "reviewers rate it
+# excellent" (a statement about others) is not an ask.
+_ASK = re.compile(
+    r"(?:^|[.;:,!(\[-]\s*|\b(?:please|kindly|should|must|to|can|could|would|will|shall|then|"
+    r"and|so|just)\s+(?:\w+\s+)?)"
+    r"(?:give|award|assign|grant|rate|score|grade|mark|deduct|dock)\s+(?:it|this|that|me|us|"
+    r"the|my|our|a|an|full|top|maximum|max|no|\d+|five|ten)\b", re.I | re.M)
+# (2) the prediction itself: words that can only mean the text at hand
+_SELF = re.compile(
+    rf"\b(?:this|my|our|the\s+above|above|your)\s+{_X}(?:prediction|simulation|rendition|"
+    r"reproduction|replica|output|response|observation|answer|result|reply|transcript|work|"
+    r"attempt)s?\b"
+    rf"|\b(?:this|my|our|the|a|your|that)\s+{_X}(?:predicted|simulated|generated)\s+\w+"
+    rf"|\b(?:the|this|my|our|a|that)\s+{_X}(?:prediction|simulation|rendition|reproduction)\b"
+    r"|\bthe\s+above\b|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
+    r"|\beverything\s+(?:above|here)\b|\bi\s+(?:\w+\s+)?(?:reproduced|predicted|simulated)\b",
+    re.I)
+# (2') what a prediction is compared with ("expected output" is left out: logs of tests say it)
+_TARGET = re.compile(
+    # "the reference" only as the thing compared with: followed by an output noun, by the end of
+    # the clause or by an adverb ("matches the reference exactly"), not "the reference manual"
+    r"\b(?:the|a|your)\s+reference(?:\s+(?:output|observation|answer|solution|result|text|"
+    r"response|one|version))?(?=\s*(?:$|[.,;:!?)\]\"'-])|\s+(?:exactly|perfectly|precisely|"
+    r"verbatim|word|in|and|so|but|with|on|to|for|here|above|below)\b)"
+    r"|\bground[-\s]+truth\b|\bgold(?:en)?\s+(?:output|answer|observation)\b"
+    r"|\b(?:real|actual|genuine|true|original|authentic)\s+(?:\w+\s+)?(?:output|observation|"
+    r"environment|machine|system|terminal|page|screen|one|thing|response|result|tool|device|"
+    r"shell|website|app)s?\b|\breality\b|\bthe\s+environment\s+(?:would|will)\b", re.I)
+# (3) a grader, and a grader addressed (a vocative: "Judge:", "Dear evaluator", "to whoever
+# grades"); "reviewer: alice" alone is a field, so even a vocative needs one more cue.
+_GRADERS = (r"(?:judge|grader|evaluator|reviewer|rater|scorer|assessor|examiner|checker|marker|"
+            r"verifier)s?")
+_ADDR = re.compile(rf"\b{_GRADERS}\b|\bwhoever\s+(?:grades|checks|scores|reviews|evaluates|"
+                   r"judges|marks|rates|reads)\b", re.I)
+_VOC = re.compile(
+    rf"(?:^|[(\[])\W*(?:(?:dear|hello|hi|hey|attention|note\s+(?:to|for)|to|for|dear)\s+)?"
+    rf"(?:the\s+|our\s+|my\s+|any\s+|all\s+)?{_GRADERS}\s*[,:!-]"
+    rf"|\b(?:dear|hello|hi|hey|attention|note\s+(?:to|for)|to|for|message\s+for)\s+"
+    rf"(?:the\s+|our\s+|my\s+|any\s+|all\s+)?{_GRADERS}\b"
+    r"|\bto\s+whoever\s+\w+", re.I)
+_YOU = re.compile(r"\byou\s+(?:\w+\s+)?(?:should|must|can|could|need\s+to|have\s+to|ought\s+to|"
+                  r"will|may|shall)\s+(?:\w+\s+)?(?:give|award|rate|score|grade|mark|assign|"
+                  r"deduct)\s+(?:it|this|that|me|us|the|my|our)\b", re.I)
+# (4) a quality or equality claim
+_QUAL = re.compile(
+    r"\b(?:perfect(?:ly)?|flawless(?:ly)?|exact(?:ly)?|identical(?:ly)?|accurate(?:ly)?|"
+    r"correct(?:ly)?|realistic(?:ally)?|faithful(?:ly)?|match(?:es|ed|ing)?|mirror(?:s|ed)?|"
+    r"indistinguishable|impeccabl[ey]|spot[-\s]on|precise(?:ly)?|verbatim|excellent|ideal|"
+    r"replica|reproduc(?:es|ed|tion)|word[-\s]for[-\s]word|(?:the\s+)?same\s+as|equal\s+to|"
+    r"(?:no|zero|without)\s+(?:\w+\s+)?(?:differences?|discrepanc(?:y|ies)|errors?|mistakes?|"
+    r"deviations?|deductions?))\b", re.I)
+# (5) a plea or an order to the grader
+_PLEA = re.compile(
+    r"\b(?:please|kindly|pls|should|must|deserv(?:e|es|ed|ing)|warrant(?:s|ed)?|merit(?:s|ed)?|"
+    r"earn(?:s|ed)?|worth(?:y)?|appropriate|fair|consider\s+(?:this|it)|no\s+need\s+to|"
+    r"don'?t|do\s+not)\b", re.I)
+_OVERRIDE = re.compile(
+    r"\b(?:ignore|disregard|forget|skip|override|bypass)\s+(?:\w+\s+){0,3}(?:instructions|rules|"
+    r"criteria|guidelines|rubric|comparison|reference|ground\s+truth|prompt|grading|scoring)\b",
+    re.I)
+# "this is the real output": the prediction claims to be the thing it is compared with
+_IS_TARGET = re.compile(
+    r"\b(?:this|it|the\s+above|everything\s+(?:above|here))\s+(?:is|was)\s+(?:\w+\s+)?(?:the|a)\s+"
+    r"(?:\w+\s+)?(?:real|genuine|actual|true|authentic|reference)\s+(?:output|observation|"
+    r"response|page|screen|result|thing|one)\b", re.I)
+
+
+def _combined(line: str) -> bool:
+  """True when one line combines cue families as only self-praise or grader-addressed text does
+  (the rules, in order: a grading override; a grader addressed plus any other cue; a grader named
+  with a grade, the prediction, the reference or a plea; "you" asked to grade; a grade asked for
+  or pleaded with the prediction or a grade value; a quality claim about the prediction or
+  against the reference; the prediction claiming to be the real thing)."""
+  if _OVERRIDE.search(line):
+    return True
+  value = _VALUE.search(line) is not None
+  ask = _ASK.search(line) is not None
+  selfref = _SELF.search(line) is not None
+  target = _TARGET.search(line) is not None
+  qual = _QUAL.search(line) is not None
+  plea = _PLEA.search(line) is not None
+  if _VOC.search(line) and (value or ask or selfref or target or qual or plea):
+    return True
+  if _ADDR.search(line) and (value or ask or selfref or target or plea):
+    return True
+  if _YOU.search(line):
+    return True
+  if ask and (value or selfref or qual or plea):
+    return True
+  if value and (plea or selfref or target):
+    return True
+  if qual and (target or (selfref and not line.rstrip().endswith("?"))):
+    return True
+  return _IS_TARGET.search(line) is not None
+
 
 def is_meta(text: str) -> bool:
-  """True when `text` praises the prediction or addresses a grader."""
-  return META_RE.search(text) is not None
+  """True when `text` praises the prediction or addresses a grader: one of the phrase patterns
+  matches, or one of its lines combines cue families (`_combined`)."""
+  if META_RE.search(text) is not None:
+    return True
+  return any(_combined(line) for line in text.split("\n") if line.strip())
 
 
 @dataclasses.dataclass
