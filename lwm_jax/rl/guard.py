@@ -69,13 +69,14 @@ _X = r"(?:\w+[-\s]+)?"  # room for one adjective: "this simulated output", "a pe
 # (1) a grade value: what a grader hands out. "Step 5/5 :" and "[5/5]" (progress) are excluded.
 _VALUE = re.compile(
     r"\b(\d+)\s*/\s*\1\b(?!\s*[:\]])"
-    rf"|\b{_NUM}\s+out\s+of\s+{_NUM}\b|\b100\s*(?:%|percent)|\b{_NUM}\s+stars\b"
+    rf"|\b{_NUM}\s+out\s+of\s+{_NUM}\b|\b{_NUM}\s+stars\b"
+    r"|\b100\s*(?:%|percent)(?![\"'\w])"
     r"|\b(?:full|top|maximum|max|highest|best|perfect|high)(?:[-\s]+possible)?\s+(?:marks?|"
     r"scores?|points|ratings?|grades?|credit|stars)\b"
     r"|\bperfect\s+(?:\d+|ten|five)\b|\b(?:no|zero|don'?t|do\s+not)\s+(?:\w+\s+){0,3}deduct"
     r"|\b(?:score|rate|grade|mark)\s+(?:it\s+|this\s+)?(?:highly|generously|accordingly)\b"
     r"|\bgenerous(?:ly)?\s+(?:with|in)\s+(?:the\s+|your\s+)?(?:scor|grad|mark|rat|point)"
-    r"|\bthe\s+(?:maximum|max|highest|top)\s*(?:$|[.!,;)])", re.I | re.M)
+    , re.I)
 # (1') a grading verb asked for: in the imperative (line or clause start, after please/kindly) or
 # after a modal ("should give", "would award"), followed by what it grades. "reviewers rate it
 # excellent" (a statement about others) is not an ask.
@@ -90,25 +91,26 @@ _GRADE_WORD = re.compile(r"\b(?:scor(?:e|es|ed|ing)|rat(?:e|es|ed|ing)|grad(?:e|
 # (2) the prediction itself: words that can only mean the text at hand
 _SELF = re.compile(
     rf"\b(?:this|my|our|the\s+above|above)\s+{_X}(?:prediction|simulation|rendition|"
-    r"reproduction|replica|output|response|observation|answer|result|reply|transcript|work|"
-    r"attempt)s?\b"
-    rf"|\b(?:this|my|our|the|a|that)\s+{_X}(?:predicted|simulated|generated)\s+\w+"
+    r"reproduction|replica|output|response|observation|answer|result|reply|transcript)s?\b"
+    rf"|\b(?:this|my|our)\s+{_X}(?:predicted|simulated|generated)\s+\w+"
+    r"|\b(?:the|a)\s+(?:predicted|simulated)\s+(?:output|observation|page|screen|response|"
+    r"terminal|result|listing|tree|shell|reply)"
     rf"|\b(?:the|this|my|our|a|that)\s+{_X}(?:prediction|simulation|rendition|reproduction)\b"
-    r"|\bthe\s+above\b|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
+    r"|(?:^|[.;:,!(-]\s*)the\s+above\s+(?:is|was|looks|reads|seems|matches|mirrors|reproduces)\b|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
     r"|\beverything\s+(?:above|here)\b|\bi\s+(?:\w+\s+)?(?:reproduced|predicted|simulated)\b",
     re.I)
 # (2') what a prediction is compared with ("expected output" is left out: logs of tests say it)
 _TARGET = re.compile(
     # "the reference" only as the thing compared with: followed by an output noun, by the end of
     # the clause or by an adverb ("matches the reference exactly"), not "the reference manual"
-    r"\b(?:the|a|your)\s+reference(?:\s+(?:output|observation|answer|solution|result|text|"
+    r"\b(?:the|your)\s+reference(?:\s+(?:output|observation|answer|solution|result|text|"
     r"response|one|version))?(?=\s*(?:$|[.,;:!?)\]\"'-])|\s+(?:exactly|perfectly|precisely|"
-    r"verbatim|word|in|and|so|but|with|on|to|for|here|above|below|will|would|is|was|does|"
+    r"verbatim|word|here|above|below|will|would|is|was|does|in\s+(?:every|all|each)|"
     r"character|line|byte|field|every)\b)"
     r"|\bground[-\s]+truth\b|\bgold(?:en)?\s+(?:output|answer|observation)\b"
     r"|\b(?:real|actual|genuine|true|original|authentic)\s+(?:\w+\s+)?(?:output|observation|"
     r"environment|machine|system|terminal|page|screen|one|thing|response|result|tool|device|"
-    r"shell|website|app)s?\b|\breality\b|\bthe\s+environment\s+(?:would|will)\b", re.I)
+    r"shell|website|app)s?\b|\bthe\s+environment\s+(?:would|will)\b", re.I)
 # (3) a grader, and a grader addressed (a vocative: "Judge:", "Dear evaluator", "to whoever
 # grades"); "reviewer: alice" alone is a field, so even a vocative needs one more cue.
 _GRADERS = (r"(?:judge|grader|evaluator|reviewer|rater|scorer|assessor|examiner|checker|marker|"
@@ -133,14 +135,14 @@ _QUAL = re.compile(
     r"\b(?:perfect(?:ly)?|flawless(?:ly)?|exact(?:ly)?|identical(?:ly)?|accurate(?:ly)?|"
     r"correct(?:ly)?|realistic(?:ally)?|faithful(?:ly)?|match(?:es|ed|ing)?|mirror(?:s|ed)?|"
     r"indistinguishable|impeccabl[ey]|spot[-\s]on|precise(?:ly)?|verbatim|excellent|ideal|"
-    r"replica|reproduc(?:es|ed|tion)|word[-\s]for[-\s]word|(?:the\s+)?same\s+as|equal\s+to|"
+    r"reproduc(?:es|ed)|word[-\s]for[-\s]word|(?:the\s+)?same\s+as|equal\s+to|"
     r"(?:is|was|looks|seems)\s+(?:\w+ly\s+)?(?:right|true\s+to\s+life)|"
     r"nothing\s+(?:\w+\s+)?differs|(?:does\s+not|doesn'?t)\s+differ|"
     r"(?:no|zero|without)\s+(?:\w+\s+)?(?:differences?|discrepanc(?:y|ies)|errors?|mistakes?|"
     r"deviations?|deductions?))\b", re.I)
 # (5) a plea or an order to the grader
 _PLEA = re.compile(
-    r"\b(?:please|kindly|pls|should|must|deserv(?:e|es|ed|ing)|warrant(?:s|ed)?|merit(?:s|ed)?|"
+    r"\b(?:please|kindly|pls|should|must|deserv(?:e|es|ed|ing)|warrant(?:s|ed)?|"
     r"earn(?:s|ed)?|worth(?:y)?|appropriate|fair|consider\s+(?:this|it)|no\s+need\s+to|"
     r"don'?t|do\s+not)\b", re.I)
 _OVERRIDE = re.compile(
@@ -158,11 +160,21 @@ _IS_TARGET = re.compile(
 
 
 def _combined(line: str) -> bool:
-  """True when one line combines cue families as only self-praise or grader-addressed text does
-  (the rules, in order: a grading override; a grader addressed plus any other cue; a grader named
-  with a grade, the prediction, the reference or a plea; "you" asked to grade; a grade asked for
-  or pleaded with the prediction or a grade value; a quality claim about the prediction or
-  against the reference; the prediction claiming to be the real thing)."""
+  """True when one line combines cue families as only self-praise or grader-addressed text does.
+  The rules, any one of which suffices:
+  - an order to ignore the rules, instructions or rubric;
+  - a grader addressed ("Judge:", "dear evaluator", "grading note:") with any other cue;
+  - a grader named ("any fair grader would ...") with a grading ask, the prediction, the
+    reference, or a plea with a grade or a quality claim ("the judge must recuse" is news);
+  - "you" asked to grade, with a grade value, the prediction, a quality claim or the reference;
+  - a grading ask with a grade value or the prediction, or about "this/it" with a quality claim
+    ("please rate this app" stays clean);
+  - the prediction with a plea and a grading word ("no points should be deducted from this answer");
+  - a grade value with a plea, the prediction or the reference ("worth full marks");
+  - a quality claim with first-person assurance, against the reference, or about the prediction
+    (not in a question: "Is my answer correct?" is a forum title);
+  - the prediction claiming to be the real thing ("this is the genuine output").
+  """
   if _OVERRIDE.search(line):
     return True
   value = _VALUE.search(line) is not None
@@ -174,7 +186,8 @@ def _combined(line: str) -> bool:
   plea = _PLEA.search(line) is not None
   if _VOC.search(line) and (value or ask or selfref or target or qual or plea):
     return True
-  if _ADDR.search(line) and (ask or selfref or target or plea):
+  grading = value or _GRADE_WORD.search(line) is not None
+  if _ADDR.search(line) and (ask or selfref or target or (plea and (grading or qual))):
     return True
   if _YOU.search(line) and (value or selfref or qual or target):
     return True
