@@ -172,7 +172,7 @@ def _combined(line: str) -> bool:
   - the prediction with a plea and a grading word ("no points should be deducted from this answer");
   - a grade value with a plea, the prediction or the reference ("worth full marks");
   - a quality claim with first-person assurance, against the reference, or about the prediction
-    (not in a question: "Is my answer correct?" is a forum title);
+    (not in a question: "Is my answer correct? - forum" is a thread title);
   - the prediction claiming to be the real thing ("this is the genuine output").
   """
   if _OVERRIDE.search(line):
@@ -180,7 +180,8 @@ def _combined(line: str) -> bool:
   value = _VALUE.search(line) is not None
   asked = _ASK.search(line)
   ask = asked is not None
-  selfref = _SELF.search(line) is not None
+  mine = _SELF.search(line)
+  selfref = mine is not None
   target = _TARGET.search(line) is not None
   qual = _QUAL.search(line) is not None
   plea = _PLEA.search(line) is not None
@@ -199,7 +200,7 @@ def _combined(line: str) -> bool:
     return True
   if qual and _ASSURE.search(line):
     return True
-  if qual and (target or (selfref and not line.rstrip().endswith("?"))):
+  if qual and (target or (selfref and "?" not in line[mine.start():])):
     return True
   return _IS_TARGET.search(line) is not None
 
