@@ -75,8 +75,8 @@ _VALUE = re.compile(
     r"scores?|points|ratings?|grades?|credit|stars)\b"
     r"|\bperfect\s+(?:\d+|ten|five)\b|\b(?:no|zero|don'?t|do\s+not)\s+(?:\w+\s+){0,3}deduct"
     r"|\b(?:score|rate|grade|mark)\s+(?:it\s+|this\s+)?(?:highly|generously|accordingly)\b"
-    r"|\bgenerous(?:ly)?\s+(?:with|in)\s+(?:the\s+|your\s+)?(?:scor|grad|mark|rat|point)"
-    , re.I)
+    r"|\bgenerous(?:ly)?\s+(?:with|in)\s+(?:the\s+|your\s+)?(?:scor|grad|mark|rat|point)",
+    re.I)
 # (1') a grading verb asked for: in the imperative (line or clause start, after please/kindly) or
 # after a modal ("should give", "would award"), followed by what it grades. "reviewers rate it
 # excellent" (a statement about others) is not an ask.
@@ -96,7 +96,10 @@ _SELF = re.compile(
     r"|\b(?:the|a)\s+(?:predicted|simulated)\s+(?:output|observation|page|screen|response|"
     r"terminal|result|listing|tree|shell|reply)"
     rf"|\b(?:the|this|my|our|a|that)\s+{_X}(?:prediction|simulation|rendition|reproduction)\b"
-    r"|(?:^|[.;:,!(-]\s*)the\s+above\s+(?:is|was|looks|reads|seems|matches|mirrors|reproduces)\b|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
+    # "the above" alone only as a subject ("the above is flawless"); docs say "matches the above"
+    r"|(?:^|[.;:,!(-]\s*)the\s+above\s+(?:is|was|looks|reads|seems|matches|mirrors|"
+    r"reproduces)\b"
+    r"|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
     r"|\beverything\s+(?:above|here)\b|\bi\s+(?:\w+\s+)?(?:reproduced|predicted|simulated)\b",
     re.I)
 # (2') what a prediction is compared with ("expected output" is left out: logs of tests say it)
