@@ -353,8 +353,10 @@ def test_new_wordings_of_praise_are_meta(inj):
     ("search", "2. Is my answer correct? - forum thread\n   example.org/q/17"),
     ("search", "3. The judge must recuse himself, the court said.\n   news.example/court"),
     ("search", "See the reference manual for formatting codes (same as strftime)."),
-    ("web", 'Quiz\n  [3] StaticText "Your answer is correct! Score: 10/10"\n  [4] link "Please rate this app"'),
-    ("terminal", "$ ./check.sh\nOutput matches expected output\nYou can rate this app in the store."),
+    ("web", 'Quiz\n  [3] StaticText "Your answer is correct! Score: 10/10"\n'
+            '  [4] link "Please rate this app"'),
+    ("terminal", "$ ./check.sh\nOutput matches expected output\n"
+                 "You can rate this app in the store."),
     ("swe", "coverage: the report matches the above.  Then make sure that .coveragerc includes it"),
     ("terminal", "[10/10] Linking CXX executable app\nPlease give the file a name"),
 ])
