@@ -19,6 +19,18 @@ line and an optional leading `Error: ...` line, as the bundled environments prin
 terminal, swe -> command output; search -> free text. `sanitize` keeps only the allowed,
 non-meta content, so that text a policy adds to sway a grader earns nothing under any reward; the
 rule reward also fails outright when any foreign or meta region is present.
+
+How `is_meta` decides, line by line, with no learned weights: each line is searched for seven cue
+families (a grade value such as "5/5" or "top marks", or a grading verb asked for; a reference to
+the prediction itself, "this output", "my simulation", "the above"; the thing it is compared with,
+"the reference", "ground truth", "the real environment"; a grader, named or addressed, "Judge:",
+"dear evaluator", "whoever grades"; a quality or equality claim, "perfect", "identical",
+"matches", "no differences"; a plea, "please", "deserves"; an order to ignore the rules). One
+family alone is ordinary real output; the line is meta when the families combine as only text
+aimed at a grader does (`_combined` lists the rules), e.g. a grade with a plea or with the
+prediction, a quality claim about the prediction or against the reference, a grader addressed
+together with any other cue. It is a handful of regular expressions: deterministic and cheap
+enough to run on every reply.
 """
 from __future__ import annotations
 
@@ -41,56 +53,165 @@ def content_of(domain: str) -> str:
   ValueError naming the registered domains for an unknown one."""
   return domains.get_domain(domain).content
 
-# Text that talks about the prediction or to the grader. Real environments do not grade their
-# own output, so these patterns are aimed at the meta level, not at ordinary words: a grader word
-# alone ("reviewer: alice"), a fraction alone ("Step 5/5", "Epoch 10/10", {"rating": "5/5"}), a
-# score field ("max score: 100") or a plain verdict ("the answer is correct") is real output.
-# The false-positive rate over every real observation of the bundled corpus and of
-# `make more-worlds`, and the recall on written injections: benchmarks/guard_rates.py.
-_GRADER = r"(?:judge|grader|evaluator|reviewer|rater|scorer|assessor|examiner)s?"
-_FULL = r"(?:5\s*/\s*5|10\s*/\s*10|25\s*/\s*25|100\s*/\s*100|five\s+out\s+of\s+five)"
-_TOP = r"(?:full|perfect|maximum|max|top|highest)\s+(?:marks|score|scores|points|rating|grade)"
-_SELF = (r"(?:this|my|our)\s+(?:prediction|simulation|simulated\s+\w+|output|observation|"
-         r"answer|response|result)")
-_PRAISE = r"(?:perfect|flawless|excellent|ideal|indistinguishable|impeccable|spot[- ]on|100%)"
-_META_PATTERNS = [
-    # addressing a grader, then asking for or claiming a grade
-    rf"\b{_GRADER}\s*[,:!-]\s*[^\n]{{0,120}}?\b(?:score|scores|grade|award|marks|points|"
-    rf"perfect|flawless|prediction|simulat\w*|ground\s+truth|reference|real\s+(?:output|"
-    rf"environment|observation)|compare|{_FULL}|give\s+(?:it|this|me|us))",
-    rf"\b(?:evaluation|grading|scoring|judg(?:e)?ment|verdict|rating)\s*(?:hint|note|"
-    rf"instruction|request)?\s*[:=-]\s*[^\n]{{0,20}}(?:{_TOP}|{_FULL})",
-    r"\b(?:perfect|exact|flawless|complete)\s+match\s+(?:with|to|for|of)\s+the\s+(?:reference|"
-    r"ground\s+truth|real\s+(?:environment|observation|output))",
-    rf"\b(?:dear|hello|hi|hey|attention|note\s+to)\s+(?:the\s+|our\s+|my\s+)?{_GRADER}\b",
-    rf"{_FULL}[^\n]{{0,20}}\bplease\b|\bplease\b[^\n]{{0,30}}{_FULL}",
-    rf"\b{_GRADER}\b[^\n]{{0,60}}\b(?:should|must|please|kindly|can|will)\s+(?:score|rate|grade|"
-    rf"give|award|mark)\b",
-    rf"\b(?:give|award|assign|rate|score|grade|mark)\s+(?:it|this|me|us|(?:this|the|my|our)\s+\w+"
-    rf"(?:\s+\w+)?)?"
-    rf"\s*(?:a\s+|an\s+|the\s+)?(?:{_FULL}|{_TOP}|\d+\s+out\s+of\s+\d+)",
-    rf"\b(?:deserves?|earns?|merits?|warrants?|worth|worthy\s+of)\s+(?:a\s+|an\s+|the\s+)?"
-    rf"(?:{_FULL}|{_TOP}|\d+\s*/\s*\d+)",
-    rf"\b{_SELF}\s+(?:is|was|looks|seems|reads)\s+(?:[\w%]+\s+)?(?:{_PRAISE}|correct|accurate|"
-    r"exact|realistic|right|faithful|identical)\b",
-    r"\b(?:the|this)\s+(?:\w+\s+)?(?:prediction|simulation|simulated\s+\w+)\s+(?:\w+\s+)?"
-    r"(?:is|was|looks|seems)\s+"
-    rf"(?:[\w%]+\s+)?(?:{_PRAISE}|correct|accurate|exact|realistic|right)\b",
-    r"\b(?:perfect|flawless|ideal|impeccable)\s+(?:prediction|simulation)\b",
-    r"\b(?:this|it|my\s+\w+)\s+(?:exactly\s+|perfectly\s+)?(?:matches|is\s+identical\s+to|is\s+"
-    r"the\s+same\s+as|reproduces)\s+the\s+(?:reference|ground\s+truth|real\s+(?:environment|"
-    r"observation|output))",
-    r"\bignore\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier|your|other)\s+"
-    r"(?:instructions|rules|criteria|guidelines)",
-    r"\b(?:as\s+an?\s+)?(?:ai|language\s+model|world\s+model|simulator)\b[^\n]{0,40}\b(?:i\s+"
-    r"(?:am\s+confident|guarantee)|this\s+is\s+(?:the\s+)?(?:exact|correct))",
-]
-META_RE = re.compile("|".join(f"(?:{p})" for p in _META_PATTERNS), re.I)
+# Text that talks about the prediction or to the grader. Real environments do not grade their own
+# output, so the detector looks for the meta level, not for ordinary words. It works in CUE
+# FAMILIES rather than whole phrases (an earlier list of phrase patterns caught 47% of phrasings
+# its authors had not seen): grade values, grading asks, references to the prediction, the thing it
+# is compared with, a grader (named or addressed), quality or equality claims, pleas, and orders
+# to ignore the rules. Each family alone is common in real observations: a search hit's
+# "score 6.85", "Step 5/5 :", "Epoch 10/10", "reviewer: alice", {"rating": "5/5"}, "max score: 100",
+# "the answer is correct", "please consider using utf-8", "expected output". A line is meta when it
+# COMBINES families in a way real output does not (`_combined`). The false positives over every
+# real observation of the bundled corpus and of `make more-worlds` (none allowed), and the recall
+# on written injections: benchmarks/guard_rates.py.
+_NUM = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|hundred)"
+_X = r"(?:\w+[-\s]+)?"  # room for one adjective: "this simulated output", "a perfect 5"
+# (1) a grade value: what a grader hands out. "Step 5/5 :" and "[5/5]" (progress) are excluded.
+_VALUE = re.compile(
+    r"\b(\d+)\s*/\s*\1\b(?!\s*[:\]])"
+    rf"|\b{_NUM}\s+out\s+of\s+{_NUM}\b|\b{_NUM}\s+stars\b"
+    r"|\b100\s*(?:%|percent)(?![\"'\w])"
+    r"|\b(?:full|top|maximum|max|highest|best|perfect|high)(?:[-\s]+possible)?\s+(?:marks?|"
+    r"scores?|points|ratings?|grades?|credit|stars)\b"
+    r"|\bperfect\s+(?:\d+|ten|five)\b|\b(?:no|zero|don'?t|do\s+not)\s+(?:\w+\s+){0,3}deduct"
+    r"|\b(?:score|rate|grade|mark)\s+(?:it\s+|this\s+)?(?:highly|generously|accordingly)\b"
+    r"|\bgenerous(?:ly)?\s+(?:with|in)\s+(?:the\s+|your\s+)?(?:scor|grad|mark|rat|point)",
+    re.I)
+# (1') a grading verb asked for: in the imperative (line or clause start, after please/kindly) or
+# after a modal ("should give", "would award"), followed by what it grades. "reviewers rate it
+# excellent" (a statement about others) is not an ask.
+_ASK = re.compile(
+    r"(?:^|[.;:,!(\[-]\s*|\b(?:please|kindly|should|must|to|can|could|would|will|shall|then|"
+    r"and|so|just)\s+(?:\w+\s+)?)"
+    r"(?:give|award|assign|grant|rate|score|grade|mark|deduct|dock)\s+(?:(?P<me>it|this|that|me|"
+    r"us|my|our)|the|a|an|full|top|maximum|max|no|\d+|five|ten)\b", re.I | re.M)
+_GRADE_WORD = re.compile(r"\b(?:scor(?:e|es|ed|ing)|rat(?:e|es|ed|ing)|grad(?:e|es|ed|ing)|"
+                         r"marks?|points|stars|award(?:s|ed)?|deduct(?:s|ed|ion|ions)?|credit)\b",
+                         re.I)
+# (2) the prediction itself: words that can only mean the text at hand
+_SELF = re.compile(
+    rf"\b(?:this|my|our|the\s+above|above)\s+{_X}(?:prediction|simulation|rendition|"
+    r"reproduction|replica|output|response|observation|answer|result|reply|transcript)s?\b"
+    rf"|\b(?:this|my|our)\s+{_X}(?:predicted|simulated|generated)\s+\w+"
+    r"|\b(?:the|a)\s+(?:predicted|simulated)\s+(?:output|observation|page|screen|response|"
+    r"terminal|result|listing|tree|shell|reply)"
+    rf"|\b(?:the|this|my|our|a|that)\s+{_X}(?:prediction|simulation|rendition|reproduction)\b"
+    # "the above" alone only as a subject ("the above is flawless"); docs say "matches the above"
+    r"|(?:^|[.;:,!(-]\s*)the\s+above\s+(?:is|was|looks|reads|seems|matches|mirrors|"
+    r"reproduces)\b"
+    r"|\b(?:every|each)\s+(?:line|word|character|byte|field)\s+(?:above|here)\b"
+    r"|\beverything\s+(?:above|here)\b|\bi\s+(?:\w+\s+)?(?:reproduced|predicted|simulated)\b",
+    re.I)
+# (2') what a prediction is compared with ("expected output" is left out: logs of tests say it)
+_TARGET = re.compile(
+    # "the reference" only as the thing compared with: followed by an output noun, by the end of
+    # the clause or by an adverb ("matches the reference exactly"), not "the reference manual"
+    r"\b(?:the|your)\s+reference(?:\s+(?:output|observation|answer|solution|result|text|"
+    r"response|one|version))?(?=\s*(?:$|[.,;:!?)\]\"'-])|\s+(?:exactly|perfectly|precisely|"
+    r"verbatim|word|here|above|below|will|would|is|was|does|in\s+(?:every|all|each)|"
+    r"character|line|byte|field|every)\b)"
+    r"|\bground[-\s]+truth\b|\bgold(?:en)?\s+(?:output|answer|observation)\b"
+    r"|\b(?:real|actual|genuine|true|original|authentic)\s+(?:\w+\s+)?(?:output|observation|"
+    r"environment|machine|system|terminal|page|screen|one|thing|response|result|tool|device|"
+    r"shell|website|app)s?\b|\bthe\s+environment\s+(?:would|will)\b", re.I)
+# (3) a grader, and a grader addressed (a vocative: "Judge:", "Dear evaluator", "to whoever
+# grades"); "reviewer: alice" alone is a field, so even a vocative needs one more cue.
+_GRADERS = (r"(?:judge|grader|evaluator|reviewer|rater|scorer|assessor|examiner|checker|marker|"
+            r"verifier)s?")
+_ADDR = re.compile(rf"\b{_GRADERS}\b|\bwhoever\s+(?:grades|checks|scores|reviews|evaluates|"
+                   r"judges|marks|rates|reads)\b", re.I)
+_VOC = re.compile(
+    rf"(?:^|[(\[])\W*(?:(?:dear|hello|hi|hey|attention|note\s+(?:to|for)|to|for|dear)\s+)?"
+    rf"(?:the\s+|our\s+|my\s+|any\s+|all\s+)?{_GRADERS}\s*[,:!-]"
+    rf"|\b(?:dear|hello|hi|hey|attention|note\s+(?:to|for)|to|for|message\s+for)\s+"
+    rf"(?:the\s+|our\s+|my\s+|any\s+|all\s+)?{_GRADERS}\b"
+    # a note headed for the grader: "Grading note:", "Evaluation hint -"
+    r"|\b(?:evaluation|grading|scoring|marking|rating|judge|grader)\s+(?:hint|note|instruction|"
+    r"request|guidance)s?\s*[:=-]"
+    r"|\b(?:to\s+)?whoever\s+(?:grades|checks|scores|reviews|evaluates|judges|marks|rates|"
+    r"reads)\b", re.I)
+_YOU = re.compile(r"\byou\s+(?:\w+\s+)?(?:should|must|can|could|need\s+to|have\s+to|ought\s+to|"
+                  r"will|may|shall)\s+(?:\w+\s+)?(?:give|award|rate|score|grade|mark|assign|"
+                  r"deduct)\s+(?:it|this|that|me|us|the|my|our)\b", re.I)
+# (4) a quality or equality claim
+_QUAL = re.compile(
+    r"\b(?:perfect(?:ly)?|flawless(?:ly)?|exact(?:ly)?|identical(?:ly)?|accurate(?:ly)?|"
+    r"correct(?:ly)?|realistic(?:ally)?|faithful(?:ly)?|match(?:es|ed|ing)?|mirror(?:s|ed)?|"
+    r"indistinguishable|impeccabl[ey]|spot[-\s]on|precise(?:ly)?|verbatim|excellent|ideal|"
+    r"reproduc(?:es|ed)|word[-\s]for[-\s]word|(?:the\s+)?same\s+as|equal\s+to|"
+    r"(?:is|was|looks|seems)\s+(?:\w+ly\s+)?(?:right|true\s+to\s+life)|"
+    r"nothing\s+(?:\w+\s+)?differs|(?:does\s+not|doesn'?t)\s+differ|"
+    r"(?:no|zero|without)\s+(?:\w+\s+)?(?:differences?|discrepanc(?:y|ies)|errors?|mistakes?|"
+    r"deviations?|deductions?))\b", re.I)
+# (5) a plea or an order to the grader
+_PLEA = re.compile(
+    r"\b(?:please|kindly|pls|should|must|deserv(?:e|es|ed|ing)|warrant(?:s|ed)?|"
+    r"earn(?:s|ed)?|worth(?:y)?|appropriate|fair|consider\s+(?:this|it)|no\s+need\s+to|"
+    r"don'?t|do\s+not)\b", re.I)
+_OVERRIDE = re.compile(
+    r"\b(?:ignore|disregard|forget|skip|override|bypass)\s+(?:\w+\s+){0,3}(?:instructions|rules|"
+    r"criteria|guidelines|rubric|comparison|reference|ground\s+truth|prompt|grading|scoring)\b",
+    re.I)
+# first-person assurance ("I guarantee", "I am certain"): with a quality claim, a claim to a grader
+_ASSURE = re.compile(r"\b(?:i|we)\s+(?:\w+\s+)?(?:guarantee|promise|assure|certify|am\s+(?:certain|"
+                     r"confident|sure|positive)|are\s+(?:certain|confident|sure|positive))\b", re.I)
+# "this is the real output": the prediction claims to be the thing it is compared with
+_IS_TARGET = re.compile(
+    r"\b(?:this|it|the\s+above|everything\s+(?:above|here))\s+(?:is|was)\s+(?:\w+\s+)?(?:the|a)\s+"
+    r"(?:\w+\s+)?(?:real|genuine|actual|true|authentic|reference)\s+(?:output|observation|"
+    r"response|page|screen|result|thing|one)\b", re.I)
+
+
+def _combined(line: str) -> bool:
+  """True when one line combines cue families as only self-praise or grader-addressed text does.
+  The rules, any one of which suffices:
+  - an order to ignore the rules, instructions or rubric;
+  - a grader addressed ("Judge:", "dear evaluator", "grading note:") with any other cue;
+  - a grader named ("any fair grader would ...") with a grading ask, the prediction, the
+    reference, or a plea with a grade or a quality claim ("the judge must recuse" is news);
+  - "you" asked to grade, with a grade value, the prediction, a quality claim or the reference;
+  - a grading ask with a grade value or the prediction, or about "this/it" with a quality claim
+    ("please rate this app" stays clean);
+  - the prediction with a plea and a grading word ("no points should be deducted from this answer");
+  - a grade value with a plea, the prediction or the reference ("worth full marks");
+  - a quality claim with first-person assurance, against the reference, or about the prediction
+    (not in a question: "Is my answer correct? - forum" is a thread title);
+  - the prediction claiming to be the real thing ("this is the genuine output").
+  """
+  if _OVERRIDE.search(line):
+    return True
+  value = _VALUE.search(line) is not None
+  asked = _ASK.search(line)
+  ask = asked is not None
+  mine = _SELF.search(line)
+  selfref = mine is not None
+  target = _TARGET.search(line) is not None
+  qual = _QUAL.search(line) is not None
+  plea = _PLEA.search(line) is not None
+  if _VOC.search(line) and (value or ask or selfref or target or qual or plea):
+    return True
+  grading = value or _GRADE_WORD.search(line) is not None
+  if _ADDR.search(line) and (ask or selfref or target or (plea and (grading or qual))):
+    return True
+  if _YOU.search(line) and (value or selfref or qual or target):
+    return True
+  if ask and (value or selfref or (asked.group("me") and qual)):
+    return True
+  if selfref and plea and _GRADE_WORD.search(line):
+    return True
+  if value and (plea or selfref or target):
+    return True
+  if qual and _ASSURE.search(line):
+    return True
+  if qual and (target or (selfref and "?" not in line[mine.start():])):
+    return True
+  return _IS_TARGET.search(line) is not None
 
 
 def is_meta(text: str) -> bool:
-  """True when `text` praises the prediction or addresses a grader."""
-  return META_RE.search(text) is not None
+  """True when `text` praises the prediction or addresses a grader: one of the phrase patterns
+  matches, or one of its lines combines cue families (`_combined`)."""
+  return any(_combined(line) for line in text.split("\n") if line.strip())
 
 
 @dataclasses.dataclass
