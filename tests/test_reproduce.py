@@ -81,7 +81,8 @@ def test_each_budget_has_its_thinking_default(rp):
 
 
 def test_bad_values_are_refused_by_name(rp):
-  with pytest.raises(ValueError, match="--config.ablations: 'rl' is not one of masking, thinking, sft_loss"):
+  with pytest.raises(ValueError, match="--config.ablations: 'rl' is not one of masking, thinking, "
+                                       "sft_loss"):
     _resolve("tiny", ablations="masking,rl")
   with pytest.raises(ValueError, match="--config.knowledge: 'web'"):
     _resolve("tiny", knowledge="web")

@@ -294,7 +294,8 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   with open(need[1]) as f:
     old_rows = json.load(f).get("stages", {})
   if old_plan["corpus"]["sha256"] != header["corpus"]["sha256"]:
-    raise SystemExit(f"--config.reuse_from: {old} trained on corpus {old_plan['corpus']['sha256']}, "
+    raise SystemExit(f"--config.reuse_from: {old} trained on corpus "
+                     f"{old_plan['corpus']['sha256']}, "
                      f"this run uses {header['corpus']['sha256']}")
   sha = lambda plan: (plan.get("more_worlds") or {}).get("sha256")  # noqa: E731
   if sha(old_plan) != sha(header):
@@ -304,7 +305,8 @@ def reusable(old: str, header: dict[str, Any], runs: list[RunSpec], configs: dic
   for k in ("vocab", "knowledge", "knowledge_share"):
     a, b = old_plan["settings"].get(k), as_json(header["settings"].get(k))
     if a != b:
-      raise SystemExit(f"--config.reuse_from: {old} has {k}={a!r}, this run {b!r}: its tokenizer differs")
+      raise SystemExit(f"--config.reuse_from: {old} has {k}={a!r}, this run {b!r}: its "
+                       "tokenizer differs")
   out = {}
   for r in runs:   # in plan order, so a run's starting point is decided before the run
     c, name = configs[r.name], r.name
@@ -460,7 +462,8 @@ def run(config: ml_collections.ConfigDict, *, plan_only: bool = False,
     _, _, given_vocab, _ = corpus_lib.given_start(s.cpt_from, "--config.cpt_from")
     sp, tok, vocab = _copy_tokenizer(s.cpt_from, wd)
     if vocab != given_vocab:
-      raise SystemExit(f"--config.cpt_from: {s.cpt_from}/config.json has vocab_size {given_vocab} but "
+      raise SystemExit(f"--config.cpt_from: {s.cpt_from}/config.json has vocab_size "
+                       f"{given_vocab} but "
                        f"its tokenizer.model gives {vocab}")
   elif s.reuse_from:
     _banner(f"2. SentencePiece tokenizer ({s.vocab} pieces) of {s.reuse_from}")
@@ -585,6 +588,3 @@ def _cut_per_domain(selection, preds) -> dict[str, int]:
       out[c.domain] = out.get(c.domain, 0) + 1
   return out
 
-
-if __name__ == "__main__":
-  app.run(main)
