@@ -56,12 +56,13 @@ demo: $(VENV)/.installed sandbox-tool
 
 # The recipe end to end with every stage evaluated free-running (docs/reproduce.md): sized for
 # about 60 minutes on 2 CPU cores (1600 CPT steps: 51 minutes on idle cores on 2026-12-04,
-# experiments/reproduce_cpt1600/). `make reproduce BUDGET=tiny` is the few-minute smoke run; more flags
-# (e.g. --ablations=masking) go in REPRODUCE_FLAGS. The report lands in runs/reproduce_$(BUDGET)/.
+# experiments/reproduce_cpt1600/). BUDGET is a variant of configs/reproduce.py (tiny, full,
+# ablation): `make reproduce BUDGET=tiny` is the few-minute smoke run; overrides of its fields
+# (e.g. --config.ablations=masking) go in REPRODUCE_FLAGS. The report lands in runs/reproduce_$(BUDGET)/.
 BUDGET ?= full
 REPRODUCE_FLAGS ?=
 reproduce: $(VENV)/.installed
-	$(PY) launch/reproduce.py --budget=$(BUDGET) --workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
+	$(PY) launch/reproduce.py --config=configs/reproduce.py:$(BUDGET) --config.workdir=runs/reproduce_$(BUDGET) $(REPRODUCE_FLAGS)
 
 # The shipped world model (data/world_model/, used by the demo's last part): the stages of
 # configs/world_model.py run in order by launch/world_model.py, about 7 h 30 min on 2 idle cores.

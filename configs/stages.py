@@ -1,5 +1,5 @@
 """A recipe stage's config: a preset of configs/{cpt,sft}.py with a run's data, steps and shapes
-(what launch/demo.py, launch/reproduce.py and the experiments train)."""
+(what launch/demo.py, lwm_jax/recipe/reproduce.py and the experiments train)."""
 from __future__ import annotations
 
 import os

@@ -9,9 +9,9 @@
 same with `order` = that stage only. Every stage has a `kind`, an `init_from` (the model it
 starts from: "" for random initialisation, else an earlier stage's `output`) and an `output`:
 
-  reproduce  launch/reproduce.py with `args` (its flags), `--cpt_from=init_from` and
-             `--ship=output`: CPT then SFT, every model evaluated free-running, shipped with its
-             provenance.json
+  reproduce  launch/reproduce.py on configs/reproduce.py:`variant` with `args` (fields of that
+             config, given as --config.FIELD=VALUE), `cpt_from=init_from` and `ship=output`:
+             CPT then SFT, every model evaluated free-running, shipped with its provenance.json
   collect    launch/collect.py with `args`, `--out=output`: episodes of a real environment
   train      the one trainer (lwm_jax/train/trainer.py) on `config`, a training config whose
              data is a drill mixture (`data.source = "drills"`, lwm_jax/data/drill_sources.py):
@@ -40,17 +40,18 @@ import os
 
 import ml_collections
 
-from configs import ConfigError, close_matches, sft
+from configs import ConfigError, close_matches, reproduce, sft
 
 TOURS = ("runs/listing_usual_tour/terminal_train.jsonl.gz",
          "runs/listing_madeup_tour/terminal_train.jsonl.gz")
-FULL = dict(budget="full", cpt_steps=2000)  # the full reproduction with 2000 CPT steps
+REPRODUCE = "configs/reproduce.py"
+FULL = dict(cpt_steps=2000)  # the `full` variant with 2000 CPT steps
 
 
 def _reproduce(init_from: str, output: str, workdir: str, *, cpt_lr: float, sft_lr: float,
                **args) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      kind="reproduce", init_from=init_from, output=output,
+      kind="reproduce", init_from=init_from, output=output, variant="full",
       args=dict(FULL, cpt_lr=cpt_lr, sft_lr=sft_lr, workdir=workdir, **args)))
 
 
@@ -121,20 +122,25 @@ def model_of(stage: ml_collections.ConfigDict) -> str:
 
 def command(stage: ml_collections.ConfigDict) -> list[str]:
   """The launch script and flags of a reproduce or collect stage (relative to the repository
-  root): its `args` with `--cpt_from=init_from` (when it has one) and `--ship=output`, or
-  `--out=output`."""
+  root): configs/reproduce.py:`variant` with each of its `args`, `cpt_from=init_from` (when it
+  has one) and `ship=output` as a --config.FIELD override, or `args` as flags with
+  `--out=output`. A reproduce arg that is no field of that config is a ConfigError naming it."""
   args = dict(stage.args)
   if stage.kind == "reproduce":
     if stage.init_from:
       args["cpt_from"] = stage.init_from
     args["ship"] = stage.output
-    script = "launch/reproduce.py"
-  elif stage.kind == "collect":
+    fields = reproduce.get_config(stage.variant)
+    for k in args:
+      if k not in fields:
+        raise ConfigError(f"a reproduce stage's args.{k}: configs/reproduce.py has no field "
+                          f"'{k}'{close_matches(k, list(fields))}")
+    return (["launch/reproduce.py", f"--config={REPRODUCE}:{stage.variant}"]
+            + [f"--config.{k}={v}" for k, v in args.items()])
+  if stage.kind == "collect":
     args["out"] = stage.output
-    script = "launch/collect.py"
-  else:
-    raise ValueError(f"a {stage.kind} stage runs in the trainer, not as a command")
-  return [script] + [f"--{k}={v}" for k, v in args.items()]
+    return ["launch/collect.py"] + [f"--{k}={v}" for k, v in args.items()]
+  raise ValueError(f"a {stage.kind} stage runs in the trainer, not as a command")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -17,8 +17,8 @@ below the first).
 
 The drill overwrites what the start knew about trajectories (random ids are all it sees; with
 --train=attention too). A CPT continuation with copy drills in its knowledge text
-(`launch/reproduce.py --cpt_from=OUT --knowledge=search,actions,copy`) keeps the copying, but
-600 steps of it did not bring the shipped world model's skill back
+(`launch/reproduce.py --config.cpt_from=OUT --config.knowledge=search,actions,copy`) keeps the
+copying, but 600 steps of it did not bring the shipped world model's skill back
 (experiments/copy_drill_cpt600/): this is a tool for experiments, not a step of the recipe that
 ships. Writes OUT as a Hugging Face folder with the start's tokenizer.model, OUT/drill.jsonl (one
 line per score) and OUT/provenance.json (the command, and the start's provenance).

@@ -305,7 +305,7 @@ def load(path: str, tokenizer: Any = None, mesh: jax.sharding.Mesh | None = None
 
 
 def read_provenance(folder: str) -> dict | None:
-  """The provenance.json in a model folder (how the model was made: launch/reproduce.py --ship,
+  """The provenance.json in a model folder (how the model was made: launch/reproduce.py --config.ship,
   the drills), or None when the folder has none. A run that starts from a model nests this record
   in its own, so a chain of runs stays traceable to its first model."""
   prov = os.path.join(folder, "provenance.json")
@@ -320,7 +320,7 @@ def read_provenance(folder: str) -> dict | None:
 
 def recorded_thinking(folder: str, default: bool = True) -> bool:
   """Whether the model in `folder` was trained to reply in thinking mode, as its provenance.json
-  (written by launch/reproduce.py --ship) records it under settings.thinking; `default` when the
+  (written by launch/reproduce.py --config.ship) records it under settings.thinking; `default` when the
   folder has no such record."""
   prov = read_provenance(folder)
   if prov is None:

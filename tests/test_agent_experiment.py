@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from test_reproduce import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
+from launch_scripts import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The copy drill as CPT samples mixed into the trajectories (data config `drill_share` /
-`drill_rows`, `launch/reproduce.py --drill_share`): the samples, their share of the tokens, the
+`drill_rows`, `launch/reproduce.py --config.drill_share`): the samples, their share of the tokens, the
 packed rows' segments, resuming, and the errors."""
 import json
 

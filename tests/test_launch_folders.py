@@ -14,13 +14,15 @@ from lwm_jax import run_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO, "data", "corpus")
+TINY = f"--config={os.path.join(REPO, 'configs', 'reproduce.py')}:tiny"
 
-# (launcher, its folder flag, other flags, what the error must say): one per launcher here,
+# (launcher, its folder flag, other flags, what the error must say; the folder flag comes last,
+# after a --config it overrides): one per launcher here,
 # the campaign's other cases in the slow test below (each launcher start costs ~5-10 s of CPU).
 CASES = [
     ("rl_experiment", "workdir", ["--corpus=/nope"], "--corpus"),
     ("agent_experiment", "out", ["--arms=bogus"], "unknown arm"),
-    ("reproduce", "workdir", ["--budget=tiny"], "did not make"),
+    ("reproduce", "config.workdir", [TINY], "did not make"),
     ("copy_drill", "out", [f"--start={os.path.join(REPO, 'data', 'world_model')}"], "did not make"),
 ]
 MORE_CASES = [
@@ -29,7 +31,7 @@ MORE_CASES = [
     ("agent_experiment", "out", ["--domain=nope"], "--domain=nope"),
     ("agent_experiment", "out", ["--budget=full", "--arms=sim"], "--world_model is required"),
     ("agent_experiment", "out", ["--arms=bc"], "did not make"),
-    ("reproduce", "workdir", ["--budget=tiny", "--corpus=/nope"], "did not make"),
+    ("reproduce", "config.workdir", [TINY, "--config.corpus=/nope"], "did not make"),
 ]
 
 
@@ -64,7 +66,7 @@ def _run_cases(tmp_path, cases):
   for i, (name, flag, extra, _) in enumerate(cases):
     folder = tmp_path / f"case{i}"
     before = _foreign(folder)
-    cmd = [sys.executable, os.path.join(REPO, "launch", f"{name}.py"), f"--{flag}={folder}", *extra]
+    cmd = [sys.executable, os.path.join(REPO, "launch", f"{name}.py"), *extra, f"--{flag}={folder}"]
     procs.append((folder, before, subprocess.Popen(cmd, env=env, cwd=str(tmp_path),
                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                     text=True)))

@@ -1,115 +1,172 @@
-"""launch/reproduce.py's argument plumbing, without training: budgets and overrides, the runs an
-ablation adds, each run's config, and the simulated episode (lwm_jax/eval/episodes.py) on a stand-in
-model."""
-import importlib.util
+"""The recipe's plumbing (lwm_jax/recipe/reproduce.py over configs/reproduce.py), without
+training: budgets and overrides, the runs an ablation adds, each run's config, and the simulated
+episode (lwm_jax/eval/episodes.py) on a stand-in model."""
 import os
-import re
-import sys
 import types
 
 import pytest
 
-from configs import stages as config_stages
+from configs import ConfigError, reproduce as reproduce_config, stages as config_stages
+from launch_scripts import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.eval import episodes as episodes_lib
+from lwm_jax.recipe import reproduce
 from lwm_jax.sampling.params import Generation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name):
-  if name in sys.modules:
-    return sys.modules[name]
-  from absl import flags
-  path = os.path.join(REPO, "launch", f"{name}.py")
-  # Other test files in this worker may have loaded scripts that define the same flag names in
-  # absl's process-wide registry: drop those names first (absl lets a module redefine only its
-  # own flags), then load; a clash the file's own definitions did not show is dropped and retried.
-  with open(path) as f:
-    for flag in re.findall(r"flags\.DEFINE_\w+\(\s*[\"']([\w-]+)[\"']", f.read()):
-      if flag in flags.FLAGS:
-        delattr(flags.FLAGS, flag)
-  spec = importlib.util.spec_from_file_location(name, path)
-  for _ in range(20):
-    mod = importlib.util.module_from_spec(spec)  # a fresh module: absl lets it redefine its own flags
-    sys.modules[name] = mod
-    try:
-      spec.loader.exec_module(mod)
-      return mod
-    except flags.DuplicateFlagError as e:
-      delattr(flags.FLAGS, str(e).split("'")[1])
-  del sys.modules[name]
-  raise RuntimeError(f"launch/{name}.py: flag clashes did not resolve")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_launch_flags():
-  """The launch scripts loaded here define absl flags in the process-wide registry; they are
-  removed after this file, so that a later test file in the same worker can define its own."""
-  from absl import flags
-  before = set(flags.FLAGS)
-  yield
-  for name in set(flags.FLAGS) - before:
-    delattr(flags.FLAGS, name)
+CONFIG = os.path.join(REPO, "configs", "reproduce.py")
 
 
 @pytest.fixture(scope="module")
 def rp():
-  return _load("reproduce")
+  return reproduce
+
+
+def _resolve(budget="full", **over):
+  """The settings of a variant of configs/reproduce.py with `over` set, as a run checks them."""
+  c = reproduce_config.get_config(budget)
+  c.update(over)
+  return reproduce.resolve(c)
 
 
 @pytest.fixture
-def parsed(rp):
+def parsed():
+  """The settings a command line of launch/reproduce.py gives (its --config flag, parsed the way
+  absl parses it, on a registry of its own)."""
+  from absl import flags
+  from ml_collections import config_flags
+
   def parse(*args):
-    rp.FLAGS.unparse_flags()
-    rp.FLAGS(["reproduce.py", *args])
-    return rp.settings_from_flags()
-  yield parse
-  rp.FLAGS.unparse_flags()
+    argv, fv = ["reproduce.py", *args], flags.FlagValues()
+    # the override flags (--config.FIELD) are defined from the command line it is given
+    config_flags.DEFINE_config_file("config", CONFIG, "", flag_values=fv, lock_config=True,
+                                    sys_argv=argv)
+    fv(argv)
+    return reproduce.resolve(fv.config)
+  return parse
 
 
 def test_tiny_budget_and_overrides_from_the_command_line(rp, parsed):
-  s = parsed("--budget=tiny")
-  tiny = rp.BUDGETS["tiny"]
+  s = parsed(f"--config={CONFIG}:tiny")
+  tiny = reproduce_config.get_config("tiny")
   assert (s.preset, s.vocab, s.seq_len, s.batch, s.cpt_steps, s.sft_steps) == (
       tiny["preset"], tiny["vocab"], tiny["seq_len"], tiny["batch"], tiny["cpt_steps"],
       tiny["sft_steps"])
   assert s.fast_compile and not s.validate and s.ablations == () and not s.rl
   assert s.knowledge == ("search", "actions") and s.knowledge_share == tiny["knowledge_share"]
-  s = parsed("--budget=tiny", "--cpt_steps=3", "--seq_len=256", "--masking=full",
-             "--thinking=off", "--ablations=thinking", "--knowledge=search",
-             "--knowledge_share=0.25", "--eval_max_turns=0")
+  s = parsed(f"--config={CONFIG}:tiny", "--config.cpt_steps=3", "--config.seq_len=256",
+             "--config.masking=full", "--config.thinking=off", "--config.ablations=thinking",
+             "--config.knowledge=search", "--config.knowledge_share=0.25",
+             "--config.eval_max_turns=0")
   assert (s.cpt_steps, s.seq_len, s.sft_steps) == (3, 256, tiny["sft_steps"])
   assert (s.masking, s.thinking, s.ablations) == ("full", "off", ("thinking",))
   assert (s.knowledge, s.knowledge_share, s.eval_max_turns) == (("search",), 0.25, 0)
-  assert parsed("--budget=tiny", "--knowledge=").knowledge_share == 0.0
+  assert parsed(f"--config={CONFIG}:tiny", "--config.knowledge=").knowledge_share == 0.0
   full = parsed()
   # the full budget spends its hour on the main pipeline; the ablations have their own budget
   assert full.budget == "full" and full.ablations == () and full.validate
-  assert (full.seq_len, full.sft_seq_len, full.context) == (2048, 1024, 2048)
-  assert full.cpt_steps == rp.BUDGETS["full"]["cpt_steps"]
-  assert parsed("--budget=ablation").ablations == ("masking", "thinking")
+  assert (full.seq_len, full.sft_seq_len, rp.context(full)) == (2048, 1024, 2048)
+  assert full.cpt_steps == reproduce_config.get_config("full").cpt_steps
+  assert parsed(f"--config={CONFIG}:ablation").ablations == ("masking", "thinking")
 
 
 def test_each_budget_has_its_thinking_default(rp):
   """`full` trains SFT without the thinking block (measured the better at that budget); the flag
   overrides it, and the other budgets keep thinking mode."""
-  assert rp.resolve({"budget": "full"}).thinking == "off"
-  assert rp.resolve({"budget": "full", "thinking": "on"}).thinking == "on"
-  assert rp.resolve({"budget": "tiny"}).thinking == "on"
-  assert [r.name for r in rp.plan(rp.resolve({"budget": "full"}))] == ["cpt_it", "sft_it_nothink"]
+  assert _resolve("full").thinking == "off"
+  assert _resolve("full", thinking="on").thinking == "on"
+  assert _resolve("tiny").thinking == "on"
+  assert [r.name for r in rp.plan(_resolve("full"))] == ["cpt_it", "sft_it_nothink"]
 
 
 def test_bad_values_are_refused_by_name(rp):
-  with pytest.raises(ValueError, match="--ablations: 'rl' is not one of masking, thinking, sft_loss"):
-    rp.resolve({"budget": "tiny", "ablations": "masking,rl"})
-  with pytest.raises(ValueError, match="--knowledge: 'web'"):
-    rp.resolve({"budget": "tiny", "knowledge": "web"})
-  with pytest.raises(ValueError, match=r"--knowledge_share must be in \[0, 1\)"):
-    rp.resolve({"budget": "tiny", "knowledge": "search", "knowledge_share": 1.5})
-  with pytest.raises(ValueError, match="--cpt_steps must be >= 1"):
-    rp.resolve({"budget": "tiny", "cpt_steps": 0})
+  with pytest.raises(ValueError, match="--config.ablations: 'rl' is not one of masking, thinking, "
+                                       "sft_loss"):
+    _resolve("tiny", ablations="masking,rl")
+  with pytest.raises(ValueError, match="--config.knowledge: 'web'"):
+    _resolve("tiny", knowledge="web")
+  with pytest.raises(ValueError, match=r"--config.knowledge_share must be in \[0, 1\)"):
+    _resolve("tiny", knowledge="search", knowledge_share=1.5)
+  with pytest.raises(ValueError, match="--config.cpt_steps must be >= 1"):
+    _resolve("tiny", cpt_steps=0)
+
+
+# launch/reproduce.py at 116651c, before its budgets became configs/reproduce.py: BUDGETS, the
+# defaults of its flags for what no budget set, and the fields of its resolved settings. The
+# variants keep every value, and plan.json keeps its fields.
+OLD_BUDGETS = {
+    "tiny": dict(preset="tiny", vocab=1024, seq_len=512, batch=4, cpt_steps=8, sft_steps=4,
+                 knowledge_share=0.1, ablations="", eval_max_turns=1, eval_max_new_tokens=16,
+                 eval_batch=8, rl_steps=4, validate=False, fast_compile=True),
+    "full": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024, sft_batch=8,
+                 cpt_steps=1600, sft_steps=300, knowledge_share=0.1, ablations="", thinking="off",
+                 eval_max_turns=20, eval_max_new_tokens=320, eval_batch=32, rl_steps=24,
+                 validate=True, fast_compile=False),
+    "ablation": dict(preset="demo", vocab=2048, seq_len=2048, batch=4, sft_seq_len=1024,
+                     sft_batch=8, cpt_steps=200, sft_steps=60, knowledge_share=0.1,
+                     ablations="masking,thinking", eval_max_turns=10, eval_max_new_tokens=320,
+                     eval_batch=32, rl_steps=24, validate=True, fast_compile=False),
+}
+OLD_DEFAULTS = dict(thinking="on", sft_loss="target", masking="it", knowledge="search,actions",
+                    cpt_lr=0.0, sft_lr=0.0, rl=False, seed=0, cpt_from="", more_worlds="",
+                    drill_share=0.0, drill_rows="64")
+OLD_SETTINGS_FIELDS = (
+    "budget", "preset", "vocab", "seq_len", "batch", "sft_seq_len", "sft_batch", "cpt_steps",
+    "sft_steps", "masking", "thinking", "knowledge", "knowledge_share", "ablations", "rl",
+    "rl_steps", "eval_max_turns", "eval_max_new_tokens", "eval_batch", "cpt_lr", "sft_lr",
+    "sft_loss", "validate", "fast_compile", "seed", "cpt_from", "more_worlds", "drill_share",
+    "drill_rows")
+
+
+@pytest.mark.parametrize("variant", list(OLD_BUDGETS))
+def test_each_variant_keeps_its_old_budget(rp, variant):
+  old = dict(OLD_DEFAULTS, budget=variant, **OLD_BUDGETS[variant])
+  old.setdefault("sft_seq_len", old["seq_len"])         # the old default: the CPT rows
+  old.setdefault("sft_batch", old["batch"])
+  old["knowledge"] = tuple(old["knowledge"].split(","))
+  old["ablations"] = tuple(a for a in old["ablations"].split(",") if a)
+  got = rp.settings(_resolve(variant))
+  assert sorted(got) == sorted(OLD_SETTINGS_FIELDS)
+  assert got == old
+  c = reproduce_config.get_config(variant)               # where the run reads and writes
+  assert (c.workdir, c.corpus) == (os.path.join(REPO, "runs", "reproduce"),
+                                   os.path.join(REPO, "data", "corpus"))
+  assert (c.overwrite, c.reuse_from, c.ship) == (False, "", "")
+  assert set(c) == set(OLD_SETTINGS_FIELDS) | set(reproduce_config.RUN_FIELDS)
+  assert reproduce_config.get_config().budget == "full"  # the old --budget default
+
+
+def test_a_bad_variant_or_field_is_named(rp):
+  import configs
+  with pytest.raises(ConfigError, match="no variant 'tinyy' \\(close matches: tiny\\); "
+                                        "variants: tiny, full, ablation"):
+    reproduce_config.get_config("tinyy")
+  with pytest.raises(ConfigError, match="no variant 'huge'.*variants: tiny, full, ablation"):
+    configs.load(f"{CONFIG}:huge")
+  with pytest.raises(ConfigError, match="--config.cpt_stpes: config has no field 'cpt_stpes' "
+                                        "\\(close matches: cpt_steps"):
+    configs.check_command_line(["reproduce.py", f"--config={CONFIG}:tiny",
+                                "--config.cpt_stpes=3"])
+  c = reproduce_config.get_config("tiny")
+  c.cpt_stpes = 3                                        # a field added in Python, not on the CLI
+  with pytest.raises(ValueError, match="--config.cpt_stpes: configs/reproduce.py has no field "
+                                       "'cpt_stpes' \\(close matches: cpt_steps"):
+    rp.resolve(c)
+
+
+def test_the_launcher_names_a_bad_field_in_one_line(tmp_path):
+  import subprocess
+  import sys
+  run = subprocess.run([sys.executable, os.path.join(REPO, "launch", "reproduce.py"),
+                        f"--config={CONFIG}:tiny", f"--config.workdir={tmp_path / 'wd'}",
+                        "--config.sft_stepz=3", "--plan_only"],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+  assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+  assert "--config.sft_stepz: config has no field 'sft_stepz' (close matches: sft_steps" in \
+      run.stderr
+  assert not (tmp_path / "wd").exists()
 
 
 def _names(runs):
@@ -117,10 +174,10 @@ def _names(runs):
 
 
 def test_plan_main_pipeline_and_ablations(rp):
-  s = rp.resolve({"budget": "tiny", "knowledge": "search,actions"})
+  s = _resolve("tiny", knowledge="search,actions")
   assert _names(rp.plan(s)) == [("cpt_it", "cpt", "", True),
                                 ("sft_it_think", "sft", "cpt_it", True)]
-  s = rp.resolve({"budget": "tiny", "ablations": "masking,thinking", "knowledge": ""})
+  s = _resolve("tiny", ablations="masking,thinking", knowledge="")
   runs = rp.plan(s)
   assert _names(runs) == [("cpt_it", "cpt", "", True), ("sft_it_think", "sft", "cpt_it", True),
                           ("cpt_full", "cpt", "", False),
@@ -131,20 +188,19 @@ def test_plan_main_pipeline_and_ablations(rp):
       ("masking (after SFT)", "sft_it_think", "sft_full_think"),
       ("thinking (SFT)", "sft_it_think", "sft_it_nothink")]
   # the flags choose the main pipeline; an ablation trains the other setting
-  s = rp.resolve({"budget": "tiny", "masking": "full", "thinking": "off",
-                  "ablations": "masking,thinking"})
+  s = _resolve("tiny", masking="full", thinking="off", ablations="masking,thinking")
   runs = rp.plan(s)
   assert [r.name for r in runs] == ["cpt_full", "sft_full_nothink", "cpt_it", "sft_it_nothink",
                                     "sft_full_think"]
   assert rp.ablation_pairs(s, runs)[-1] == ("thinking (SFT)", "sft_full_nothink",
                                             "sft_full_think")
-  s = rp.resolve({"budget": "tiny", "rl": True})
+  s = _resolve("tiny", rl=True)
   assert _names(rp.plan(s))[-1] == ("rl_sft_it_think", "rl", "sft_it_think", True)
 
 
 def test_sft_loss_switch_and_its_ablation(rp, tmp_path):
-  s = rp.resolve({"budget": "tiny", "thinking": "off", "sft_loss": "history",
-                  "ablations": "sft_loss,thinking", "knowledge": ""})
+  s = _resolve("tiny", thinking="off", sft_loss="history", ablations="sft_loss,thinking",
+               knowledge="")
   runs = rp.plan(s)
   assert _names(runs) == [("cpt_it", "cpt", "", True),
                           ("sft_it_nothink_hist", "sft", "cpt_it", True),
@@ -160,21 +216,21 @@ def test_sft_loss_switch_and_its_ablation(rp, tmp_path):
   assert not cfg["sft_it_nothink"].data.pipeline.sft_history_loss
   assert not cfg["sft_it_think"].data.pipeline.sft_history_loss
   assert not cfg["cpt_it"].data.pipeline.get("sft_history_loss")
-  assert rp.resolve({"budget": "tiny"}).sft_loss == "target"
-  with pytest.raises(ValueError, match="--sft_loss=history and the sft_loss ablation need "
-                                       "--thinking=off"):
-    rp.resolve({"budget": "tiny", "thinking": "on", "sft_loss": "history"})
-  with pytest.raises(ValueError, match="need --thinking=off"):
-    rp.resolve({"budget": "tiny", "thinking": "on", "ablations": "sft_loss"})
-  with pytest.raises(ValueError, match="--sft_loss: 'all' is not target or history"):
-    rp.resolve({"budget": "tiny", "thinking": "off", "sft_loss": "all"})
+  assert _resolve("tiny").sft_loss == "target"
+  with pytest.raises(ValueError, match="--config.sft_loss=history and the sft_loss ablation "
+                                       "need --config.thinking=off"):
+    _resolve("tiny", thinking="on", sft_loss="history")
+  with pytest.raises(ValueError, match="need --config.thinking=off"):
+    _resolve("tiny", thinking="on", ablations="sft_loss")
+  with pytest.raises(ValueError, match="--config.sft_loss: 'all' is not target or history"):
+    _resolve("tiny", thinking="off", sft_loss="all")
 
 
 def test_run_configs_carry_the_switches(rp, tmp_path):
   corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz", "b_train.jsonl.gz"], ["a_validation.jsonl.gz"],
                          [], [], [])
-  s = rp.resolve({"budget": "tiny", "ablations": "masking,thinking", "cpt_steps": 5,
-                  "sft_steps": 3, "knowledge": "search"})
+  s = _resolve("tiny", ablations="masking,thinking", cpt_steps=5, sft_steps=3,
+               knowledge="search")
   runs = {r.name: r for r in rp.plan(s)}
   wd = str(tmp_path)
   exports = {r.init_from for r in runs.values() if r.init_from}
@@ -195,39 +251,37 @@ def test_run_configs_carry_the_switches(rp, tmp_path):
   assert think.train.num_steps == nothink.train.num_steps == 3
   assert think.data.pipeline.knowledge_jsonl == ""              # knowledge text is CPT only
   assert it.train.eval_every == 0                               # tiny skips validation
-  lr = rp.resolve({"budget": "tiny", "knowledge": "", "sft_lr": 3e-4})
+  lr = _resolve("tiny", knowledge="", sft_lr=3e-4)
   c_lr = {r.stage: rp.run_config(r, lr, wd, "tok.model", 1024, corpus, "", True)
           for r in rp.plan(lr)}
   assert c_lr["sft"].optim.lr == 3e-4 and c_lr["cpt"].optim.lr == it.optim.lr
   assert think.optim.lr == config_stages.STAGE_CONFIGS["sft"].get_config("tiny").optim.lr
   with pytest.raises(ValueError, match="sft_lr"):
-    rp.resolve({"budget": "tiny", "sft_lr": -1.0})
-  lr = rp.resolve({"budget": "tiny", "knowledge": "", "cpt_lr": 4e-3})
+    _resolve("tiny", sft_lr=-1.0)
+  lr = _resolve("tiny", knowledge="", cpt_lr=4e-3)
   c_lr = {r.stage: rp.run_config(r, lr, wd, "tok.model", 1024, corpus, "", True)
           for r in rp.plan(lr)}
   assert c_lr["cpt"].optim.lr == 4e-3 and c_lr["sft"].optim.lr == think.optim.lr
   with pytest.raises(ValueError, match="cpt_lr"):
-    rp.resolve({"budget": "tiny", "cpt_lr": -1.0})
+    _resolve("tiny", cpt_lr=-1.0)
 
 
 def test_sft_rows_and_the_models_context(rp):
   """SFT may train on other rows than CPT; every model's context is the longest row of the
   pipeline, so a sampler never feeds positions no row had and SFT keeps CPT's reach."""
   corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
-  s = rp.resolve({"budget": "tiny", "seq_len": 1024, "batch": 2, "sft_seq_len": 512,
-                  "sft_batch": 8, "knowledge": ""})
-  assert s.context == 1024
+  s = _resolve("tiny", seq_len=1024, batch=2, sft_seq_len=512, sft_batch=8, knowledge="")
+  assert rp.context(s) == 1024
   cpt, sft = (rp.run_config(r, s, "/w", "tok.model", 1024, corpus, "", True) for r in rp.plan(s))
   assert (cpt.train.batch_size, cpt.train.seq_len) == (2, 1024)
   assert (sft.train.batch_size, sft.train.seq_len) == (8, 512)
   assert cpt.model.max_position_embeddings == sft.model.max_position_embeddings == 1024
-  rl = rp.resolve({"budget": "tiny", "seq_len": 1024, "sft_seq_len": 512, "knowledge": "",
-                   "rl": True})
+  rl = _resolve("tiny", seq_len=1024, sft_seq_len=512, knowledge="", rl=True)
   gspo = rp.run_config(rp.plan(rl)[-1], rl, "/w", "tok.model", 1024, corpus, "", True)
   # GSPO prompts come from the validation split, which CPT and SFT never saw
   assert gspo.data.pipeline.jsonl == "a_validation.jsonl.gz" and gspo.rl.pool_fractions == "rl=1.0"
   assert gspo.train.seq_len == gspo.model.max_position_embeddings == 1024
-  same = rp.resolve({"budget": "tiny", "knowledge": ""})
+  same = _resolve("tiny", knowledge="")
   assert (same.sft_seq_len, same.sft_batch) == (same.seq_len, same.batch)
 
 
@@ -240,7 +294,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
   old, new = str(tmp_path / "old"), str(tmp_path / "new")
 
   def configs(wd, **over):
-    s = rp.resolve({"budget": "tiny", "knowledge": "search", **over})
+    s = _resolve("tiny", knowledge="search", **over)
     runs = rp.plan(s)
     return s, runs, {r.name: rp.run_config(r, s, wd, os.path.join(wd, "tokenizer.model"), 1024,
                                            corpus, os.path.join(wd, "knowledge.jsonl.gz"), True)
@@ -248,7 +302,7 @@ def test_reuse_copies_only_equal_runs(rp, tmp_path, capsys):
 
   s_old, _, c_old = configs(old)
   header = lambda s, sha="abc": {"corpus": {"sha256": sha}, "settings": json.loads(json.dumps(
-      rp.dataclasses.asdict(s)))}
+      rp.settings(s)))}
   for name in c_old:
     os.makedirs(os.path.join(old, name, "checkpoints"))
     os.makedirs(os.path.join(old, name, "hf"))        # exported: copying needs no export
@@ -484,14 +538,13 @@ def test_cpt_from_starts_every_cpt_run_from_the_given_model(rp, tmp_path):
   start from their own CPT run's export; without it CPT starts from random initialisation."""
   corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   given = tmp_path / "given"
-  s = rp.resolve({"budget": "tiny", "ablations": "masking", "knowledge": "",
-                  "cpt_from": str(given)})
+  s = _resolve("tiny", ablations="masking", knowledge="", cpt_from=str(given))
   assert s.cpt_from == str(given)
   wd = str(tmp_path / "wd")
   cfg = {r.name: rp.run_config(r, s, wd, "tok.model", 1024, corpus, "", True) for r in rp.plan(s)}
   assert cfg["cpt_it"].init_from_hf == cfg["cpt_full"].init_from_hf == str(given)
   assert cfg["sft_it_think"].init_from_hf == os.path.join(wd, "cpt_it", "hf")
-  plain = rp.resolve({"budget": "tiny", "knowledge": ""})
+  plain = _resolve("tiny", knowledge="")
   assert plain.cpt_from == ""
   assert rp.run_config(rp.plan(plain)[0], plain, wd, "tok.model", 1024, corpus, "",
                        True).init_from_hf == ""
@@ -597,10 +650,10 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
   two = corpus_lib.more_worlds(f"{more},{other}", corpus, str(tmp_path / "two.jsonl"))
   assert [t.id for t in schema.read_jsonl(tmp_path / "two.jsonl")] == ["t-14", "t-10", "t-12", "t-20"]
   assert two["files"][-1] == "other/terminal_train.jsonl.gz" and two["worlds_new"] == 3
-  assert rp.resolve({"budget": "tiny", "knowledge": "",
-                     "more_worlds": f"{more},{other}"}).more_worlds == f"{more},{other}"
+  assert _resolve("tiny", knowledge="",
+                  more_worlds=f"{more},{other}").more_worlds == f"{more},{other}"
 
-  s = rp.resolve({"budget": "tiny", "knowledge": "", "more_worlds": str(more)})
+  s = _resolve("tiny", knowledge="", more_worlds=str(more))
   assert s.more_worlds == str(more)
   wd = str(tmp_path / "wd")
   cfg = {r.stage: rp.run_config(r, s, wd, "tok.model", 1024, corpus, "", True, out)
@@ -613,12 +666,12 @@ def test_more_worlds_adds_episodes_of_other_worlds_and_drops_held_out_ones(rp, t
   for n in ("report.json", "tokenizer.model"):
     (old / n).write_text("{}")
   (old / "plan.json").write_text(json.dumps({"corpus": {"sha256": "c"}, "more_worlds": None}))
-  with pytest.raises(SystemExit, match="other --more_worlds"):
+  with pytest.raises(SystemExit, match="other --config.more_worlds"):
     rp.reusable(str(old), {"corpus": {"sha256": "c"}, "more_worlds": info}, rp.plan(s), cfg, wd)
 
 
 def test_drill_flags_reach_the_cpt_config_only(rp, tmp_path):
-  s = rp.resolve({"budget": "tiny", "knowledge": "", "drill_share": 0.6, "drill_rows": "64, 512"})
+  s = _resolve("tiny", knowledge="", drill_share=0.6, drill_rows="64, 512")
   assert (s.drill_share, s.drill_rows) == (0.6, "64,512")
   corpus = corpus_lib.Corpus("c", ["a_train.jsonl.gz"], ["a_validation.jsonl.gz"], [], [], [])
   cfg = {r.name: rp.run_config(r, s, str(tmp_path), "tok.model", 1024, corpus, "", True)
@@ -626,8 +679,8 @@ def test_drill_flags_reach_the_cpt_config_only(rp, tmp_path):
   assert (cfg["cpt_it"].data.pipeline.drill_share, cfg["cpt_it"].data.pipeline.drill_rows) == (
       0.6, "64,512")
   assert cfg["sft_it_think"].data.pipeline.drill_share == 0.0
-  assert rp.resolve({"budget": "tiny"}).drill_share == 0.0
-  with pytest.raises(ValueError, match=r"--drill_share must be in \[0, 1\)"):
-    rp.resolve({"budget": "tiny", "drill_share": 1.0})
-  with pytest.raises(ValueError, match="--drill_rows: .*'64,x'"):
-    rp.resolve({"budget": "tiny", "drill_share": 0.5, "drill_rows": "64,x"})
+  assert _resolve("tiny").drill_share == 0.0
+  with pytest.raises(ValueError, match=r"--config.drill_share must be in \[0, 1\)"):
+    _resolve("tiny", drill_share=1.0)
+  with pytest.raises(ValueError, match="--config.drill_rows: .*'64,x'"):
+    _resolve("tiny", drill_share=0.5, drill_rows="64,x")

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from configs import cpt, sft, world_model
+from configs import ConfigError, cpt, sft, world_model
 from lwm_jax.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,9 +84,12 @@ def test_stages_ask_for_what_the_old_makefile_did(recipe):
     if stage.kind != "train":
       assert world_model.command(stage)[0] == line[0]
       got = _flags(world_model.command(stage)[1:])
-      for k, v in defaults.items():  # the old lines left the first two stages at the defaults
-        if line[0].endswith("reproduce.py"):
+      if line[0].endswith("reproduce.py"):
+        for k, v in defaults.items():  # the old lines left the first two stages at the defaults
           want.setdefault(k, str(v))
+        # the old flags are fields of configs/reproduce.py now: --budget=B is its variant B
+        want = {("config" if k == "budget" else f"config.{k}"):
+                (f"configs/reproduce.py:{v}" if k == "budget" else v) for k, v in want.items()}
       assert {k: float(v) if k.endswith("lr") else v for k, v in got.items()} == \
           {k: float(v) if k.endswith("lr") else v for k, v in want.items()}, name
       continue
@@ -103,6 +106,37 @@ def test_stages_ask_for_what_the_old_makefile_did(recipe):
     # the old script's optimizer: the SFT demo config's, at the stage's peak rate
     base = sft.get_config("demo").optim.to_dict()
     assert dict(c.optim.to_dict(), lr=base["lr"]) == base
+
+
+def test_reproduce_commands_parse_and_resolve(recipe):
+  """Each reproduce stage's command is a valid command line of launch/reproduce.py: its variant
+  exists, every --config.FIELD names a field, and the values pass the run's own check."""
+  import configs
+  from absl import flags
+  from ml_collections import config_flags
+  from lwm_jax.recipe import reproduce
+  here = os.getcwd()
+  os.chdir(ROOT)  # the commands' paths are relative to the repository root
+  try:
+    for name in recipe.order.split(","):
+      if recipe[name].kind != "reproduce":
+        continue
+      cmd = world_model.command(recipe[name])
+      configs.check_command_line(cmd)
+      fv = flags.FlagValues()
+      config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                      sys_argv=cmd)
+      fv(cmd)
+      s = reproduce.resolve(fv.config)
+      assert (s.budget, s.ship) == ("full", recipe[name].output), name
+      assert (s.cpt_lr, s.sft_lr) == (recipe[name].args.cpt_lr, recipe[name].args.sft_lr)
+  finally:
+    os.chdir(here)
+  bad = world_model.get_config("cpt2000").cpt2000
+  bad.args.cpt_stpes = 3
+  with pytest.raises(ConfigError, match="args.cpt_stpes: configs/reproduce.py has no field "
+                                        r"'cpt_stpes' \(close matches: cpt_steps"):
+    world_model.command(bad)
 
 
 def test_first_drill_stage_is_a_valid_training_config(recipe):
@@ -124,7 +158,6 @@ def test_make_world_model_names_no_experiment_file():
 
 
 def test_unknown_stage_is_named():
-  from configs import ConfigError
   with pytest.raises(ConfigError, match="no stage 'cs4'.*close matches"):
     world_model.get_config("cs4")
   assert world_model.get_config("cs2").order == "cs2"
@@ -141,7 +174,7 @@ def test_runner_plans_the_stages_it_is_given():
   assert run.returncode == 0, run.stderr[-2000:]
   lines = [l for l in run.stdout.splitlines() if l.startswith(("===", "launch/"))]
   assert lines[0] == "=== cpt6000 (reproduce): runs/world_model_4000 -> data/world_model"
-  assert lines[1].startswith("launch/reproduce.py ") and "--cpt_lr=0.001" in lines[1]
+  assert lines[1].startswith("launch/reproduce.py ") and "--config.cpt_lr=0.001" in lines[1]
   assert lines[3].startswith("launch/collect.py ") and "--seed=31" in lines[3]
   assert lines[4] == "=== cs3 (train): runs/cs2/hf -> runs/cs3/hf"
   bad = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "world_model.py"),

@@ -342,7 +342,7 @@ LAUNCHERS = [
     ("launch/agent_experiment.py", "out", ["--arms=bogus"]),
     ("launch/agent_experiment.py", "out", ["--budget=full", "--arms=sim"]),
     ("launch/agent_experiment.py", "out", ["--arms=bc"]),
-    ("launch/reproduce.py", "workdir", ["--budget=tiny"]),
+    ("launch/reproduce.py", "config.workdir", ["--config=configs/reproduce.py:tiny"]),
     ("launch/copy_drill.py", "out", [f"--start={os.path.join(REPO, 'data', 'world_model')}"]),
 ]
 
@@ -354,7 +354,8 @@ def launcher_cases() -> None:
       f.write("the user's notes\n")
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
     try:
-      p = subprocess.run([sys.executable, os.path.join(REPO, script), f"--{flag}={d}", *extra],
+      # the folder flag last: an override of a --config field must follow that --config
+      p = subprocess.run([sys.executable, os.path.join(REPO, script), *extra, f"--{flag}={d}"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
       return "crash"

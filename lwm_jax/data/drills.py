@@ -6,13 +6,13 @@ on trajectories alone does not learn to look things up (docs/reproduce.md, "Copy
 a listing of made-up names (files, identifiers, numbers, dates: random letters and digits, so no
 prior knowledge predicts them) written twice, separated by a blank line: the second copy is
 predictable from the first and from nothing else. CPT mixes drills in as knowledge text (full
-loss), `launch/reproduce.py --knowledge=...,copy`.
+loss), `launch/reproduce.py --config.knowledge=...,copy`.
 
 Text drills alone do not start copying in a CPT's budget: a small model sits on a long plateau
 before an induction circuit forms. `induction_rows` makes the classic induction task (random ids
 written twice, in short rows first) that `launch/copy_drill.py` trains on to get past it, and
 `induction_sample` the same task as CPT samples that a run mixes in beside the trajectories
-(data config `drill_share` / `drill_rows`, `launch/reproduce.py --drill_share`), so the drill
+(data config `drill_share` / `drill_rows`, `launch/reproduce.py --config.drill_share`), so the drill
 does not overwrite what the model knows.
 
 In an induction row each copy follows its source at once (16-64 ids back at rows of 512), while
