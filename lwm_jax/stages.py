@@ -84,4 +84,5 @@ register_stage(Stage("cpt", "xent", rows="cpt"))
 register_stage(Stage("sft", "xent", rows="sft", thinking=True))
 register_stage(Stage("rl", "policy", rows="rl-prompts", policy=True, kl_reference=True))
 register_stage(Stage("agent-bc", "xent", rows="agent"))
-register_stage(Stage("agent-rl", "policy", policy=True, needs_trajectories=False))
+register_stage(Stage("agent-rl", "policy", policy=True, kl_reference=True,
+                     needs_trajectories=False))

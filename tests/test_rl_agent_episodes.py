@@ -394,3 +394,36 @@ def test_per_turn_advantages_train_with_a_per_token_loss(policy_batch):
   assert trainer.token_advantages(c)
   with pytest.raises(ValueError, match="rl.algo"):
     validate_config(c)
+
+
+def test_agent_rl_carries_a_kl_term_against_the_first_rollouts_policy(tok):
+  from configs import agent_rl  # pylint: disable=import-outside-toplevel
+  from lwm_jax.train.run_config import validate_config  # pylint: disable=import-outside-toplevel
+  c = agent_rl.get_config("tiny")
+  c.rl.kl_coef, c.data.tokenizer = 0.05, __file__
+  validate_config(c)  # refused while agent-rl had no reference policy
+  assert "ref_logprobs" in trainer.run_step_kind(c).keys
+  c.rl.kl_coef = 0.0
+  assert "ref_logprobs" not in trainer.run_step_kind(c).keys
+  cfg = get_preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=1, num_experts=4)
+  graphdef, first = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  _, moved = nnx.split(Transformer(cfg, rngs=nnx.Rngs(7)))
+  acfg = AgentConfig(domain="terminal", tasks=(5, 6), tasks_per_batch=2, group_size=2,
+                     max_turns=1, seq_len=512, max_new_tokens=8, seed=3,
+                     filter_zero_variance=False, updates_per_batch=1)
+  src = AgentEpisodeSource(tok, agent_envs.LocalEnvs(lambda seed: FakeShell(), fake_verdict),
+                           acfg, kl=True, **ENGINE)
+  src.bind(SimpleNamespace(graphdef=graphdef, mesh=None, seq_len=512, batch_size=4,
+                           process_index=0, process_count=1))
+  tx = optax.sgd(1e-3)
+  step = jax.jit(functools.partial(steps.gspo_step, graphdef, tx, lambda _: 1e-3,
+                                   steps.StepConfig(algo="gspo", kl_coef=0.05)))
+  kls = []
+  for params in (first, moved):  # the policy moves between the two rollouts
+    batch = src.next_batch(params)
+    assert "ref_logprobs" in batch
+    state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+    _, m = step(state, batch)
+    kls.append(float(m["kl"]))
+  # on the first rollout the reference is the policy itself; after it moved, the term is not 0
+  assert abs(kls[0]) < 1e-4 and kls[1] > 1e-3

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.usefixtures("jax_disk_cache")  # one compile per repeat
 def test_builtin_records_and_errors():
   assert stages.stage_names()[:5] == ("cpt", "sft", "rl", "agent-bc", "agent-rl")
   assert trainer.step_kind("cpt") is trainer.XENT and trainer.step_kind("rl") is trainer.POLICY
-  assert stages.get_stage("rl").kl_reference and not stages.get_stage("agent-rl").kl_reference
+  assert stages.get_stage("rl").kl_reference and stages.get_stage("agent-rl").kl_reference
+  assert not stages.get_stage("agent-bc").kl_reference
   with pytest.raises(ValueError, match=r"unknown stage 'stf' \(did you mean 'sft'\?\)"):
     stages.get_stage("stf")
   with pytest.raises(ValueError, match="step 'adam' is not one of xent, policy"):

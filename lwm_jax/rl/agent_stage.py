@@ -85,4 +85,5 @@ def agent_source(c: ml_collections.ConfigDict) -> AgentEpisodeSource:
   real = real_envs(a.domain, int(a.workers))
   envs = real if sim is None else sim
   held = tuple(verify.task_seeds("heldout", int(a.eval_tasks))) if int(a.eval_tasks) > 0 else ()
-  return AgentEpisodeSource(tok, envs, ac, eval_envs=real, eval_tasks=held, **engine)
+  return AgentEpisodeSource(tok, envs, ac, eval_envs=real, eval_tasks=held,
+                            kl=c.rl.kl_coef > 0, **engine)

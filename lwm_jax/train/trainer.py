@@ -75,6 +75,19 @@ def step_kind(stage: str) -> StepKind:
   return STEP_KINDS[get_stage(stage).step]
 
 
+def run_step_kind(c: ml_collections.ConfigDict) -> StepKind:
+  """The step of config `c`'s stage with the batch layout the run's source gives: reference
+  log-probs when a KL-capable stage sets `rl.kl_coef > 0`; advantages per token with agent RL's
+  per-turn credit."""
+  stage = get_stage(c.stage)
+  kind = STEP_KINDS[stage.step]
+  if stage.kl_reference and c.rl.kl_coef > 0:
+    kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
+  if token_advantages(c):  # agent RL with per-turn credit: advantages per token, [B, S]
+    kind = dataclasses.replace(kind, per_row=())
+  return kind
+
+
 # ----------------------------------------------------------------------- the loop
 def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
           eval_source: Callable[[], Iterator] | None = None, *, train_iter: Any = None,
@@ -112,11 +125,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, source: Any = None,
   _log_stage(c)
 
   stage = get_stage(c.stage)
-  kind = STEP_KINDS[stage.step]
-  if stage.kl_reference and c.rl.kl_coef > 0:
-    kind = dataclasses.replace(kind, keys=kind.keys + ("ref_logprobs",))
-  if token_advantages(c):  # agent RL with per-turn credit: advantages per token, [B, S]
-    kind = dataclasses.replace(kind, per_row=())
+  kind = run_step_kind(c)
   step_fn = kind.compile(graphdef, tx, schedule, _step_config(c, model_cfg), mesh, shardings,
                          kind.shapes(t.batch_size, t.seq_len))
   # a source that evaluates the policy itself (RL: greedy held-out replies) every eval_every
