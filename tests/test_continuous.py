@@ -42,7 +42,10 @@ def _alone(model, prompt, sp, stop_ids=()):
   return Engine(model, **SHAPES, min_batch_bucket=1).generate([prompt], [sp], [list(stop_ids)])[0]
 
 
-def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny):
+# Slots of 128 positions, attention windows of 64: (3 slots, bucket 4) decodes every slot in each
+# chunk; (4 slots, bucket 1) decodes only the first one or two slots while the others are idle.
+@pytest.mark.parametrize("num_slots,bucket", [(3, 4), (4, 1)], ids=["all_slots", "slot_buckets"])
+def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny, num_slots, bucket):
   rng = np.random.default_rng(0)
   n = 9
   prompts = [rng.integers(0, 512, size=int(k)).tolist() for k in rng.integers(2, 17, size=n)]
@@ -57,8 +60,9 @@ def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny):
   want[5] = _alone(tiny, prompts[5], params[5], stops[5])
   assert want[5].finish_reason == "stop"
 
-  eng = ContinuousEngine(tiny, **SHAPES, num_slots=3, min_batch_bucket=4, cache_len=64)
-  assert eng.context == 64
+  eng = ContinuousEngine(tiny, **SHAPES, num_slots=num_slots, min_batch_bucket=bucket,
+                         cache_len=128)
+  assert eng.context == 128
   groups = [eng.submit(prompts[:2], params[:2], stops[:2])]
   eng.step()  # the first two decode while the others have not arrived yet
   groups.append(eng.submit(prompts[2:5], params[2:5], stops[2:5]))
@@ -68,7 +72,7 @@ def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny):
   while not all(g.finished for g in groups):
     eng.step()
   got = [o for g in groups for o in g.wait()]
-  assert eng.prefills == n and eng.num_slots == 3  # nine requests through three slots
+  assert eng.prefills == n and eng.num_slots == num_slots  # nine requests through few slots
   for w, g in zip(want, got):
     assert g.token_ids == w.token_ids
     np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4)
