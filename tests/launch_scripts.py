@@ -1,5 +1,5 @@
 """Loading a launch script that defines its absl flags at import (launch/agent_experiment.py,
-rl_experiment.py, perturb_experiment.py), for tests of its helpers. launch/reproduce.py is not
+rl_experiment.py), for tests of its helpers. launch/reproduce.py is not
 loaded this way: its logic is the module lwm_jax.recipe.reproduce."""
 import importlib.util
 import os

@@ -424,9 +424,10 @@ def test_rl_experiment_start_folder_is_checked(tmp_path):
 
 
 def test_perturb_experiment_compares_models_check_by_check():
-  """launch/perturb_experiment.py's table: per (domain, spec, check) each model's rates with and
-  without the instruction, and per model the mean over the checks that applied."""
-  px = _load("perturb_experiment")
+  """The perturb experiment's table (lwm_jax/recipe/perturb_experiment.py): per (domain, spec,
+  check) each model's rates with and without the instruction, and per model the mean over the
+  checks that applied."""
+  from lwm_jax.recipe import perturb_experiment as px
 
   def report(err_with, page_with, sim, page_departing=None):
     check = lambda w, wo, real, target: {"turns": 4, "with_instruction": w,  # noqa: E731
@@ -475,7 +476,7 @@ def test_perturb_experiment_compares_models_check_by_check():
 def test_perturb_experiment_pools_the_likelihood_gain_per_token():
   """The teacher-forced table pools each model's NLL over tokens (not over cells), separately for
   all turns and for the turns that show the behaviour; per check it lists each model's gain."""
-  px = _load("perturb_experiment")
+  from lwm_jax.recipe import perturb_experiment as px
   cell = lambda tok, w, wo: {"turns": 1, "tokens": tok, "nll_with": w,  # noqa: E731
                              "nll_without": wo, "gain": None if w is None else wo - w}
   rep = {"rows": [], "likelihood": [
@@ -503,12 +504,12 @@ def test_perturb_experiment_pools_the_likelihood_gain_per_token():
 
 
 def test_perturb_experiment_paired_copy_adds_each_perturbed_episodes_plain_twin(tmp_path):
-  """--paired: the perturbed run's training split gains, after its own episodes, the plain copy's
+  """`paired`: the perturbed run's training split gains, after its own episodes, the plain copy's
   version of exactly the episodes that carry an instruction; validation is the perturbed copy's;
   a perturbed episode with no twin is refused, naming the file."""
   import json
   from lwm_jax.data.jsonl import iter_jsonl, open_text
-  px = _load("perturb_experiment")
+  from lwm_jax.recipe import perturb_experiment as px
 
   def write(folder, split, recs):
     os.makedirs(folder, exist_ok=True)

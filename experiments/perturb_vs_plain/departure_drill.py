@@ -4,7 +4,7 @@ episode departs from its plain twin, with the loss weighted onto the departing t
 Every earlier run of issue 16 found a world model that ignores the simulation instruction: in
 ordinary SFT the few tokens that depend on the instruction (an error where a result would be, the
 "2" of "Results 1-2", the missing "email" field) are a sliver of the loss. Here the data are the
-pairs of `launch/perturb_experiment.py --paired`: the same episode (same world, seed and actions)
+pairs of the perturb experiment's `paired` run: the same episode (same world, seed and actions)
 recorded under a perturbation and without one. For each turn where the observations differ while
 the actions so far agree (a departure), two SFT samples are rendered as the SFT pipeline renders
 them: the perturbed one (instruction in the system prompt) and its plain twin (no instruction).
