@@ -1,3 +1,5 @@
-"""lwm_jax.recipe: the recipe run end to end (`reproduce`: tokenizer, CPT, SFT, optional GSPO,
-free-running evaluation, report and ship) over a config of configs/reproduce.py. It sits above
-train, eval and rl, and reads the stage presets of `configs`; nothing below it imports it."""
+"""lwm_jax.recipe: experiments run end to end over a config of `configs`: `reproduce` (the recipe:
+tokenizer, CPT, SFT, optional GSPO, free-running evaluation, report and ship; configs/reproduce.py)
+and `agent_experiment` (agents trained inside the world model, scored in the real environment;
+configs/agent_experiment.py). It sits above train, eval and rl, and reads the stage presets of
+`configs`; nothing below it imports it."""
