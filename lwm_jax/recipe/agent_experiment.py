@@ -282,8 +282,9 @@ def behaviour_clone(wd: str, tok: str, vocab: int, s: dict, seed: int, init: str
   c.checkpoint.every = s["bc_steps"]
   c.init_from_hf, c.export_hf, c.export_hf_dir = init, True, os.path.join(wd, "hf")
   t0 = time.perf_counter()
-  s = trainer.train(c, wd)
-  return {"hf": s["export_hf"], "bc_s": time.perf_counter() - t0, "bc_loss": s["losses"][-1]}
+  trained = trainer.train(c, wd)
+  return {"hf": trained["export_hf"], "bc_s": time.perf_counter() - t0,
+          "bc_loss": trained["losses"][-1]}
 
 
 def wm_rl_data(s: dict) -> str:
@@ -315,8 +316,8 @@ def world_model_rl(wd: str, tok: str, vocab: int, s: dict, seed: int, init: str)
   c.init_from_hf, c.export_hf, c.export_hf_dir = init, True, os.path.join(wd, "hf")
   t0 = time.perf_counter()
   src = stage.rollout_source(c)
-  s = trainer.train(c, wd, source=src)
-  return {"hf": s["export_hf"], "wm_rl_s": time.perf_counter() - t0,
+  trained = trainer.train(c, wd, source=src)
+  return {"hf": trained["export_hf"], "wm_rl_s": time.perf_counter() - t0,
           "wm_rl_steps": s["wm_rl_steps"], "wm_rl_prompts": len(src.pool),
           "wm_rl_start": checkpoints.start_record(init), "wm_rl_settings": _settings(c)}
 
