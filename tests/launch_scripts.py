@@ -1,6 +1,6 @@
-"""Loading a launch script that defines its absl flags at import (launch/agent_experiment.py,
-rl_experiment.py, perturb_experiment.py), for tests of its helpers. launch/reproduce.py is not
-loaded this way: its logic is the module lwm_jax.recipe.reproduce."""
+"""Loading a launch script that defines its absl flags at import (launch/perturb_experiment.py),
+for tests of its helpers. launch/reproduce.py, agent_experiment.py and rl_experiment.py are not
+loaded this way: their logic is in lwm_jax.recipe (reproduce, agent_experiment, rl_experiment)."""
 import importlib.util
 import os
 import re

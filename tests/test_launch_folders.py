@@ -21,14 +21,14 @@ AGENT_FULL = f"--config={os.path.join(REPO, 'configs', 'agent_experiment.py')}:f
 # after a --config it overrides): one per launcher here,
 # the campaign's other cases in the slow test below (each launcher start costs ~5-10 s of CPU).
 CASES = [
-    ("rl_experiment", "workdir", ["--corpus=/nope"], "--corpus"),
+    ("rl_experiment", "config.workdir", ["--config.corpus=/nope"], "--config.corpus"),
     ("agent_experiment", "config.out", ["--config.arms=bogus"], "unknown arm"),
     ("reproduce", "config.workdir", [TINY], "did not make"),
     ("copy_drill", "out", [f"--start={os.path.join(REPO, 'data', 'world_model')}"], "did not make"),
 ]
 MORE_CASES = [
-    ("rl_experiment", "workdir", ["--fractions=cpt=2"], "--fractions"),
-    ("rl_experiment", "workdir", [f"--corpus={CORPUS}"], "did not make"),
+    ("rl_experiment", "config.workdir", ["--config.fractions=cpt=2"], "--config.fractions"),
+    ("rl_experiment", "config.workdir", [f"--config.corpus={CORPUS}"], "did not make"),
     ("agent_experiment", "config.out", ["--config.domain=nope"], "--config.domain=nope"),
     ("agent_experiment", "config.out", [AGENT_FULL, "--config.arms=sim"],
      "--config.world_model is required"),
