@@ -336,8 +336,8 @@ def _damaged_hf() -> str:
 
 
 LAUNCHERS = [
-    ("launch/rl_experiment.py", "workdir", ["--corpus=/nope"]),
-    ("launch/rl_experiment.py", "workdir", []),
+    ("launch/rl_experiment.py", "config.workdir", ["--config.corpus=/nope"]),
+    ("launch/rl_experiment.py", "config.workdir", []),
     ("launch/agent_experiment.py", "config.out", ["--config.domain=nope"]),
     ("launch/agent_experiment.py", "config.out", ["--config.arms=bogus"]),
     ("launch/agent_experiment.py", "config.out", ["--config=configs/agent_experiment.py:full",
