@@ -84,8 +84,8 @@ def resolve(config: ml_collections.ConfigDict) -> dict:
     raise SystemExit(f"--config.arms: unknown arm(s) {', '.join(bad)} (expected some of "
                      f"{', '.join(ARMS)})")
   if s["arms"] and not os.path.isfile(_split(s["domain"], "train")):
-    known_domains = sorted({f.split("_")[0] for f in os.listdir(os.path.join(ROOT, "data", "corpus"))
-                            if f.endswith(".jsonl.gz")})
+    corpus = os.path.join(ROOT, "data", "corpus")
+    known_domains = sorted({f.split("_")[0] for f in os.listdir(corpus) if f.endswith(".jsonl.gz")})
     raise SystemExit(f"--config.domain={s['domain']}: no corpus {_split(s['domain'], 'train')} "
                      f"(known: {', '.join(known_domains)})")
   if not s["world_model"] and {"sim", "bc_from_wm"} & set(s["arms"]) and s["budget"] != "tiny":
@@ -214,8 +214,8 @@ def _folder_runs(results: dict) -> dict[str, list[dict]]:
 
 
 def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, dict]:
-  """(`runs` with the runs of earlier run folders (`merge`), per arm in seed order; what was taken from
-  each folder). A folder gives its own runs and those it had merged itself. A spec is DIR or
+  """(`runs` with the runs of earlier run folders (`merge`), per arm in seed order; what was taken
+  from each folder). A folder gives its own runs and those it had merged itself. A spec is DIR or
   DIR:ARM+ARM (those arms only); the same (arm, seed) twice is an error naming both places,
   unless both are the same record (a folder merged again beside one it was made from)."""
   out: dict[str, list[dict]] = {}
@@ -397,8 +397,8 @@ def _reset_to_each(domain: str, eps):
 
 
 def success_by_kind(domain: str, eps) -> dict[str, dict]:
-  """Held-out success and mean credit per task kind of `domain` (the env's `episode_meta()["task_kind"]`;
-  "-" for a domain that names none)."""
+  """Held-out success and mean credit per task kind of `domain` (the env's
+  `episode_meta()["task_kind"]`; "-" for a domain that names none)."""
   out: dict[str, dict] = {}
   for e, env in _reset_to_each(domain, eps):
     kind = str(env.episode_meta().get("task_kind") or "-")
