@@ -81,11 +81,13 @@ def check_field(config: ml_collections.ConfigDict, dotted: str) -> None:
     node, walked = node[name], f"{walked}.{name}"
 
 
-def check_command_line(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
+def check_command_line(argv: Sequence[str],
+                       default: str | None = None) -> ml_collections.ConfigDict | None:
   """Checks `--config=FILE:PRESET` and every `--config.FIELD[=VALUE]` of a command line before
   absl parses it, so a typo is one line naming the field instead of a traceback. Returns the
-  config (without the overrides), or None when the command line has no --config."""
-  spec, overrides = None, []
+  config (without the overrides), or None when the command line has no --config and no
+  `default` (the launcher's config spec when --config is not given) stands in for it."""
+  spec, overrides = default, []
   args = list(argv[1:])
   for i, a in enumerate(args):
     if a == "--config" and i + 1 < len(args):

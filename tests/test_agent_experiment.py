@@ -1,18 +1,120 @@
-"""launch/agent_experiment.py without training: --bc_from copies an earlier run's BC checkpoints
-and keeps their recorded time."""
+"""The agent experiment (lwm_jax/recipe/agent_experiment.py over configs/agent_experiment.py)
+without training: its variants against the old budgets, bc_from copying an earlier run's BC
+checkpoints with their recorded time, merging earlier runs, the report and the arms' order of
+work on stand-ins."""
 import json
 import os
 
 import pytest
 
-from launch_scripts import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
+from configs import ConfigError, agent_experiment as experiment_config
+from lwm_jax.recipe import agent_experiment
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "agent_experiment.py")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ae():
-  mod = _load("agent_experiment")
-  yield mod
-  mod.FLAGS.unparse_flags()
+  return agent_experiment
+
+
+def _config(budget="tiny", **over):
+  """A variant of configs/agent_experiment.py with `over` set, as the command line sets it."""
+  c = experiment_config.get_config(budget)
+  c.update(over)
+  return c
+
+
+# launch/agent_experiment.py before issue 65: its BUDGETS dict, quoted ...
+OLD_BUDGETS = {
+    "tiny": dict(preset="tiny", vocab=1024, bc_steps=30, wm_steps=30, episodes=16, seeds=1,
+                 eval_tasks=6, train_tasks=8, max_turns=3, max_new_tokens=32, seq_len=2048,
+                 bc_seq_len=1024, bc_tasks=0,
+                 wm_max_new_tokens=48, eval_every=1, rl_lr=1e-4,
+                 wm_rl_steps=4, wm_rl_lr=1e-4, wm_rl_max_new_tokens=32, wm_rl_domains="domain"),
+    "full": dict(preset="demo", vocab=2048, bc_steps=400, wm_steps=300, episodes=512, seeds=3,
+                 eval_tasks=64, train_tasks=256, max_turns=6, max_new_tokens=48, seq_len=2048,
+                 bc_seq_len=2048, bc_tasks=0,
+                 wm_max_new_tokens=384, eval_every=8, rl_lr=3e-5,
+                 wm_rl_steps=48, wm_rl_lr=1e-4, wm_rl_max_new_tokens=160, wm_rl_domains="all"),
+}
+# ... and the defaults of its flags that were not budget overrides (--budget defaulted to tiny;
+# --out "" meant runs/agent_<budget>; the overrides' 0 / -1 meant "the budget's")
+OLD_FLAG_DEFAULTS = dict(overwrite=False, domain="search", arms="bc,real,sim,warmup",
+                         bc_layout="", world_model="", tokenizer="", base="", warmup_rl="real",
+                         workers=2, bc_from="", first_seed=0, bc_seed=-1, merge="")
+
+
+@pytest.mark.parametrize("variant", list(OLD_BUDGETS))
+def test_each_variant_keeps_its_old_budget_and_flag_defaults(ae, variant):
+  c = experiment_config.get_config(variant)
+  old = dict(OLD_FLAG_DEFAULTS, **OLD_BUDGETS[variant], budget=variant,
+             out=os.path.join(REPO, "runs", f"agent_{variant}"))
+  assert dict(c) == old
+  for k, v in OLD_BUDGETS[variant].items():  # the same types: a record's JSON is unchanged
+    assert type(c[k]) is type(v), k
+  assert experiment_config.get_config().budget == "tiny"  # the old --budget default
+  # (full's sim arm needs a world model folder: its other arms here)
+  s = ae.resolve(c if variant == "tiny" else _config(variant, arms="bc,real"))
+  assert s["arms"] == (["bc", "real", "sim", "warmup"] if variant == "tiny" else ["bc", "real"])
+  assert s["merge"] == []
+  # the record each run keeps under "settings": the old budget in its order, then the switches
+  s["bc_data"] = "bc.jsonl.gz"
+  got = ae.budget_record(s)
+  assert list(got) == list(OLD_BUDGETS[variant]) + ["bc_data", "domain", "warmup_rl", "workers",
+                                                    "bc_layout", "base"]
+  assert got == dict(OLD_BUDGETS[variant], bc_data="bc.jsonl.gz", domain="search",
+                     warmup_rl="real", workers=2, bc_layout="",
+                     base={"path": "", "sha256": "", "note": "a fresh model (no start folder)"})
+  assert ae.budget(s) == dict(OLD_BUDGETS[variant], bc_data="bc.jsonl.gz")
+
+
+def test_a_bad_variant_field_or_value_is_named(ae, tmp_path):
+  import configs
+  with pytest.raises(ConfigError, match="no variant 'ful' \\(close matches: full\\); "
+                                        "variants: tiny, full"):
+    experiment_config.get_config("ful")
+  with pytest.raises(ConfigError, match="--config.episodse: config has no field 'episodse' "
+                                        "\\(close matches: episodes"):
+    configs.check_command_line(["agent_experiment.py", f"--config={CONFIG}:full",
+                                "--config.episodse=3"])
+  with pytest.raises(ConfigError, match="--config.bc_stepz: config has no field"):
+    configs.check_command_line(["agent_experiment.py", "--config.bc_stepz=3"], default=CONFIG)
+  c = _config()
+  c.episodse = 3                                         # a field added in Python, not on the CLI
+  with pytest.raises(SystemExit, match="--config.episodse: configs/agent_experiment.py has no "
+                                       "field 'episodse' \\(close matches: episodes"):
+    ae.resolve(c)
+  for over, says in ((dict(arms="bc,bogus"), "--config.arms: unknown arm\\(s\\) bogus"),
+                     (dict(domain="nope"), "--config.domain=nope: no corpus"),
+                     (dict(episodes=0), "--config.episodes must be >= 1, got 0"),
+                     (dict(workers=-1), "--config.workers must not be negative"),
+                     (dict(rl_lr=0.0), "--config.rl_lr must be > 0"),
+                     (dict(warmup_rl="both"), "--config.warmup_rl='both' is not one of"),
+                     (dict(base=str(tmp_path / "none")), "--config.base=.* is not a folder"),
+                     (dict(merge=f"{tmp_path / 'none'}:bc"), "--config.merge: .* is not a folder")):
+    with pytest.raises(SystemExit, match=says):
+      ae.resolve(_config(**over))
+  with pytest.raises(SystemExit, match="--config.world_model is required"):
+    ae.resolve(_config("full", arms="sim"))
+  assert ae.resolve(_config(arms="sim"))["arms"] == ["sim"]  # tiny trains a stand-in
+  assert not (tmp_path / "none").exists()
+
+
+def test_the_launcher_names_a_bad_field_in_one_line(tmp_path):
+  """Also without --config, where config_flags would apply the overrides to the default config
+  as it defines the flag."""
+  import subprocess
+  import sys
+  run = subprocess.run([sys.executable, os.path.join(REPO, "launch", "agent_experiment.py"),
+                        f"--config.out={tmp_path / 'out'}", "--config.episodse=3"],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+  assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+  assert "--config.episodse: config has no field 'episodse' (close matches: episodes" in \
+      run.stderr
+  assert not (tmp_path / "out").exists()
 
 
 def _earlier_run(root, warm: bool):
@@ -25,17 +127,15 @@ def _earlier_run(root, warm: bool):
 
 def test_bc_from_copies_the_checkpoint_and_its_time(ae, tmp_path):
   _earlier_run(tmp_path / "old", warm=False)
-  ae.FLAGS(["agent_experiment.py", f"--bc_from={tmp_path / 'old'}"])
-  got = ae.reused_bc(str(tmp_path / "new" / "bc_0"), 0, "bc")
+  old = str(tmp_path / "old")
+  got = ae.reused_bc(old, str(tmp_path / "new" / "bc_0"), 0, "bc")
   assert got == {"hf": str(tmp_path / "new" / "bc_0" / "hf"), "bc_s": 1170.5, "bc_loss": 1.5}
   assert (tmp_path / "new" / "bc_0" / "hf" / "config.json").exists()
   # no warm-up BC in the earlier run: the warm-up arm trains its own
-  assert ae.reused_bc(str(tmp_path / "new" / "bc_warm_0"), 0, "bc_from_wm") is None
+  assert ae.reused_bc(old, str(tmp_path / "new" / "bc_warm_0"), 0, "bc_from_wm") is None
   with pytest.raises(SystemExit, match="has no bc run of seed 1"):
-    ae.reused_bc(str(tmp_path / "new" / "bc_1"), 1, "bc")
-  ae.FLAGS.unparse_flags()
-  ae.FLAGS(["agent_experiment.py"])
-  assert ae.reused_bc(str(tmp_path / "other"), 0, "bc") is None
+    ae.reused_bc(old, str(tmp_path / "new" / "bc_1"), 1, "bc")
+  assert ae.reused_bc("", str(tmp_path / "other"), 0, "bc") is None  # bc_from="": train it
 
 
 def test_search_behaviour_reads_copying_from_the_episodes(ae):
@@ -61,7 +161,6 @@ def test_search_behaviour_reads_copying_from_the_episodes(ae):
 def test_success_by_kind_groups_held_out_episodes_by_their_goal(ae):
   from lwm_jax.envs import base, verify
   from lwm_jax.rl.agent_episodes import Episode
-  ae.FLAGS(["agent_experiment.py", "--domain=android"])
   seeds = list(verify.task_seeds("heldout", 12))
   env = base.make_env("android")
   try:  # the kinds as the environment gives them, seed by seed
@@ -76,7 +175,7 @@ def test_success_by_kind_groups_held_out_episodes_by_their_goal(ae):
     e = Episode(i, s)
     e.success, e.credit = i % 3 == 0, (1.0 if i % 3 == 0 else 0.5 * (i % 2))
     eps.append(e)
-  got = ae.success_by_kind(eps)
+  got = ae.success_by_kind("android", eps)
   assert sorted(got) == sorted(set(kinds))
   for k, row in got.items():
     mine = [e for e, kk in zip(eps, kinds) if kk == k]
@@ -115,13 +214,14 @@ def test_merge_joins_earlier_seeds_and_refuses_a_seed_twice(ae, tmp_path):
     ae.merged_runs({"real": [dict(new["real"][0], seed=0)]}, [str(old)])
   with pytest.raises(SystemExit, match="cannot read the runs of"):
     ae.merged_runs({}, [str(tmp_path / "missing")])
-  ae.FLAGS(["agent_experiment.py", "--domain=android"])
-  ae.write_report(str(tmp_path), new, got, taken, table, {"eval_tasks": 64, "episodes": 8,
-                                                           "world_model": "wm", "total_s": 1.0})
+  ae.write_report(str(tmp_path), new, got, taken, table,
+                  {"domain": "android", "eval_tasks": 64, "episodes": 8, "world_model": "wm",
+                   "total_s": 1.0}, "tiny")
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["runs"] == new and saved["merged"] == {str(old): {"bc": got["bc"]}}
   md = (tmp_path / "results.md").read_text()
   assert "| real | 2 | 0 | 0.375 | 0.400 |" in md and f"Merged from {old}: bc seeds 0" in md
+  assert md.startswith("# Agent RL on android:") and "budget=tiny;" in md
   assert (tmp_path / "success_vs_episodes.png").stat().st_size > 0
 
 
@@ -171,9 +271,8 @@ def test_a_bc_from_wm_only_run_trains_no_bc_from_the_base(ae, tmp_path, monkeypa
   monkeypatch.setattr(ae, "evaluate_checkpoint", lambda hf, b: pytest.fail("BC evaluated"))
   monkeypatch.chdir(tmp_path)
   os.mkdir("wm_dir")
-  ae.FLAGS(["agent_experiment.py", "--arms=bc_from_wm", "--seeds=2", "--bc_seed=0",
-            "--world_model=wm_dir", f"--out={tmp_path / 'out'}"])
-  ae.main([])
+  ae.run(_config(arms="bc_from_wm", seeds=2, bc_seed=0, world_model="wm_dir",
+                 out=str(tmp_path / "out")))
   assert made == [("bc_warm_0", "wm_dir")]  # one BC from the world model, shared
   assert rl == ["bc_from_wm_0", "bc_from_wm_1"]
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -223,9 +322,7 @@ def test_the_warmup_arm_is_the_papers_protocol(ae, tmp_path, monkeypatch):
   monkeypatch.setattr(ae, "rl_config", rl_cfg)
   monkeypatch.setattr(ae, "agent_rl_run", run)
   out = tmp_path / "out"
-  ae.FLAGS(["agent_experiment.py", "--arms=warmup", "--seeds=1", "--wm_rl_steps=3",
-            "--rl_lr=0.0002", f"--out={out}"])
-  ae.main([])
+  ae.run(_config(arms="warmup", seeds=1, wm_rl_steps=3, rl_lr=0.0002, out=str(out)))
   bc_hf, wm_hf = str(out / "bc_0" / "hf"), str(out / "wm_rl_0" / "hf")
   assert calls == [("bc", "bc_0", ""), ("wm_rl", "wm_rl_0", bc_hf), ("eval", wm_hf),
                    ("agent_rl_from", wm_hf, "real"), ("agent_rl", "warmup_0")]
@@ -247,10 +344,8 @@ def test_the_warmup_pipeline_runs_end_to_end_on_a_tiny_model(ae, tmp_path):
   RL pool, zero-shot evaluation, agent RL, evaluation (16 minutes on 2 busy cores, most of it
   compiling)."""
   out = tmp_path / "out"
-  ae.FLAGS(["agent_experiment.py", "--budget=tiny", "--arms=warmup", "--bc_steps=2",
-            "--wm_rl_steps=2", "--episodes=4", "--eval_tasks=2", "--eval_every=4", "--workers=0",
-            f"--out={out}"])
-  ae.main([])
+  ae.run(_config("tiny", arms="warmup", bc_steps=2, wm_rl_steps=2, episodes=4, eval_tasks=2,
+                 eval_every=4, workers=0, out=str(out)))
   r = json.loads((out / "results.json").read_text())["runs"]["warmup"][0]
   # one rollout of 2 tasks x 4 episodes feeds the 4 updates of the (at least) 4-episode budget
   assert r["wm_rl_steps"] == 2 and r["wm_rl_prompts"] > 0 and r["episodes"] == 8

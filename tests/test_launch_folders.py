@@ -15,22 +15,24 @@ from lwm_jax import run_folder
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO, "data", "corpus")
 TINY = f"--config={os.path.join(REPO, 'configs', 'reproduce.py')}:tiny"
+AGENT_FULL = f"--config={os.path.join(REPO, 'configs', 'agent_experiment.py')}:full"
 
 # (launcher, its folder flag, other flags, what the error must say; the folder flag comes last,
 # after a --config it overrides): one per launcher here,
 # the campaign's other cases in the slow test below (each launcher start costs ~5-10 s of CPU).
 CASES = [
-    ("rl_experiment", "workdir", ["--corpus=/nope"], "--corpus"),
-    ("agent_experiment", "out", ["--arms=bogus"], "unknown arm"),
+    ("rl_experiment", "config.workdir", ["--config.corpus=/nope"], "--config.corpus"),
+    ("agent_experiment", "config.out", ["--config.arms=bogus"], "unknown arm"),
     ("reproduce", "config.workdir", [TINY], "did not make"),
     ("copy_drill", "out", [f"--start={os.path.join(REPO, 'data', 'world_model')}"], "did not make"),
 ]
 MORE_CASES = [
-    ("rl_experiment", "workdir", ["--fractions=cpt=2"], "--fractions"),
-    ("rl_experiment", "workdir", [f"--corpus={CORPUS}"], "did not make"),
-    ("agent_experiment", "out", ["--domain=nope"], "--domain=nope"),
-    ("agent_experiment", "out", ["--budget=full", "--arms=sim"], "--world_model is required"),
-    ("agent_experiment", "out", ["--arms=bc"], "did not make"),
+    ("rl_experiment", "config.workdir", ["--config.fractions=cpt=2"], "--config.fractions"),
+    ("rl_experiment", "config.workdir", [f"--config.corpus={CORPUS}"], "did not make"),
+    ("agent_experiment", "config.out", ["--config.domain=nope"], "--config.domain=nope"),
+    ("agent_experiment", "config.out", [AGENT_FULL, "--config.arms=sim"],
+     "--config.world_model is required"),
+    ("agent_experiment", "config.out", ["--config.arms=bc"], "did not make"),
     ("reproduce", "config.workdir", [TINY, "--config.corpus=/nope"], "did not make"),
 ]
 

@@ -7,7 +7,6 @@ import types
 import pytest
 
 from configs import ConfigError, reproduce as reproduce_config, stages as config_stages
-from launch_scripts import _forget_launch_flags, _load  # noqa: F401  (the fixture is autouse)
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.eval import episodes as episodes_lib
@@ -406,11 +405,11 @@ def test_simulated_episode_prints_both_sides_and_the_mean():
 
 
 def test_rl_experiment_start_folder_is_checked(tmp_path):
-  """launch/rl_experiment.py --start: a Hugging Face folder with its tokenizer; what is missing
-  is named."""
+  """launch/rl_experiment.py --config.start: a Hugging Face folder with its tokenizer; what is
+  missing is named."""
   import json
-  rx = _load("rl_experiment")
-  assert rx.corpus_lib.given_start is corpus_lib.given_start  # the script checks with this
+  from lwm_jax.recipe import rl_experiment as rx
+  assert rx.corpus_lib.given_start is corpus_lib.given_start  # the experiment checks with this
   with pytest.raises(SystemExit, match="config.json is missing"):
     corpus_lib.given_start(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048}))

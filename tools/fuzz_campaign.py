@@ -336,12 +336,13 @@ def _damaged_hf() -> str:
 
 
 LAUNCHERS = [
-    ("launch/rl_experiment.py", "workdir", ["--corpus=/nope"]),
-    ("launch/rl_experiment.py", "workdir", []),
-    ("launch/agent_experiment.py", "out", ["--domain=nope"]),
-    ("launch/agent_experiment.py", "out", ["--arms=bogus"]),
-    ("launch/agent_experiment.py", "out", ["--budget=full", "--arms=sim"]),
-    ("launch/agent_experiment.py", "out", ["--arms=bc"]),
+    ("launch/rl_experiment.py", "config.workdir", ["--config.corpus=/nope"]),
+    ("launch/rl_experiment.py", "config.workdir", []),
+    ("launch/agent_experiment.py", "config.out", ["--config.domain=nope"]),
+    ("launch/agent_experiment.py", "config.out", ["--config.arms=bogus"]),
+    ("launch/agent_experiment.py", "config.out", ["--config=configs/agent_experiment.py:full",
+                                                  "--config.arms=sim"]),
+    ("launch/agent_experiment.py", "config.out", ["--config.arms=bc"]),
     ("launch/reproduce.py", "config.workdir", ["--config=configs/reproduce.py:tiny"]),
     ("launch/copy_drill.py", "out", [f"--start={os.path.join(REPO, 'data', 'world_model')}"]),
 ]
