@@ -1,6 +1,5 @@
 """Evaluation files never lose data: the predictions cache only appends, reading never writes,
 foreign content is an error naming file and line, and the baselines' names are reserved."""
-import importlib.util
 import json
 import os
 
@@ -16,19 +15,12 @@ from lwm_jax.eval.runner import ForeignFileError, JsonlCache, read_rows
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_CLI = []
-
-
 def run_cli(*argv):
-  """Runs evals/agentworldbench.py in this process (its flags parsed, then reset)."""
-  if not _CLI:  # loaded once: its flags are defined once per process
-    spec = importlib.util.spec_from_file_location(
-        "awb_cli", os.path.join(REPO, "evals", "agentworldbench.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _CLI.append(module)
+  """Runs the AgentWorldBench command line (evals/agentworldbench.py's) in this process, its flags
+  parsed, then reset."""
+  from lwm_jax.eval import agentworldbench_cli  # pylint: disable=import-outside-toplevel
   try:
-    _CLI[0].run(flags.FLAGS(["agentworldbench.py", *argv]))
+    agentworldbench_cli.run(flags.FLAGS(["agentworldbench.py", *argv]))
   finally:
     flags.FLAGS.unparse_flags()
 
