@@ -166,14 +166,20 @@ _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermedia
                "num_experts", "num_local_experts", "num_experts_per_tok", "decoder_sparse_step",
                "max_position_embeddings", "full_attention_interval",
                "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
-               "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
-_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef", "partial_rotary_factor")
+               "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+               "original_max_position_embeddings")
+_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta", "router_aux_loss_coef", "partial_rotary_factor",
+                 "factor", "attention_factor", "beta_fast", "beta_slow")
+# the fields of a `rope_parameters` / `rope_scaling` object whose JSON type is checked
+_ROPE_CHECKED = ("rope_theta", "partial_rotary_factor", "factor", "attention_factor", "beta_fast",
+                 "beta_slow", "original_max_position_embeddings")
 _BOOL_FIELDS = ("tie_word_embeddings", "norm_topk_prob")
 _STR_FIELDS = ("model_type", "dtype", "torch_dtype")
 # null means "use the default" for these (the reader falls back); for the others it is an error
 _NULLABLE = {"head_dim", "intermediate_size", "decoder_sparse_step", "partial_rotary_factor",
              "dtype", "torch_dtype", "mlp_only_layers", "layer_types", "rope_parameters",
-             "rope_scaling", "tie_word_embeddings", "norm_topk_prob"}
+             "rope_scaling", "tie_word_embeddings", "norm_topk_prob", "factor", "attention_factor",
+             "beta_fast", "beta_slow", "original_max_position_embeddings"}
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
@@ -214,8 +220,7 @@ def config_type_errors(d: dict[str, Any], where: str = "") -> list[str]:
       if not isinstance(v, dict):
         bad(name, "an object", v)
       else:
-        errs += config_type_errors({k: v[k] for k in ("rope_theta", "partial_rotary_factor")
-                                    if k in v}, f"{where}{name}.")
+        errs += config_type_errors({k: v[k] for k in _ROPE_CHECKED if k in v}, f"{where}{name}.")
   return errs
 
 

@@ -1,7 +1,7 @@
 """Writes tests/fixtures/hf/: tiny random Hugging Face checkpoints with reference logits and aux loss.
 
 Needs the `hf` extra (torch CPU + transformers); the tests only read the files written here.
-  .venv/bin/python tools/make_hf_fixtures.py
+  .venv/bin/python tools/make_hf_fixtures.py [--only=rope]
 
 Every case directory holds an HF checkpoint (config.json + safetensors) and `ref.npz` with
 `input_ids` [B, S] int32, `logits` [B, S, V] float32 and `aux_loss` [] float32, computed by
@@ -15,6 +15,14 @@ Cases (norm weights, and for Qwen3.5 also dt_bias / A_log, are perturbed away fr
                         3 shards with model.safetensors.index.json, and the old config spellings
                         (`num_experts`, top-level `rope_theta`)
   q3_sparse_step_tied   decoder_sparse_step=2 (layer 0 dense), tied embeddings, B=1 S=9
+  q3_rope_yarn          YaRN RoPE scaling, factor 2 over an original context of 128
+                        (max_position_embeddings 256), head_dim 16, B=1 S=200 (positions past
+                        the original context); config.json rewritten in the form lwm_jax's export
+                        writes (top-level rope_theta, rope_parameters and a rope_scaling copy)
+  q3_rope_yarn_fields   YaRN with every field given: factor 2, attention_factor 1.25,
+                        beta_fast 16, beta_slow 2, truncate false, B=1 S=150
+  q3_rope_linear        linear RoPE scaling, factor 2, in the older spelling (top-level
+                        rope_theta, `rope_scaling: {"type": "linear", "factor": 2.0}`), B=2 S=40
   q35_per_expert        Qwen3.5-MoE text model (Qwen3_5MoeForCausalLM.save_pretrained): layers
                         [linear, full, linear], Dk=8 != Dv=12, Hk=2 -> Hv=4, head_dim 16 with
                         partial_rotary_factor 0.5, shared expert, B=1 S=150 (> two 64-chunks)
@@ -26,6 +34,7 @@ Cases (norm weights, and for Qwen3.5 also dt_bias / A_log, are perturbed away fr
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -186,6 +195,40 @@ def make_qwen3() -> None:
   _check_reload(Qwen3MoeForCausalLM, fused, ref)
   _qwen3("q3_sparse_step_tied", 3, 1, 9, num_hidden_layers=2, norm_topk_prob=True,
          decoder_sparse_step=2, tie_word_embeddings=True)
+  make_qwen3_rope()
+
+
+def _rewrite_rope(folder: str, **fields) -> None:
+  """Replaces the rope fields of a saved config.json with `fields` (None removes one)."""
+  path = os.path.join(folder, "config.json")
+  with open(path) as f:
+    cfg = json.load(f)
+  for k in ("rope_theta", "rope_parameters", "rope_scaling"):
+    cfg.pop(k, None)
+  cfg.update({k: v for k, v in fields.items() if v is not None})
+  with open(path, "w") as f:
+    json.dump(cfg, f, indent=2)
+
+
+def make_qwen3_rope() -> None:
+  """Cases with RoPE scaling: the logits of positions past the original context."""
+  yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
+          "rope_theta": 10000.0}
+  src, _, ref = _qwen3("q3_rope_yarn", 21, 1, 200, num_hidden_layers=2, head_dim=16,
+                       max_position_embeddings=256, rope_parameters=dict(yarn))
+  _rewrite_rope(src, rope_theta=10000.0, rope_parameters=dict(yarn), rope_scaling=dict(yarn))
+  _check_reload(Qwen3MoeForCausalLM, src, ref)
+  fields = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 96,
+            "attention_factor": 1.25, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False,
+            "rope_theta": 10000.0}
+  src, _, ref = _qwen3("q3_rope_yarn_fields", 22, 1, 150, num_hidden_layers=2, head_dim=16,
+                       max_position_embeddings=192, rope_parameters=dict(fields))
+  _check_reload(Qwen3MoeForCausalLM, src, ref)
+  src, _, ref = _qwen3("q3_rope_linear", 23, 2, 40, num_hidden_layers=2,
+                       rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                        "rope_theta": 10000.0})
+  _rewrite_rope(src, rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0})
+  _check_reload(Qwen3MoeForCausalLM, src, ref)
 
 
 # ------------------------------------------------------------------------------------- Qwen3.5-MoE
@@ -251,10 +294,17 @@ def make_qwen35() -> None:
 
 
 def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--only", choices=("all", "rope"), default="all",
+                  help="rope: only the RoPE scaling cases (leaves the other fixtures as they are)")
+  only = ap.parse_args().only
   os.makedirs(OUT, exist_ok=True)
   torch.set_num_threads(2)
-  make_qwen3()
-  make_qwen35()
+  if only == "rope":
+    make_qwen3_rope()
+  else:
+    make_qwen3()
+    make_qwen35()
   total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(OUT) for f in fs)
   print(f"wrote {OUT}: {total / 1e6:.2f} MB")
 

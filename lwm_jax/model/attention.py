@@ -120,6 +120,9 @@ class Attention(nnx.Module):
     self.h, self.g, self.k = h, g, k
     self.rotary_dim = cfg.rotary_dim
     self.theta = cfg.rope_theta
+    # static: a tuple of (field, value) pairs, or None for plain RoPE
+    self.rope_scaling = cfg.rope_scaling_items
+    self.max_position_embeddings = cfg.max_position_embeddings
     self.dtype = DTYPES[cfg.dtype]
 
   def _project(self, x_BxSxD):
@@ -141,7 +144,8 @@ class Attention(nnx.Module):
     q = self.q_norm(q.reshape(b, s, self.h, self.k))
     k = self.k_norm(k.reshape(b, s, self.g, self.k))
     v = v.reshape(b, s, self.g, self.k)
-    cos, sin = rope_cos_sin(positions_BxS, self.rotary_dim, self.theta)
+    cos, sin = rope_cos_sin(positions_BxS, self.rotary_dim, self.theta, self.rope_scaling,
+                            self.max_position_embeddings)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if cache is None:
       # query chunks of 128 suit CPU caches; on TPU larger chunks fill the matrix units and

@@ -34,6 +34,11 @@ class ModelConfig:
   rms_norm_eps: float = 1e-6
   rope_theta: float = 1e6
   max_position_embeddings: int = 40960
+  # RoPE scaling as HF spells it (`rope_parameters` / `rope_scaling` less `rope_theta` and
+  # `partial_rotary_factor`): None for plain RoPE, else {"rope_type": "linear" | "yarn",
+  # "factor": ..., and for yarn optionally "original_max_position_embeddings", "attention_factor",
+  # "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}
+  rope_scaling: dict[str, Any] | None = None
   tie_word_embeddings: bool = False
   router_aux_loss_coef: float = 0.001
   # Qwen3.5-MoE (hybrid) fields; ignored by qwen3_moe.
@@ -91,6 +96,11 @@ class ModelConfig:
     return self.norm_backward == "written" or (self.norm_backward == "auto" and self.is_hybrid)
 
   @property
+  def rope_scaling_items(self) -> tuple[tuple[str, Any], ...] | None:
+    """`rope_scaling` as sorted (field, value) pairs (hashable, for the modules' static state)."""
+    return tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
+
+  @property
   def rotary_dim(self) -> int:
     d = int(self.head_dim * self.partial_rotary_factor)
     return d - d % 2
@@ -126,6 +136,8 @@ class ModelConfig:
       need(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
            "must be a multiple of linear_num_key_heads")
       need(0 < self.partial_rotary_factor <= 1, "partial_rotary_factor", "must be in (0, 1]")
+    if self.rope_scaling is not None:
+      check_rope_scaling(self.rope_scaling, "model.rope_scaling")
     bad_dense = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
     need(not bad_dense, "mlp_only_layers", f"layer indices {bad_dense} out of range")
     return self
@@ -154,6 +166,45 @@ class ModelConfig:
     return cls(**d)
 
 
+ROPE_SCALING_TYPES = ("linear", "yarn")
+# the fields each scaling reads; others in the dict are left out of ModelConfig.rope_scaling
+_ROPE_FIELDS = {"linear": ("factor",),
+                "yarn": ("factor", "original_max_position_embeddings", "attention_factor",
+                         "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")}
+
+
+def check_rope_scaling(sc: dict[str, Any], where: str) -> None:
+  """ValueError naming `where` when a scaling dict has an unknown type or lacks / misuses a field."""
+  kind = sc.get("rope_type")
+  if kind not in ROPE_SCALING_TYPES:
+    raise ValueError(f"{where}.rope_type: '{kind}' is not supported (supported: default, "
+                     f"{', '.join(ROPE_SCALING_TYPES)})")
+  extra = sorted(set(sc) - {"rope_type"} - set(_ROPE_FIELDS[kind]))
+  if extra:
+    raise ValueError(f"{where}: fields {extra} do not apply to rope_type '{kind}'")
+  f = sc.get("factor")
+  if f is None and kind == "yarn" and sc.get("original_max_position_embeddings"):
+    return   # the factor is max_position_embeddings / original_max_position_embeddings
+  if isinstance(f, bool) or not isinstance(f, (int, float)) or f < 1:
+    raise ValueError(f"{where}.factor: must be a number >= 1 for rope_type '{kind}', got {f!r}")
+
+
+def rope_scaling_from_hf(rope: dict[str, Any], where: str) -> dict[str, Any] | None:
+  """ModelConfig.rope_scaling from an HF `rope_parameters` / `rope_scaling` dict (the older
+  spelling `type` is read too); None for the default type. An unknown type is a ValueError
+  naming `where` and the type."""
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if kind == "default":
+    return None
+  if kind not in ROPE_SCALING_TYPES:
+    raise ValueError(f"config.json: {where}.rope_type '{kind}' is not supported by lwm_jax "
+                     f"(supported: default, {', '.join(ROPE_SCALING_TYPES)})")
+  out = {"rope_type": kind}
+  out.update({k: rope[k] for k in _ROPE_FIELDS[kind] if rope.get(k) is not None})
+  check_rope_scaling(out, f"config.json: {where}")
+  return out
+
+
 def from_hf_dict(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
   """Maps a Hugging Face `config.json` (either family, nested `text_config` or flat) to ModelConfig."""
   if "text_config" in hf and isinstance(hf["text_config"], dict):
@@ -167,7 +218,11 @@ def from_hf_dict(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
   elif mt != QWEN3_MOE:
     raise ValueError(f"config.json: model_type '{mt}' is not supported "
                      f"(expected qwen3_moe, qwen3_5_moe or qwen3_5_moe_text)")
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  # transformers reads `rope_scaling` first when both are given
+  rope_key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+  rope = dict(hf.get(rope_key) or {})
+  if hf.get("original_max_position_embeddings"):   # a top-level one wins, as in transformers
+    rope["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
   theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
   prf = hf.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
   if prf is None:
@@ -193,6 +248,7 @@ def from_hf_dict(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
       tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
       router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001),
       partial_rotary_factor=float(prf),
+      rope_scaling=rope_scaling_from_hf(rope, rope_key),
   )
   if mt == QWEN35_MOE:
     kw.update(
@@ -212,6 +268,7 @@ def from_hf_dict(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
 
 def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
   """The `config.json` that `transformers` reads for this model (flat text config)."""
+  rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
   d: dict[str, Any] = dict(
       model_type=cfg.model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
       moe_intermediate_size=cfg.moe_intermediate_size,
@@ -225,8 +282,7 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
   if cfg.is_hybrid:
     d.update(
         architectures=["Qwen3_5MoeForCausalLM"],
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta,
-                         "partial_rotary_factor": cfg.partial_rotary_factor},
+        rope_parameters={**rope, "partial_rotary_factor": cfg.partial_rotary_factor},
         layer_types=[cfg.layer_type(i) for i in range(cfg.num_hidden_layers)],
         shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
         linear_num_key_heads=cfg.linear_num_key_heads,
@@ -239,8 +295,10 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
         architectures=["Qwen3MoeForCausalLM"],
         intermediate_size=cfg.intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
         decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
-        rope_theta=cfg.rope_theta,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+        rope_theta=cfg.rope_theta, rope_parameters=rope)
+  if cfg.rope_scaling:
+    # the older spelling, for transformers releases that read only `rope_scaling`
+    d["rope_scaling"] = dict(rope)
   return d
 
 

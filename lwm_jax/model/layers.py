@@ -6,6 +6,7 @@ maps those names to mesh axes with rules from the config, so the modules never m
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -169,12 +170,78 @@ class RMSNorm(nnx.Module):
     return scale(x32.astype(dtype).astype(jnp.float32), w).astype(dtype)
 
 
-def rope_cos_sin(positions_BxS: jax.Array, rotary_dim: int, theta: float):
-  """cos/sin tables [B, S, rotary_dim] in the rotate-half ("halves") layout of HF."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+ROPE_TYPES = ("default", "linear", "yarn")
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+  # YaRN's attention temperature: sqrt(1/t) = 0.1 ln(s) + 1 for a context stretched s times
+  return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embeddings: int = 0):
+  """(inverse frequencies [rotary_dim / 2] float32, attention factor) for a RoPE scaling.
+
+  `scaling` is ModelConfig.rope_scaling: None (plain RoPE) or pairs / a dict with `rope_type`
+  "linear" (every frequency divided by `factor`) or "yarn" (the low frequencies divided by
+  `factor`, the high ones kept, a linear ramp between them chosen by `beta_fast` / `beta_slow`
+  rotations over the original context; cos and sin scaled by the attention factor). The
+  formulas are those of transformers' `modeling_rope_utils` for the same fields, computed in
+  float32 as it does.
+  """
+  base = jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim
+  inv_freq = 1.0 / (theta ** base)
+  sc = dict(scaling or ())
+  kind = sc.get("rope_type", "default")
+  if kind == "default":
+    return inv_freq, 1.0
+  if kind == "linear":
+    return inv_freq / float(sc["factor"]), 1.0
+  if kind != "yarn":
+    raise ValueError(f"model.rope_scaling: rope_type '{kind}' is not supported "
+                     f"(supported: {', '.join(ROPE_TYPES)})")
+  # the pretrained context defaults to the model's; without `factor` the stretch is the ratio of
+  # the two lengths (transformers 5 does the same; a given `factor` wins over the ratio)
+  original = sc.get("original_max_position_embeddings") or max_position_embeddings
+  factor = sc.get("factor")
+  factor = float(factor) if factor is not None else max_position_embeddings / original
+  attn = sc.get("attention_factor")
+  if attn is None:
+    m, m_all = sc.get("mscale"), sc.get("mscale_all_dim")
+    attn = (_yarn_mscale(factor, m) / _yarn_mscale(factor, m_all) if m and m_all
+            else _yarn_mscale(factor))
+  fast, slow = sc.get("beta_fast") or 32.0, sc.get("beta_slow") or 1.0
+
+  def dim_for(rotations: float) -> float:
+    # the rotary dimension whose wavelength fits `rotations` turns into the original context
+    return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+  low, high = dim_for(fast), dim_for(slow)
+  if sc.get("truncate", True):
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, rotary_dim - 1)
+  if low == high:
+    high += 0.001
+  ramp = jnp.clip((jnp.arange(rotary_dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  keep = 1 - ramp   # 1: the frequency is kept (extrapolated), 0: divided by factor
+  pos_freqs = theta ** base
+  inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+  return inv_freq, float(attn)
+
+
+def rope_cos_sin(positions_BxS: jax.Array, rotary_dim: int, theta: float, scaling=None,
+                 max_position_embeddings: int = 0):
+  """cos/sin tables [B, S, rotary_dim] in the rotate-half ("halves") layout of HF; `scaling` as in
+  `rope_inv_freq` (None: plain RoPE, the tables as before scaling existed)."""
+  if scaling is None:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    attn = 1.0
+  else:
+    inv_freq, attn = rope_inv_freq(rotary_dim, theta, scaling, max_position_embeddings)
   freqs = positions_BxS.astype(jnp.float32)[..., None] * inv_freq  # [B, S, rotary_dim/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb), jnp.sin(emb)
+  if attn == 1.0:
+    return jnp.cos(emb), jnp.sin(emb)
+  return jnp.cos(emb) * attn, jnp.sin(emb) * attn
 
 
 def apply_rope(x_BxSxHxK: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
