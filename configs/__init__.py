@@ -7,7 +7,8 @@ On the command line a config is `FILE:PRESET` with dotted overrides:
   python launch/train.py --config=configs/cpt.py:tiny --config.train.num_steps=3 --workdir=DIR
 
 In Python it is an ordinary import: `from configs import cpt; c = cpt.get_config("tiny")`.
-This package imports only `lwm_jax` (the library) and `ml_collections`.
+This package imports only `lwm_jax` (the library) and `ml_collections` (and absl inside
+`flags_parser`, which only launchers call).
 """
 from __future__ import annotations
 
@@ -79,6 +80,34 @@ def check_field(config: ml_collections.ConfigDict, dotted: str) -> None:
       raise ConfigError(f"--config.{dotted}: {walked} has no field '{name}'"
                         f"{close_matches(name, known)}")
     node, walked = node[name], f"{walked}.{name}"
+
+
+def flags_parser(default: str | None, help_text: str):
+  """absl's `flags_parser` for a launcher whose settings are a config of this package
+  (`app.run(main, flags_parser=configs.flags_parser(FILE, HELP))`): checks the command line
+  (`check_command_line`), then defines `--config` (`default`: the file, with its variant, used
+  without --config; None: --config is required) and parses. Defining the flag after the check
+  matters: without --config, config_flags applies overrides to the default as it defines the flag,
+  so a typo would be a traceback. A bad file, variant, field or value is one line on stderr and
+  exit status 2."""
+
+  def parse(argv: Sequence[str]) -> list[str]:
+    import sys  # pylint: disable=import-outside-toplevel
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+    try:
+      check_command_line(argv, default=default)
+      if "config" not in flags.FLAGS:
+        config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
+        if default is None:
+          flags.mark_flag_as_required("config")
+      return flags.FLAGS(argv)
+    except (ValueError, flags.Error) as e:
+      message = str(e).strip()
+      print(f"error: {message.splitlines()[0] if message else repr(e)}", file=sys.stderr)
+      sys.exit(2)
+
+  return parse
 
 
 def check_command_line(argv: Sequence[str],

@@ -15,26 +15,12 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 import configs
 from lwm_jax.recipe import perturb_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "perturb_experiment.py"),
-                                "the settings: configs/perturb_experiment.py", lock_config=True)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, after our own check of the override names (one line naming the field
-  instead of a traceback)."""
-  try:
-    configs.check_command_line(argv)
-    return flags.FLAGS(argv)
-  except (ValueError, flags.Error) as e:
-    print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else repr(e)}",
-          file=sys.stderr)
-    sys.exit(2)
+CONFIG = os.path.join(ROOT, "configs", "perturb_experiment.py")
 
 
 def main(argv):
@@ -44,4 +30,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=configs.flags_parser(
+      CONFIG, "the settings: configs/perturb_experiment.py"))

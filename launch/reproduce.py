@@ -13,29 +13,14 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 import configs
 from lwm_jax.recipe import reproduce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "reproduce.py"),
-                                "the settings: configs/reproduce.py[:tiny|full|ablation] "
-                                "(default full)", lock_config=True)
+CONFIG = os.path.join(ROOT, "configs", "reproduce.py")
 flags.DEFINE_bool("plan_only", False, "write plan.json (the resolved settings and each run's "
                   "config) and stop before training")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, after our own check of the variant and the override names (one line
-  naming the field instead of a traceback)."""
-  try:
-    configs.check_command_line(argv)
-    return flags.FLAGS(argv)
-  except (ValueError, flags.Error) as e:
-    print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else repr(e)}",
-          file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv):
@@ -45,4 +30,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=configs.flags_parser(
+      CONFIG, "the settings: configs/reproduce.py[:tiny|full|ablation] (default full)"))

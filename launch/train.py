@@ -19,28 +19,16 @@ import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
 import configs  # pylint: disable=wrong-import-position
 
-config_flags.DEFINE_config_file("config", None, "configs/<stage>.py:<preset>", lock_config=True)
 flags.DEFINE_string("workdir", None, "output folder (checkpoints, metrics, config.json)")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 
 
 def _fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr)
   sys.exit(2)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, after our own check of the config file, preset and override names."""
-  try:
-    configs.check_command_line(argv)
-    return flags.FLAGS(argv)
-  except (ValueError, flags.Error) as e:
-    _fail(str(e).strip().splitlines()[0] if str(e).strip() else repr(e))
-  return []
 
 
 def _rl_source(config):
@@ -72,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=configs.flags_parser(None, "configs/<stage>.py:<preset>"))
