@@ -5,3 +5,18 @@ configs/agent_experiment.py), `rl_experiment` (GSPO against a keep-doing-SFT con
 configs/rl_experiment.py) and `perturb_experiment` (fine-tuning on perturbed trajectories against
 plain; configs/perturb_experiment.py). It sits above train, eval and rl, and reads the stage presets of
 `configs`; nothing below it imports it."""
+
+import logging as _logging
+from typing import Any as _Any, Callable as _Callable
+
+
+def settings(config: _Any, resolve: _Callable[[_Any], _Any]) -> _Any:
+  """The start of every run here: logging quiet but for the run's own lines, then `resolve(config)`
+  (the module's check of every field), a bad value ending the program with one line naming it."""
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+  _logging.getLogger().setLevel(_logging.WARNING)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  try:
+    return resolve(config)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None

@@ -41,7 +41,6 @@ report alone)."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -49,11 +48,10 @@ import shutil
 import time
 
 import ml_collections
-from absl import logging as absl_logging
 
 from configs import agent_bc, agent_rl, stages
 from configs import agent_experiment as experiment_config
-from lwm_jax import checkpoints, run_folder
+from lwm_jax import checkpoints, recipe, run_folder
 from lwm_jax.data import agent_targets, corpus as corpus_lib, schema
 from lwm_jax.envs import verify
 from lwm_jax.rl import agent_stage
@@ -545,9 +543,7 @@ def plot(out: str, runs: dict) -> str:
 def run(config: ml_collections.ConfigDict) -> dict:
   """The whole experiment of `config` (configs/agent_experiment.py): every setting is checked
   before `out` is touched. Returns results.json's contents."""
-  logging.getLogger().setLevel(logging.WARNING)
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  s = resolve(config)
+  s = recipe.settings(config, resolve)
   try:
     out = run_folder.prepare(s["out"], "--config.out", s["overwrite"])
   except ValueError as e:

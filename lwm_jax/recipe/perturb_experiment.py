@@ -27,7 +27,6 @@ model does unprompted.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -36,9 +35,9 @@ import time
 from typing import Any
 
 import ml_collections
-from absl import logging as absl_logging
 
 from configs import close_matches, perturb_experiment as perturb_config, stages
+from lwm_jax import recipe
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.data.jsonl import iter_jsonl, open_text
 from lwm_jax.envs import perturb
@@ -485,13 +484,8 @@ def run(config: ml_collections.ConfigDict, command: str = "") -> dict:
   """The whole experiment of `config` (configs/perturb_experiment.py); every setting is checked
   before the run folder is made. `command` is recorded in the results as how they were made.
   Returns what results.json holds."""
-  logging.getLogger().setLevel(logging.WARNING)
-  absl_logging.set_verbosity(absl_logging.WARNING)
   t0 = time.time()
-  try:
-    s = resolve(config)
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
+  s = recipe.settings(config, resolve)
   domains = list(s.domains)
   specs = perturb.parse_menu(s.menu, domains, "--config.menu")
   wd = os.path.abspath(s.workdir)

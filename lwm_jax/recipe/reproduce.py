@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import shutil
 import time
 from typing import Any
 
 import ml_collections
-from absl import logging as absl_logging
 
 from configs import reproduce as reproduce_config, stages
-from lwm_jax import hf, run_folder
+from lwm_jax import hf, recipe, run_folder
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.eval import episodes as episodes_lib
 
@@ -403,13 +401,8 @@ def run(config: ml_collections.ConfigDict, *, plan_only: bool = False,
   """The whole run of `config` (configs/reproduce.py): every setting is checked before a folder
   is touched; with `plan_only`, plan.json is written and nothing trained. `command` is recorded
   as how the run was made (plan.json, the report, a ship's provenance.json)."""
-  logging.getLogger().setLevel(logging.WARNING)
-  absl_logging.set_verbosity(absl_logging.WARNING)
   t0 = time.time()
-  try:
-    s = resolve(config)
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
+  s = recipe.settings(config, resolve)
   runs = plan(s)
   if s.fast_compile:  # read when the XLA backend starts, which is later (first computation)
     flags_now = os.environ.get("XLA_FLAGS", "").split()

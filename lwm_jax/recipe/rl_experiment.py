@@ -24,18 +24,16 @@ the rows are as long as the start's context.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import shutil
 import time
 
 import ml_collections
-from absl import logging as absl_logging
 
 from configs import cpt as cpt_config, rl as rl_config, sft as sft_config
 from configs import rl_experiment as experiment_config
-from lwm_jax import checkpoints, run_folder
+from lwm_jax import checkpoints, recipe, run_folder
 from lwm_jax.data import corpus as corpus_lib, prompts, schema, splits, tokenizer as tok_lib
 from lwm_jax.data.jsonl import iter_jsonl
 from lwm_jax.rl import pool as pool_lib, stage
@@ -186,10 +184,8 @@ def resolve(config: ml_collections.ConfigDict) -> dict:
 def run(config: ml_collections.ConfigDict) -> dict:
   """The whole experiment of `config` (configs/rl_experiment.py): every setting is checked before
   `workdir` is touched. Returns results.json's contents."""
-  logging.getLogger().setLevel(logging.WARNING)
-  absl_logging.set_verbosity(absl_logging.WARNING)
   t_start = time.time()
-  s = resolve(config)
+  s = recipe.settings(config, resolve)
   train_files = splits.split_files(s["corpus"], "train")
   test_files = splits.split_files(s["corpus"], "test")
   try:
