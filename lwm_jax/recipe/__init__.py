@@ -10,6 +10,16 @@ import logging as _logging
 from typing import Any as _Any, Callable as _Callable
 
 
+def unknown_field(config: _Any, known: _Any, source: str) -> str | None:
+  """The error line for the first field of `config` that `known` (a fresh config of the same
+  file, `source`) lacks, with close matches; None when every field is known."""
+  from configs import close_matches  # pylint: disable=import-outside-toplevel
+  for k in config:
+    if k not in known:
+      return f"--config.{k}: {source} has no field '{k}'{close_matches(k, list(known))}"
+  return None
+
+
 def settings(config: _Any, resolve: _Callable[[_Any], _Any]) -> _Any:
   """The start of every run here: logging quiet but for the run's own lines, then `resolve(config)`
   (the module's check of every field), a bad value ending the program with one line naming it."""

@@ -71,11 +71,9 @@ def resolve(config: ml_collections.ConfigDict) -> dict:
   lists, `out` absolute."""
   s = dict(config)
   known = experiment_config.get_config()  # every variant has the same fields
-  unknown = [k for k in s if k not in known]
-  if unknown:
-    from configs import close_matches  # pylint: disable=import-outside-toplevel
-    raise SystemExit(f"--config.{unknown[0]}: configs/agent_experiment.py has no field "
-                     f"'{unknown[0]}'{close_matches(unknown[0], list(known))}")
+  bad_field = recipe.unknown_field(s, known, "configs/agent_experiment.py")
+  if bad_field:
+    raise SystemExit(bad_field)
   s["arms"], s["merge"] = _comma_list(s["arms"]), _comma_list(s["merge"])
   bad = [a for a in s["arms"] if a not in ARMS]
   if bad:

@@ -36,7 +36,7 @@ from typing import Any
 
 import ml_collections
 
-from configs import close_matches, perturb_experiment as perturb_config, stages
+from configs import perturb_experiment as perturb_config, stages
 from lwm_jax import recipe
 from lwm_jax.data import corpus as corpus_lib
 from lwm_jax.data.jsonl import iter_jsonl, open_text
@@ -55,10 +55,9 @@ def resolve(config: ml_collections.ConfigDict) -> Settings:
   field as it is overridden on the command line; `domains` becomes a tuple of names."""
   v = dict(config)
   known = perturb_config.get_config()
-  unknown = [k for k in v if k not in known]
-  if unknown:
-    raise ValueError(f"--config.{unknown[0]}: configs/perturb_experiment.py has no field "
-                     f"'{unknown[0]}'{close_matches(unknown[0], list(known))}")
+  bad_field = recipe.unknown_field(v, known, "configs/perturb_experiment.py")
+  if bad_field:
+    raise ValueError(bad_field)
   if v["thinking"] not in THINKING:
     raise ValueError(f"--config.thinking: {v['thinking']!r} is not one of {', '.join(THINKING)}")
   if v["thinking_target"] not in THINKING_TARGETS:

@@ -54,11 +54,9 @@ def resolve(config: ml_collections.ConfigDict) -> Settings:
   knowledge when its share is 0), drill rows normalised and the folders absolute."""
   v = dict(config)
   known = reproduce_config.get_config()  # every variant has the same fields
-  unknown = [k for k in v if k not in known]
-  if unknown:
-    from configs import close_matches  # pylint: disable=import-outside-toplevel
-    raise _err(unknown[0], f"configs/reproduce.py has no field '{unknown[0]}'"
-               f"{close_matches(unknown[0], list(known))}")
+  bad_field = recipe.unknown_field(v, known, "configs/reproduce.py")
+  if bad_field:
+    raise ValueError(bad_field)
   ablations = tuple(a.strip() for a in str(v["ablations"]).split(",") if a.strip())
   bad = [a for a in ablations if a not in ABLATIONS]
   if bad:

@@ -158,11 +158,9 @@ def resolve(config: ml_collections.ConfigDict) -> dict:
   (SystemExit) naming its field, as a plain dict."""
   s = dict(config)
   known = experiment_config.get_config()
-  unknown = [k for k in s if k not in known]
-  if unknown:
-    from configs import close_matches  # pylint: disable=import-outside-toplevel
-    raise SystemExit(f"--config.{unknown[0]}: configs/rl_experiment.py has no field "
-                     f"'{unknown[0]}'{close_matches(unknown[0], list(known))}")
+  bad_field = recipe.unknown_field(s, known, "configs/rl_experiment.py")
+  if bad_field:
+    raise SystemExit(bad_field)
   if not (os.path.isdir(s["corpus"]) and splits.split_files(s["corpus"], "train")
           and splits.split_files(s["corpus"], "test")):
     raise SystemExit(f"--config.corpus: no train and test split files under {s['corpus']}")
