@@ -31,26 +31,15 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
-def _rl_source(config):
-  """The rollout source of the RL stage (data.source="rollouts"), else None (the trainer builds
-  the configured data)."""
-  if config.stage == "agent-rl" and config.data.source == "rollouts":
-    from lwm_jax.rl import agent_stage  # pylint: disable=import-outside-toplevel
-    return agent_stage.agent_source(config)
-  if config.stage != "rl" or config.data.source != "rollouts":
-    return None
-  from lwm_jax.rl import stage  # pylint: disable=import-outside-toplevel
-  return stage.rollout_source(config)
-
-
 def main(argv):
   del argv
+  from lwm_jax import stages  # pylint: disable=import-outside-toplevel
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   logging.getLogger().setLevel(logging.INFO)
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
   config = flags.FLAGS.config
   try:
-    summary = trainer.train(config, flags.FLAGS.workdir, source=_rl_source(config))
+    summary = trainer.train(config, flags.FLAGS.workdir, source=stages.rollout_source(config))
   except (ValueError, OSError, trainer.TrainingDiverged) as e:  # OSError: a missing data file
     _fail(str(e))
   losses = summary.pop("losses")

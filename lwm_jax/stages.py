@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 
 STEP_KINDS = ("xent", "policy")
 ROWS = ("cpt", "sft", "rl-prompts", "agent", "")
@@ -36,6 +37,9 @@ class Stage:
   kl_reference: may add a KL term against the first rollout's policy (`rl.kl_coef > 0`).
   thinking: its replies follow `data.pipeline.thinking` (SFT's thinking mode and targets).
   needs_trajectories: the pipeline source needs `data.pipeline.jsonl` or `tfds_dir`.
+  rollouts: for a policy stage, "module:function" that builds its batch source from the config
+    when `data.source = "rollouts"` (`rollout_source`; entry points such as launch/train.py call
+    it and hand the source to the trainer, which sits below the RL code).
   """
   name: str
   step: str
@@ -44,6 +48,7 @@ class Stage:
   kl_reference: bool = False
   thinking: bool = False
   needs_trajectories: bool = True
+  rollouts: str = ""
 
   def __post_init__(self):
     if self.step not in STEP_KINDS:
@@ -80,9 +85,24 @@ def stage_names() -> tuple[str, ...]:
   return tuple(_REGISTRY)
 
 
+def rollout_source(config):
+  """The batch source of `config`'s stage when `config.data.source = "rollouts"` (built by the
+  factory its record names, imported only now), else None: the trainer builds the other sources
+  itself."""
+  if config.data.source != "rollouts":
+    return None
+  stage = get_stage(config.stage)
+  if not stage.rollouts:
+    raise ValueError(f"config.data.source: stage {stage.name!r} names no rollout source "
+                     f"(its record's `rollouts`)")
+  module, _, function = stage.rollouts.partition(":")
+  return getattr(importlib.import_module(module), function)(config)
+
+
 register_stage(Stage("cpt", "xent", rows="cpt"))
 register_stage(Stage("sft", "xent", rows="sft", thinking=True))
-register_stage(Stage("rl", "policy", rows="rl-prompts", policy=True, kl_reference=True))
+register_stage(Stage("rl", "policy", rows="rl-prompts", policy=True, kl_reference=True,
+                     rollouts="lwm_jax.rl.stage:rollout_source"))
 register_stage(Stage("agent-bc", "xent", rows="agent"))
 register_stage(Stage("agent-rl", "policy", policy=True, kl_reference=True,
-                     needs_trajectories=False))
+                     needs_trajectories=False, rollouts="lwm_jax.rl.agent_stage:agent_source"))

@@ -45,3 +45,25 @@ def test_a_registered_stage_trains_through_the_one_trainer(tmp_path):
   twin, cpt = run("test-cpt-twin", "twin"), run("cpt", "cpt")
   np.testing.assert_allclose(twin, cpt, rtol=0, atol=0)
   assert len(twin) == 3 and len(set(twin)) == 3  # three real steps, not one loss repeated
+
+
+def _toy_rollouts(config):
+  return ("built for", config.stage)
+
+
+def test_a_policy_stage_names_its_rollout_source():
+  import importlib  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  for name in ("rl", "agent-rl"):  # the bundled policy stages name factories that exist
+    module, _, function = stages.get_stage(name).rollouts.partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+  stages.register_stage(stages.Stage("toy-policy", "policy", policy=True,
+                                     needs_trajectories=False,
+                                     rollouts="tests.test_stages:_toy_rollouts"))
+  c = ml_collections.ConfigDict({"stage": "toy-policy", "data": {"source": "rollouts"}})
+  assert stages.rollout_source(c) == ("built for", "toy-policy")
+  c.data.source = "pipeline"
+  assert stages.rollout_source(c) is None  # the trainer builds the other sources itself
+  c.stage, c.data.source = "cpt", "rollouts"
+  with pytest.raises(ValueError, match="names no rollout source"):
+    stages.rollout_source(c)

@@ -261,8 +261,8 @@ def _sources(c, model_cfg, given, given_eval):
   pi, pc = jax.process_index(), jax.process_count()
   if c.data.source == "rollouts":
     if given is None:
-      raise ValueError("config.data.source: 'rollouts' samples from the policy with the RL "
-                       "stage's source; build it with lwm_jax.rl.stage.rollout_source(config) "
+      raise ValueError("config.data.source: 'rollouts' samples from the policy with the "
+                       "stage's own source; build it with lwm_jax.stages.rollout_source(config) "
                        "and pass it as source= (launch/train.py does)")
     tok = os.path.abspath(c.data.tokenizer) if c.data.tokenizer else ""
     return sources_lib.as_source(given), given_eval, tok
