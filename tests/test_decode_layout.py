@@ -15,7 +15,8 @@ from lwm_jax.model.transformer import Transformer
 from lwm_jax.sampling.engine import Engine
 from lwm_jax.sampling.params import SamplingParams
 
-PRESETS = [("tiny", {}), ("tiny", {"tie_word_embeddings": True}), ("tiny_hybrid", {})]
+PRESETS = [("tiny", {}), ("tiny", {"tie_word_embeddings": True}),
+           pytest.param("tiny_hybrid", {}, marks=pytest.mark.slow)]  # hybrid twins: test-slow
 
 
 @nnx.jit

@@ -167,6 +167,7 @@ def _tiny_drill(**train):
   return c
 
 
+@pytest.mark.slow  # heavy: `make test-slow` (CI runs it after `make test`) keeps `make test` under 8 minutes
 def test_trainer_trains_a_drill_mixture_and_resumes_exactly(tmp_path):
   straight = trainer.train(_tiny_drill(), str(tmp_path / "a"))
   first = trainer.train(_tiny_drill(stop_after=3), str(tmp_path / "b"))

@@ -72,6 +72,7 @@ def test_agent_bc_clones_each_trajectory_up_to_its_goal():
     assert len(t.turns) == (opened[0] + 1 if opened else len(whole.turns)), whole.id
 
 
+@pytest.mark.slow  # heavy: `make test-slow` (CI runs it after `make test`) keeps `make test` under 8 minutes
 def test_agent_bc_trains_through_the_trainer(sp, tmp_path):
   s = trainer.train(config(sp), str(tmp_path / "bc"))
   assert s["final_step"] == 2 and all(np.isfinite(s["losses"]))

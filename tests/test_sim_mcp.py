@@ -70,6 +70,7 @@ def test_declared_tools_and_calls_in_process():
     plain.call(ACT_TOOL, {"action": "ls"})
 
 
+@pytest.mark.slow  # heavy: `make test-slow` (CI runs it after `make test`) keeps `make test` under 8 minutes
 def test_mcp_client_over_stdio_lists_calls_and_gets_errors(tmp_path):
   from mcp.client.session import ClientSession
   from mcp.client.stdio import StdioServerParameters, stdio_client
