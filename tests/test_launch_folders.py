@@ -53,6 +53,7 @@ def _snapshot(path) -> dict:
   return out
 
 
+@pytest.mark.slow  # heavy: `make test-slow` (CI runs it after `make test`) keeps `make test` under 8 minutes
 def test_launchers_leave_a_foreign_folder_untouched(tmp_path):
   _run_cases(tmp_path, CASES)
 

@@ -56,8 +56,9 @@ def main():
   print(json.dumps(out))
 
 
-@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2",
-                                  pytest.param("fsdp2_expert4", marks=pytest.mark.slow)])
+# Both meshes in `make test-slow` (CI runs it after `make test`): 8-device subprocesses are heavy.
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2", "fsdp2_expert4"])
 def test_sharded_decoding_equals_single_device(mesh):
   env = xla_env(8)
   res = subprocess.run([sys.executable, os.path.abspath(__file__), mesh], env=env,

@@ -50,8 +50,9 @@ SHARDED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2",
-                                  pytest.param("fsdp4_expert2", marks=pytest.mark.slow)])
+# Both meshes in `make test-slow` (CI runs it after `make test`): 8-device subprocesses are heavy.
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["data2_expert2_tensor2", "fsdp4_expert2"])
 def test_sharded_step_equals_single_device(mesh):
   env = xla_env(8, PYTHONPATH=ROOT)
   p = subprocess.run([PY, "-c", SHARDED, mesh], env=env, capture_output=True, text=True,
