@@ -205,8 +205,10 @@ def test_bad_engine_options_are_clear_errors(tiny):
 def test_cancelling_a_streaming_client_frees_its_slot():
   tok = load_tokenizer(SHIPPED)
   model = Transformer(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
-  sampler = Sampler(model, tok, num_slots=2, min_batch_bucket=2, cache_len=256,
-                    min_prompt_bucket=64, prefill_chunk=64, min_cache_len=256, chunk_steps=2)
+  # Slots of 512 positions: whatever the chat prompt's length, the reply's budget stays far
+  # above the two chunks decoded before the hold.
+  sampler = Sampler(model, tok, num_slots=2, min_batch_bucket=2, cache_len=512,
+                    min_prompt_bucket=64, prefill_chunk=64, min_cache_len=512, chunk_steps=2)
   eng = sampler.engine
   # The engine decodes two chunks, then holds before the third until the test lets it go, so a
   # busy host cannot finish the whole reply before the client has gone (the reply is greedy
@@ -237,7 +239,11 @@ def test_cancelling_a_streaming_client_frees_its_slot():
             chunks += line.startswith("data: ")
             if chunks == 2:
               break  # the first text after the role chunk: the row is decoding in a slot
-          assert eng.running() == 1
+          deadline = time.monotonic() + 10
+          while eng.running() != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+          rows = [(r.finish, len(r.tokens), r.max_new, len(r.prompt)) for r in eng._slots if r]
+          assert eng.running() == 1, (eng.stats(), rows)
       # The client is gone; the server notices and cancels the group while the engine holds.
       assert cancelled.wait(120), "the server never cancelled the departed client's rows"
     finally:
