@@ -6,25 +6,29 @@ configs/rl_experiment.py) and `perturb_experiment` (fine-tuning on perturbed tra
 plain; configs/perturb_experiment.py). It sits above train, eval and rl, and reads the stage presets of
 `configs`; nothing below it imports it."""
 
-import logging as _logging
-from typing import Any as _Any, Callable as _Callable
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from absl import logging as absl_logging
+
+from configs import close_matches
 
 
-def unknown_field(config: _Any, known: _Any, source: str) -> str | None:
+def unknown_field(config: Any, known: Any, source: str) -> str | None:
   """The error line for the first field of `config` that `known` (a fresh config of the same
   file, `source`) lacks, with close matches; None when every field is known."""
-  from configs import close_matches  # pylint: disable=import-outside-toplevel
   for k in config:
     if k not in known:
       return f"--config.{k}: {source} has no field '{k}'{close_matches(k, list(known))}"
   return None
 
 
-def settings(config: _Any, resolve: _Callable[[_Any], _Any]) -> _Any:
+def settings(config: Any, resolve: Callable[[Any], Any]) -> Any:
   """The start of every run here: logging quiet but for the run's own lines, then `resolve(config)`
   (the module's check of every field), a bad value ending the program with one line naming it."""
-  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
-  _logging.getLogger().setLevel(_logging.WARNING)
+  logging.getLogger().setLevel(logging.WARNING)
   absl_logging.set_verbosity(absl_logging.WARNING)
   try:
     return resolve(config)
