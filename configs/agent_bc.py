@@ -5,7 +5,9 @@ The policy learns the scripted agents' actions of the bundled corpus (stage "age
 lwm_jax/data/agent_targets.py): task, action space and history are context, the loss is on the
 actions (and the final `finish()`) only. The data defaults to one domain's training and validation
 files (`data.pipeline.jsonl`, `data.eval_jsonl`; search, the domain of the agent experiment,
-docs/agents.md). Presets as for SFT: tiny (seconds on CPU), demo (the demo model, minutes on CPU),
+docs/agents.md), every recorded turn cloned; to clone each trajectory only up to the turn that
+meets its task, cut the files first (`python launch/data.py goal-cut --inputs=FILE --out=CUT`,
+docs/agents.md) and point `data.pipeline.jsonl` at the output. Presets as for SFT: tiny (seconds on CPU), demo (the demo model, minutes on CPU),
 small, and the released sizes on pods (start from a checkpoint with --config.init_from_hf=PATH).
 """
 import os
@@ -26,9 +28,6 @@ def get_config(arg: str | None = None):
   c.data.eval_jsonl = os.path.join(CORPUS, "search_validation.jsonl.gz")
   # "turns": one sample per action (history before it as context); "trajectory": one per episode
   c.data.pipeline.agent_layout = "turns"
-  # "goal": clone each trajectory only up to the turn that meets its task, then the finish (the
-  # scripted agents act on after it for the world model's sake); "end": every recorded turn
-  c.data.pipeline.agent_until = "goal"
   # a sample over the limit keeps its newest history (its oldest turns are dropped and counted)
   c.data.pipeline.overlong = "truncate_history"
   if preset in SHAPES:

@@ -8,6 +8,7 @@
   python launch/data.py agent-targets --inputs=data/corpus [--agent_layout=turns] [--tokenizer=path]
   python launch/data.py pools   --inputs=data/corpus --pool_fractions=cpt=0.6,sft=0.3,rl=0.1
   python launch/data.py worlds  --seeds=0:10000 [--domains=mcp,search]
+  python launch/data.py goal-cut --inputs=data/corpus/search_train.jsonl.gz --out=cut.jsonl.gz
 
 `worlds` generates each domain's world for every seed of the range and prints how many distinct
 worlds they are and how many values each part of a world takes (`lwm_jax.envs.worlds`); no
@@ -18,6 +19,12 @@ turns and worlds per split). `--build_path=stream` streams the inputs in bounded
 `--build_path=beam` runs the build as an Apache Beam pipeline (the `.[beam]` extra) on the runner
 `--beam_pipeline_options` names (default: the DirectRunner); all paths give the same dataset
 (docs/data_at_scale.md).
+
+`goal-cut` writes the inputs' trajectories to `--out`, each cut after the first turn at which
+it meets its task (the real environments' transcript rules,
+`lwm_jax.envs.verify_transcript.cut_at_goal`; a trajectory that never meets it is kept whole),
+and prints how many were cut: the data of agent behaviour cloning that stops at the goal
+(docs/agents.md).
 
 `agent-targets` counts the behaviour-cloning samples of an agent policy that the inputs give
 (`lwm_jax.data.agent_targets`): per domain and split, samples, over-long ones dropped, tokens and
@@ -386,12 +393,23 @@ def cmd_worlds() -> None:
     print(worlds.census(d, seeds).line(), flush=True)
 
 
+def cmd_goal_cut() -> None:
+  from lwm_jax.envs import verify_transcript  # noqa: PLC0415  (only this command runs envs)
+  if not FLAGS.out:
+    raise app.UsageError("goal-cut: give --out (the JSONL file to write)")
+  trajs, _ = load_trajectories()
+  stats = verify_transcript.write_cut_at_goal(trajs, FLAGS.out)
+  print(f"{stats['trajectories']} trajectories -> {FLAGS.out}: {stats['cut']} cut at their goal "
+        f"({stats['turns_dropped']} later turns left out), {stats['never_solved']} never meet it "
+        f"(kept whole)")
+
+
 def main(argv: list[str]) -> None:
   commands = {"build": cmd_build, "stats": cmd_stats, "inspect": cmd_inspect,
-              "agent-targets": cmd_agent_targets, "pools": cmd_pools, "worlds": cmd_worlds}
+              "agent-targets": cmd_agent_targets, "pools": cmd_pools, "worlds": cmd_worlds,
+              "goal-cut": cmd_goal_cut}
   if len(argv) != 2 or argv[1] not in commands:
-    raise app.UsageError("usage: data.py {build|stats|inspect|agent-targets|pools|worlds} "
-                         "[--flags]")
+    raise app.UsageError(f"usage: data.py {{{'|'.join(commands)}}} [--flags]")
   try:
     commands[argv[1]]()
   except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback

@@ -12,6 +12,7 @@ import pytest
 from lwm_jax.data import agent_targets as at
 from lwm_jax.data import pipeline, schema
 from lwm_jax.data import tokenizer as tk
+from lwm_jax.envs import verify_transcript
 
 CORPUS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "corpus")
 
@@ -149,16 +150,19 @@ def test_cli_counts_the_samples(tok, tmp_path):
   assert (split, n_traj, n_samples, overlong) == ("train", "2", "8", "0")  # 3 actions + finish each
 
 
-def test_cut_at_goal_keeps_the_turns_up_to_the_goal_then_finish(tok):
+def test_cut_after_keeps_the_turns_up_to_the_goal_then_finish(tok):
   a, b = crafted(), crafted()
   b.id = "bc-2"
   solved = {"bc-1": 2, "bc-2": None}
-  out, stats = at.cut_at_goal([a, b], lambda t: solved[t.id])
+  out, stats = verify_transcript.cut_after([a, b], lambda t: solved[t.id])
   assert [len(t.turns) for t in out] == [2, 3] and len(a.turns) == 3  # the input is untouched
   assert dict(stats) == {"trajectories": 2, "cut": 1, "turns_dropped": 1, "never_solved": 1}
   targets = [weighted_runs(tok, x) for x in at.agent_samples(out[0], tok, cfg())]
   assert targets == [["ls notes"], ["cat notes/a.txt"], [at.FINISH_ACTION]]
   with pytest.raises(ValueError, match="bc-1: solved after 4 turns, but it has 3"):
-    at.cut_at_goal([a], lambda t: 4)
-  with pytest.raises(ValueError, match="'agent_until' must be one of end, goal"):
-    at.check_config(cfg(agent_until="later"))
+    verify_transcript.cut_after([a], lambda t: 4)
+  # the old in-trainer cut is refused, naming the data-preparation command that replaced it
+  with pytest.raises(ValueError, match="'agent_until' is gone.*launch/data.py goal-cut"):
+    at.check_config(cfg(agent_until="goal"))
+  with pytest.raises(ValueError, match="'agent_layout' must be one of turns, trajectory"):
+    at.check_config(cfg(agent_layout="later"))

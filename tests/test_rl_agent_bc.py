@@ -3,6 +3,10 @@ of the bundled corpus carry loss weight only on the scripted agent's actions (an
 few steps train; the agent-rl config resolves to a source with the corpus-free checks."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -61,15 +65,30 @@ def test_agent_bc_batches_weigh_only_actions(sp):
   assert runs >= 8
 
 
-def test_agent_bc_clones_each_trajectory_up_to_its_goal():
-  assert agent_bc.get_config("tiny").data.pipeline.agent_until == "goal"
+def test_goal_cut_writes_each_trajectory_up_to_its_goal(tmp_path):
+  """`launch/data.py goal-cut`, as a user runs it before BC: each trajectory up to the turn that
+  opens its target document (the search task's goal), the counts printed; the trainer itself
+  never starts an environment (the config carries no cut)."""
+  assert "agent_until" not in agent_bc.get_config("tiny").data.pipeline
   trajs = corpus(12)
-  cut, stats = sources._cut_at_goal(trajs)
-  assert stats["trajectories"] == 12 and stats["cut"] >= 6
-  for whole, t in zip(trajs, cut):
+  src, out = tmp_path / "in.jsonl", tmp_path / "cut.jsonl.gz"
+  schema.write_jsonl(src, trajs)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = subprocess.run([sys.executable, os.path.join(root, "launch", "data.py"), "goal-cut",
+                        f"--inputs={src}", f"--out={out}"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": root})
+  assert run.returncode == 0, run.stderr
+  cut = list(schema.read_jsonl(out))
+  expect = []
+  for whole in trajs:
     target = whole.meta["target_doc"]
     opened = [i for i, x in enumerate(whole.turns) if x.observation.startswith(f"[{target}] page ")]
-    assert len(t.turns) == (opened[0] + 1 if opened else len(whole.turns)), whole.id
+    expect.append(opened[0] + 1 if opened else len(whole.turns))
+  assert [t.id for t in cut] == [t.id for t in trajs]
+  assert [len(t.turns) for t in cut] == expect
+  n_cut = sum(e < len(t.turns) for e, t in zip(expect, trajs))
+  assert n_cut >= 6
+  assert f"12 trajectories -> {out}: {n_cut} cut at their goal" in run.stdout, run.stdout
 
 
 @pytest.mark.slow  # heavy: `make test-slow` (CI runs it after `make test`) keeps `make test` under 8 minutes

@@ -23,17 +23,16 @@ Samples have the train-sample format of `pipeline` (tokens, loss_weights and the
 counters), so they pack with the same packer; `make_agent_iterator` gives packed batches, resumable
 like every other stage (a `pipeline.DataIterator`).
 
-`agent_until` says which turns are cloned: "end" every recorded turn, or "goal" the turns up to
-the first one after which the task is met (`cut_at_goal`, with a verifier the caller supplies;
-the stage uses the transcript rules of `lwm_jax.envs.verify_transcript`), then the finish. The
-scripted agents go on acting after the goal (the world model's corpus wants those turns); an agent
-that clones them learns to wander past its goal.
+Every recorded turn of a trajectory is cloned. The scripted agents go on acting after the goal
+(the world model's corpus wants those turns); an agent that clones them learns to wander past
+its goal. Cutting each trajectory at its goal is a data-preparation step that runs the real
+environments' transcript rules and writes its output (`python launch/data.py goal-cut`,
+`lwm_jax.envs.verify_transcript.cut_at_goal`); the batches here never start an environment.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import grain
 import ml_collections
@@ -47,7 +46,6 @@ from lwm_jax.data.tokenizer import Tokenizer
 STAGE = "agent-bc"
 FINISH_ACTION = "finish()"
 LAYOUTS = ("turns", "trajectory")
-UNTIL = ("end", "goal")
 
 def agent_system_prompt(traj: Trajectory) -> str:
   """The agent's instructions for `traj`: the world it acts in, its task and its action space."""
@@ -153,34 +151,18 @@ def count(trajs: Sequence[Trajectory], tok: Tokenizer, cfg: ml_collections.Confi
   return dict(stats)
 
 
-def cut_at_goal(trajs: Sequence[Trajectory], solved: Callable[[Trajectory], int | None]
-                ) -> tuple[list[Trajectory], collections.Counter]:
-  """Each trajectory cut after the turn at which `solved(traj)` (a number of turns, or None for
-  never) says its task was met; a never-solved one is kept whole. Returns the trajectories and
-  counts: trajectories, cut (turns after the goal existed), turns_dropped, never_solved."""
-  out, stats = [], collections.Counter()
-  for t in trajs:
-    stats["trajectories"] += 1
-    k = solved(t)
-    if k is None:
-      stats["never_solved"] += 1
-      out.append(t)
-      continue
-    if not 1 <= k <= len(t.turns):
-      raise ValueError(f"trajectory {t.id}: solved after {k} turns, but it has {len(t.turns)}")
-    if k < len(t.turns):
-      stats["cut"] += 1
-      stats["turns_dropped"] += len(t.turns) - k
-    out.append(dataclasses.replace(t, turns=list(t.turns[:k])))
-  return out, stats
-
-
 def check_config(cfg: ml_collections.ConfigDict) -> None:
-  """The agent fields of a data config: `agent_layout` and `agent_until`."""
-  for field, allowed, default in (("agent_layout", LAYOUTS, "turns"), ("agent_until", UNTIL, "end")):
-    if cfg.get(field, default) not in allowed:
-      raise ValueError(f"data config field {field!r} must be one of {', '.join(allowed)}, "
-                       f"got {cfg.get(field)!r}")
+  """The agent field of a data config, `agent_layout`; `agent_until` (the old in-trainer cut at
+  the goal) is refused with the data-preparation command that replaced it."""
+  if cfg.get("agent_layout", "turns") not in LAYOUTS:
+    raise ValueError(f"data config field 'agent_layout' must be one of {', '.join(LAYOUTS)}, "
+                     f"got {cfg.get('agent_layout')!r}")
+  if "agent_until" in cfg:
+    raise ValueError(
+        "data config field 'agent_until' is gone: cutting trajectories at their goal is a "
+        "data-preparation step now; run `python launch/data.py goal-cut --inputs=FILES "
+        "--out=CUT.jsonl.gz` and set data.pipeline.jsonl to its output (every recorded turn of "
+        "the files given is cloned)")
 
 
 class AgentFlatMap(grain.experimental.FlatMapTransform):
@@ -211,8 +193,8 @@ def make_agent_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenize
                         process_index: int = 0, process_count: int = 1,
                         source: Sequence[Trajectory] | None = None) -> pipeline.DataIterator:
   """The checkpointable batch iterator of behaviour cloning (stage "agent-bc"); the data config
-  is the pipeline's (`default_data_config`) plus `agent_layout` (and `agent_until`, which the
-  caller applies to `source` with `cut_at_goal`)."""
+  is the pipeline's (`default_data_config`) plus `agent_layout`; `source` (default: the files
+  the config names) is cloned turn by turn as it stands."""
   check_config(data_cfg)
   pipeline.validate_config(data_cfg, "sft")  # the same fields and limits as SFT
   src = source if source is not None else pipeline.load_source(data_cfg)

@@ -35,10 +35,13 @@ are only as good as the world model's fidelity, which the fidelity report measur
 """
 from __future__ import annotations
 
+import collections
 import contextlib
-from typing import Any, Callable, Iterable, Iterator
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from lwm_jax import domains
+from lwm_jax.data import schema
 from lwm_jax.envs import base
 from lwm_jax.envs import verify as V
 
@@ -64,6 +67,54 @@ def solved_turns(traj: Any, env: base.Env | None = None) -> int | None:
   with _world(traj.domain, _seed_of(traj), env) as env:
     return next((k for k in range(1, len(turns) + 1)
                  if _rule(traj.domain)(env, env.goal, turns[:k]).success), None)
+
+
+def cut_at_goal(trajs: Sequence[Any]) -> tuple[list[Any], collections.Counter]:
+  """`trajs`, each cut after the first turn at which it meets its task by these rules
+  (`solved_turns`, one real environment per domain, reset per trajectory, closed at the end),
+  with the counts of `cut_after`. A data-preparation step: `launch/data.py goal-cut` writes its
+  output, which behaviour cloning then reads like any other file (training runs no environment)."""
+  envs: dict[str, base.Env] = {}
+
+  def solved(traj):
+    if traj.domain not in envs:
+      envs[traj.domain] = base.make_env(traj.domain)
+    return solved_turns(traj, envs[traj.domain])
+
+  try:
+    return cut_after(trajs, solved)
+  finally:
+    for env in envs.values():
+      env.close()
+
+
+def cut_after(trajs: Sequence[Any], solved: Callable[[Any], int | None]
+              ) -> tuple[list[Any], collections.Counter]:
+  """Each trajectory cut after the turn at which `solved(traj)` (a number of turns, or None for
+  never) says its task was met; a never-solved one is kept whole. Returns the trajectories and
+  counts: trajectories, cut (turns after the goal existed), turns_dropped, never_solved."""
+  out, stats = [], collections.Counter()
+  for t in trajs:
+    stats["trajectories"] += 1
+    k = solved(t)
+    if k is None:
+      stats["never_solved"] += 1
+      out.append(t)
+      continue
+    if not 1 <= k <= len(t.turns):
+      raise ValueError(f"trajectory {t.id}: solved after {k} turns, but it has {len(t.turns)}")
+    if k < len(t.turns):
+      stats["cut"] += 1
+      stats["turns_dropped"] += len(t.turns) - k
+    out.append(dataclasses.replace(t, turns=list(t.turns[:k])))
+  return out, stats
+
+
+def write_cut_at_goal(trajs: Sequence[Any], out: str) -> collections.Counter:
+  """`cut_at_goal(trajs)` written to `out` (JSONL, gzipped when it ends in .gz); the counts."""
+  cut, stats = cut_at_goal(trajs)
+  schema.write_jsonl(out, cut)
+  return stats
 
 
 @contextlib.contextmanager

@@ -250,19 +250,26 @@ def merged_runs(runs: dict[str, list[dict]], specs: list[str]) -> tuple[dict, di
 def demonstrations(out: str, s: dict) -> str:
   """The BC data: the domain's corpus training split, plus (with `bc_tasks`) the scripted agent
   on that many training tasks, taken after the RL's `train_tasks` so that RL meets new tasks;
-  comma-separated files for `data.pipeline.jsonl`."""
-  train = _split(s["domain"], "train")
-  if not s["bc_tasks"]:
-    return train
-  from lwm_jax.envs import collect  # pylint: disable=import-outside-toplevel
-  seeds = verify.task_seeds("train", s["train_tasks"] + s["bc_tasks"])[s["train_tasks"]:]
+  each trajectory cut after the turn that meets its task (`verify_transcript.cut_at_goal`, the
+  data preparation of `launch/data.py goal-cut`), written under `out`; comma-separated files
+  for `data.pipeline.jsonl`."""
+  from lwm_jax.envs import collect, verify_transcript  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
-  trajs = collect.record_tasks(s["domain"], seeds)
-  path = os.path.join(out, f"bc_tasks_{s['domain']}.jsonl.gz")
-  schema.write_jsonl(path, trajs)
-  print(f"BC data: {train} and {len(trajs)} scripted episodes on training tasks "
-        f"{seeds[0]}..{seeds[-1]} ({time.perf_counter() - t0:.0f} s) -> {path}", flush=True)
-  return f"{train},{path}"
+  parts = [("corpus", list(schema.read_jsonl(_split(s["domain"], "train"))))]
+  if s["bc_tasks"]:
+    seeds = verify.task_seeds("train", s["train_tasks"] + s["bc_tasks"])[s["train_tasks"]:]
+    parts.append(("tasks", collect.record_tasks(s["domain"], seeds)))
+    print(f"BC data: {len(parts[1][1])} scripted episodes on training tasks {seeds[0]}..{seeds[-1]} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+  paths = []
+  for name, trajs in parts:
+    path = os.path.join(out, f"bc_{name}_{s['domain']}_goal.jsonl.gz")
+    st = verify_transcript.write_cut_at_goal(trajs, path)
+    print(f"BC data: {st['trajectories']} {name} trajectories, {st['cut']} cut at their goal "
+          f"({st['turns_dropped']} later turns left out), {st['never_solved']} never meet it "
+          f"-> {path}", flush=True)
+    paths.append(path)
+  return ",".join(paths)
 
 
 def behaviour_clone(wd: str, tok: str, vocab: int, s: dict, seed: int, init: str) -> dict:

@@ -19,7 +19,6 @@ a toy one for tests and smoke runs.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import Any, Callable, Iterator, Protocol
 
@@ -99,30 +98,8 @@ def data_description(data: ml_collections.ConfigDict) -> str:
 
 
 def _agent_iterator(cfg, tok, _stage: str, process_index: int, process_count: int):
-  from lwm_jax.data import agent_targets, pipeline  # pylint: disable=import-outside-toplevel
-  source = None  # make_agent_iterator checks the agent fields of `cfg`
-  if cfg.get("agent_until", "end") == "goal":
-    source, stats = _cut_at_goal(pipeline.load_source(cfg))
-    logging.info("agent-bc on %s: %d of %d trajectories cut at their goal (%d later turns left "
-                 "out), %d never meet it (kept whole)", cfg.jsonl or cfg.tfds_dir,
-                 stats["cut"], stats["trajectories"], stats["turns_dropped"], stats["never_solved"])
-  return agent_targets.make_agent_iterator(cfg, tok, process_index, process_count, source)
-
-
-def _cut_at_goal(trajs):
-  """`agent_targets.cut_at_goal` with the transcript rules (one real env per domain, reused)."""
   from lwm_jax.data import agent_targets  # pylint: disable=import-outside-toplevel
-  from lwm_jax.envs import base, verify_transcript  # pylint: disable=import-outside-toplevel
-  envs: dict[str, Any] = {}
-  def solved(traj):
-    if traj.domain not in envs:
-      envs[traj.domain] = base.make_env(traj.domain)
-    return verify_transcript.solved_turns(traj, envs[traj.domain])
-  try:
-    return agent_targets.cut_at_goal(trajs, solved)
-  finally:
-    for env in envs.values():
-      env.close()
+  return agent_targets.make_agent_iterator(cfg, tok, process_index, process_count)
 
 
 def data_config(c: ml_collections.ConfigDict, process_count: int = 1
