@@ -3,12 +3,20 @@
 
   python experiments/copy_drill_mix/lookup_probe.py MODEL_DIR [MORE]
 """
-import os, sys
+import sys
+import jax.numpy as jnp
 import numpy as np
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "copy_drills_random"))
-from probe import token_nll
 from lwm_jax import checkpoints
 from lwm_jax.data.drills import lookup_drills
+from lwm_jax.train.losses import token_logprobs
+
+
+def token_nll(model, ids):
+  """Next-token NLL of every position of `ids` but the first (as copy_drills_random/probe.py)."""
+  toks = jnp.asarray([ids], jnp.int32)
+  return -np.asarray(token_logprobs(model(toks).logits[:, :-1], toks[:, 1:])[0][0])
+
+
 docs = lookup_drills(40, seed=99)
 for path in sys.argv[1:]:
   model, tok = checkpoints.load(path, tokenizer=path + "/tokenizer.model")
