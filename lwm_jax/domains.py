@@ -59,6 +59,9 @@ class Domain:
   finish_actions: extra actions that end a simulated episode besides the common ones.
   corpus_check: `problem(trajectory) -> str | None`, why a collected episode must stay out of a
     corpus (beyond the common checks), or "" for none.
+  screen: `screen(observation) -> str | None`, the screen or window an observation shows (its
+    title as the environment renders it; None when the text shows none), for the fidelity
+    report's screen identity (lwm_jax/eval/turn_kinds.py); "" for a domain without screens.
   """
   name: str
   display: str
@@ -80,6 +83,7 @@ class Domain:
   withhold_fields: tuple[str, ...] = ()
   finish_actions: tuple[str, ...] = ()
   corpus_check: str = ""
+  screen: str = ""
 
   def __post_init__(self) -> None:
     where = f"domain '{self.name}'"
@@ -88,7 +92,8 @@ class Domain:
     for field in ("display", "env", "agent", "agent_world", "judge_guidance"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field).strip():
         raise ValueError(f"{where}: field '{field}' must be a non-empty string")
-    for field in ("env", "agent", "world", "verifier", "transcript_verifier", "corpus_check"):
+    for field in ("env", "agent", "world", "verifier", "transcript_verifier", "corpus_check",
+                  "screen"):
       ref = getattr(self, field)
       if ref and ref.count(":") != 1:
         raise ValueError(f"{where}: field '{field}' must be 'module:attribute', got {ref!r}")

@@ -118,6 +118,13 @@ def _output_format(think: bool) -> str:
   return "Reply with the observation text only, exactly as the environment would show it."
 
 
+# Every section title a template may carry, in the order `_sections` emits them (the fidelity
+# report's header-leak rule reads them: lwm_jax/eval/turn_kinds.py).
+SECTION_TITLES = ("Role", "Task", "Action space", "Initial state", "Demonstrations",
+                  "Simulation instruction", "Rules", "Before answering", "Hard cases",
+                  "Simulation guidance", "Examples from other episodes", "Output format")
+
+
 def _sections(traj: Trajectory, variant: int, long: bool = False,
               demos: Sequence[str] = ()) -> list[tuple[str, str]]:
   _, n_dom, n_gen, checklist, think, extra = _SPEC[variant]

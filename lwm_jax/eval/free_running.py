@@ -33,6 +33,7 @@ from lwm_jax.data.reply import parse_prediction
 from lwm_jax.data.schema import Trajectory
 from lwm_jax.eval import records as R
 from lwm_jax.eval import report as report_lib
+from lwm_jax.eval import turn_kinds
 from lwm_jax.eval.metrics import aggregate_free
 from lwm_jax.textsim import FREE_METRICS, free_metrics
 from lwm_jax.eval.teacher_forced import world_coverage
@@ -198,6 +199,7 @@ def results(selection: Selection, systems: Mapping[str, Mapping[str, str]],
   for name in names + list(BASELINES):
     preds = systems.get(name, base.get(name))
     entry: dict[str, Any] = {"free": aggregate_free(score(cases, preds)),
+                             "kinds": turn_kinds.turn_kinds(cases, preds),
                              "missing_predictions": 0, "judge": None}
     if generation and name in generation:
       entry["generation"] = dataclasses.asdict(generation[name])
@@ -240,6 +242,38 @@ def _table(res: Mapping[str, Any], metric: str) -> list[str]:
   return lines
 
 
+def _kinds_tables(res: Mapping[str, Any]) -> list[str]:
+  """The by-kind section (lwm_jax/eval/turn_kinds.py): loops and header leaks per turn, and on
+  screen domains the right screen over all turns and over transitions, per system and domain."""
+  systems = {n: e["kinds"] for n, e in res["systems"].items() if e.get("kinds")}
+  if not systems:
+    return []
+  doms = res["domains"]
+  lines = ["", "## By kind of turn", "",
+           "Loops: the prediction repeats one n-gram back to back until it stops (or 16 times "
+           "anywhere). Header leaks: it holds the chat rendering or a system-prompt heading. "
+           "Right screen: on screen domains, the prediction shows the screen or window the real "
+           "one shows; transitions are the turns whose real screen differs from the one before. "
+           "Percent (count of all).", ""]
+  def cell(k, num, den):
+    return f"{100.0 * k.get(num, 0) / k[den]:.1f} ({k.get(num, 0)}/{k[den]})" if k.get(den) else "-"
+  for title, num, den, only_screens in (
+      ("Loops", "loops", "turns", False), ("Header leaks", "header_leaks", "turns", False),
+      ("Right screen", "screen_right", "screen_turns", True),
+      ("Right screen on transitions", "transitions_right", "transitions", True)):
+    cols = [d for d in doms if not only_screens or any(
+        k.get(d, {}).get(den) for k in systems.values())]
+    if not cols:
+      continue
+    lines += ["", f"### {title}", "",
+              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      lines.append(f"| {name} | " + " | ".join(cell(kinds.get(d, {}), num, den) for d in cols)
+                   + " |")
+  return lines
+
+
 def _sentence(text: str) -> str:
   return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
@@ -256,6 +290,7 @@ def markdown(res: Mapping[str, Any], title: str = "Free-running evaluation") -> 
            res["selection"]["describe"], _sentence(res["worlds"]["describe"])]
   for metric in FREE_METRICS:
     lines += ["", f"## {report_lib.METRIC_TITLES[metric]}", "", *_table(res, metric)]
+  lines += _kinds_tables(res)
   models = [s for s in res["systems"] if s not in BASELINES]
   if models:
     lines += ["", "## Token F1 margin over copy-previous (points)", "",

@@ -69,6 +69,16 @@ def generate_world(seed: int) -> dict[str, Any]:
           "settings": {**switches, "brightness": rng.choice([20, 30, 40, 50, 60, 70, 80])}}
 
 
+_SCREEN_RE = re.compile(r'<hierarchy package="[^"]*" screen="([^"]*)"')
+
+
+def screen(observation: str) -> str | None:
+  """The screen a view hierarchy shows (its `screen` attribute as `AndroidEnv` renders it), or
+  None when the text holds no hierarchy header."""
+  m = _SCREEN_RE.search(observation)
+  return m.group(1) if m else None
+
+
 class AndroidEnv(ui.UiEnv):
   domain = "android"
   style = "android"

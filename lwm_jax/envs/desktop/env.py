@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 from typing import Any
 
@@ -113,6 +114,20 @@ def generate_world(seed: int) -> dict[str, Any]:
   return {"user": user, "folders": folders, "files": dict(sorted(files.items())),
           "settings": {"theme": rng.choice(["Light", "Dark"]), "volume": rng.choice(range(10, 100, 10)),
                        "wallpaper": rng.choice(_WALLPAPERS)}}
+
+
+_WINDOW_RE = re.compile(
+    r'^(?:window "(.*)" app=.+ \(1 of \d+ windows\)|(desktop) \(no open windows\))$', re.M)
+
+
+def screen(observation: str) -> str | None:
+  """The window an observation shows on top (its title without the editor's unsaved mark `*`,
+  or "desktop" with none open, as `DesktopEnv.draw` renders it; an error line may come first),
+  or None when it shows none."""
+  m = _WINDOW_RE.search(observation)
+  if not m:
+    return None
+  return m.group(2) or m.group(1).removeprefix("*")
 
 
 class DesktopEnv(ui.UiEnv):

@@ -135,6 +135,15 @@ class _TreeParser(html.parser.HTMLParser):
       self.nodes.append({"role": "text", "name": data, "depth": self.depth})
 
 
+_PAGE_RE = re.compile(r'^Page "(.*)" at \S+', re.M)
+
+
+def screen(observation: str) -> str | None:
+  """The page an observation shows (its title, as `WebEnv.render` writes it), or None."""
+  m = _PAGE_RE.search(observation)
+  return m.group(1) if m else None
+
+
 class WebEnv(Perturbable, base.Env):
   domain = "web"
 

@@ -1,0 +1,163 @@
+"""Fidelity by kind of turn: where a world model's predictions go wrong in ways an agent trained
+inside it would learn from, measured per domain beside the baselines.
+
+The free-running report (`eval/free_running.py`) gives one similarity per domain. An agent in a
+simulator trips on particular kinds of turn, which that average hides. This module looks at each
+held-out turn and its prediction for:
+
+  loop         the prediction ends in (or holds) a run of one n-gram repeated many times
+               (`loop_run`): generation that repeats itself until the token limit.
+  header leak  the prediction holds pieces of the chat rendering around observations (the
+               benchmark's observation and action headers, our reply tags, the chat markers) or
+               a section heading of our system-prompt templates (`header_leak`): text of the
+               prompt, not of the environment.
+  GUI screen   for domains whose record names a `screen` reader (android, os, web): which screen
+               or window the observation shows (its title, as the environment renders it). A
+               prediction is on the right screen when its reader gives the truth's title;
+               a transition is a turn whose true screen differs from the screen before it.
+
+Both rules are checked against every real observation of the bundled corpus (none is a loop or a
+leak: tests/test_turn_kinds.py), so a flagged prediction is the model's doing. Error turns and
+state-changing turns need a signal recorded by the environment at collection time; they are not
+measured here yet.
+"""
+from __future__ import annotations
+
+import collections
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from lwm_jax import domains
+from lwm_jax.data import prompts
+from lwm_jax.data.bench_records import OBSERVATION_HEADER
+from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN
+
+# A loop: a unit of 1..LOOP_MAX_UNIT tokens, at least one of them a word, repeated back to back
+# at least LOOP_TAIL_REPEATS times where the text ends (generation stopped inside it), or
+# LOOP_ANY_REPEATS times anywhere.
+LOOP_MAX_UNIT = 24
+LOOP_TAIL_REPEATS = 6
+LOOP_ANY_REPEATS = 16
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+# The chat rendering around an observation: the benchmark's headers, our reply tags, the chat
+# template's markers. Any of these inside an observation is prompt text.
+_MARKERS = (OBSERVATION_HEADER, "**Action:**", THINK_OPEN, THINK_CLOSE, OBS_OPEN, OBS_CLOSE,
+            "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+# Pieces of those headers as a model garbles them ("**Environment - Shop", "# Observation:**").
+_FRAGMENTS = re.compile(r"\*\*Environment\b|\bObservation:\*\*|^#{1,6} ?Turn \d+\s*$|"
+                        r"^#{1,6} ?(?:Environment )?Observation\b(?::\*\*)?", re.M)
+
+
+def _heading_re() -> re.Pattern:
+  titles = prompts.SECTION_TITLES
+  alt = "|".join(re.escape(t) for t in titles)
+  tags = "|".join(re.escape(t.lower().replace(" ", "_")) for t in titles)
+  upper = "|".join(re.escape(t.upper()) for t in titles)
+  # the markdown (## Task), xml (<task>), numbered (3. ACTION SPACE) layouts; the plain layout's
+  # "Task:" is too common in real output to count alone
+  return re.compile(rf"^(?:#{{1,6}} ?(?:{alt})\s*$|</?(?:{tags})>\s*$|\d+\. (?:{upper})\s*$)", re.M)
+
+
+_HEADINGS = _heading_re()
+
+
+def loop_run(text: str) -> tuple[int, int]:
+  """(unit length, repeats) of the longest back-to-back repetition that makes `text` a loop, or
+  (0, 0). See LOOP_* for the rule."""
+  toks = _TOKEN_RE.findall(text)
+  n_tok = len(toks)
+  best = (0, 0)
+  for n in range(1, min(LOOP_MAX_UNIT, n_tok // 2) + 1):
+    i = 0
+    while i + 2 * n <= n_tok:
+      unit = toks[i:i + n]
+      k = 1
+      while toks[i + k * n:i + (k + 1) * n] == unit:
+        k += 1
+      if k > 1:
+        rest = toks[i + k * n:]
+        tail = len(rest) < n and rest == unit[:len(rest)]  # the text stops inside the run
+        wordy = any(t[0].isalnum() or t[0] == "_" for t in unit)
+        if wordy and (k >= LOOP_ANY_REPEATS or (tail and k >= LOOP_TAIL_REPEATS)):
+          if k * n > best[0] * best[1]:
+            best = (n, k)
+        i += (k - 1) * n + 1
+      else:
+        i += 1
+  return best
+
+
+def is_loop(text: str) -> bool:
+  return loop_run(text)[1] > 0
+
+
+def header_leak(text: str) -> str:
+  """The first piece of prompt or chat rendering found in `text` ("" when there is none)."""
+  for m in _MARKERS:
+    if m in text:
+      return m
+  hit = _FRAGMENTS.search(text) or _HEADINGS.search(text)
+  return hit.group(0).strip() if hit else ""
+
+
+def screen_reader(domain: str) -> Callable[[str], str | None] | None:
+  """The domain's `screen(observation) -> title or None` reader, or None when it has none."""
+  d = domains.get_domain(domain)
+  return d.load("screen") if d.screen else None
+
+
+def turn_kinds(cases: Sequence[Any], predictions: Mapping[str, str]) -> dict[str, Any]:
+  """Per domain, for one system's predictions of `cases` (free_running.Case: key, domain, truth,
+  previous): turns, loops, header leaks, and on screen domains the screen-identity counts
+  (GUI turns whose truth shows a screen, those the prediction shows the same screen on, and the
+  same two over transitions)."""
+  out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  readers: dict[str, Any] = {}
+  for c in cases:
+    pred = str(predictions[c.key])
+    s = out[c.domain]
+    s["turns"] += 1
+    s["loops"] += is_loop(pred)
+    s["header_leaks"] += bool(header_leak(pred))
+    if c.domain not in readers:
+      readers[c.domain] = screen_reader(c.domain)
+    read = readers[c.domain]
+    if read is None:
+      continue
+    truth = read(c.truth)
+    if truth is None:
+      continue
+    right = read(pred) == truth
+    s["screen_turns"] += 1
+    s["screen_right"] += right
+    if read(c.previous) != truth:
+      s["transitions"] += 1
+      s["transitions_right"] += right
+  return {d: dict(v) for d, v in out.items()}
+
+
+def rates(kinds: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float | None]]:
+  """Percentages of `turn_kinds`' counts: loops and leaks per turn, screens per screen turn,
+  transitions per transition (None where there is nothing to divide by)."""
+  def pct(a, b):
+    return 100.0 * a / b if b else None
+  return {d: {"loops": pct(k.get("loops", 0), k["turns"]),
+              "header_leaks": pct(k.get("header_leaks", 0), k["turns"]),
+              "screen_right": pct(k.get("screen_right", 0), k.get("screen_turns", 0)),
+              "transitions_right": pct(k.get("transitions_right", 0), k.get("transitions", 0))}
+          for d, k in kinds.items()}
+
+
+def flagged_real(observations: Iterable[tuple[str, str]]) -> list[tuple[str, str, str]]:
+  """(where, kind, what) for each real observation the loop or leak rule flags; `observations`
+  are (where, text) pairs. Used to check the rules against real output."""
+  bad = []
+  for where, text in observations:
+    n, k = loop_run(text)
+    if k:
+      bad.append((where, "loop", f"{k} x {n} tokens"))
+    leak = header_leak(text)
+    if leak:
+      bad.append((where, "header_leak", leak))
+  return bad
