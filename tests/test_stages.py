@@ -28,6 +28,7 @@ def test_builtin_records_and_errors():
     run_config.validate_config(c)
 
 
+@pytest.mark.slow  # two short training runs: `make test-slow` (CI runs it) keeps `make test` under 8 minutes
 def test_a_registered_stage_trains_through_the_one_trainer(tmp_path):
   """A stage defined here, never named in the library: the CPT step on synthetic counting rows.
   Its run equals the same run under the built-in cpt stage, loss for loss."""
