@@ -352,3 +352,36 @@ def test_the_warmup_pipeline_runs_end_to_end_on_a_tiny_model(ae, tmp_path):
   assert 0 <= r["zero_shot"]["success"] <= 1 and 0 <= r["success"] <= 1
   assert len(r["start"]["sha256"]) == 64 and r["start"]["path"].endswith("wm_rl_0/hf")
   assert r["wm_rl_settings"]["stage"] == "rl" and r["rl_settings"]["stage"] == "agent-rl"
+
+
+def test_an_interrupted_run_keeps_its_bc_for_bc_from(ae, tmp_path, monkeypatch):
+  """A run stopped in its first RL arm has already written the BC's record (results.json,
+  partial), so a later run's `bc_from` reuses that BC instead of training it again."""
+  monkeypatch.setattr(ae, "tokenizer", lambda out, b: ("tok.model", 64))
+  monkeypatch.setattr(ae, "demonstrations", lambda out, b: "bc.jsonl.gz")
+  trained = []
+
+  def clone(wd, tok, vocab, b, seed, init):
+    trained.append(os.path.basename(wd))
+    os.makedirs(os.path.join(wd, "hf"))
+    return {"hf": os.path.join(wd, "hf"), "bc_s": 42.0, "bc_loss": 0.5}
+
+  def stop(wd, c):
+    raise KeyboardInterrupt  # the first RL arm never ends
+
+  monkeypatch.setattr(ae, "behaviour_clone", clone)
+  monkeypatch.setattr(ae, "evaluate_checkpoint",
+                      lambda hf, b: {"success": 0.25, "tasks": 4, "credit": 0.3})
+  monkeypatch.setattr(ae, "rl_config", lambda *a: None)
+  monkeypatch.setattr(ae, "agent_rl_run", stop)
+  first = tmp_path / "first"
+  with pytest.raises(KeyboardInterrupt):
+    ae.run(_config(arms="bc,real", seeds=1, out=str(first)))
+  saved = json.loads((first / "results.json").read_text())
+  assert saved["partial"] and saved["runs"]["bc"][0]["bc_s"] == 42.0
+  monkeypatch.setattr(ae, "agent_rl_run", lambda wd, c: {
+      "success": 0.5, "tasks": 4, "credit": 0.6, "rl_s": 2.0, "curve": [], "episodes": 8})
+  ae.run(_config(arms="bc,real", seeds=1, bc_from=str(first), out=str(tmp_path / "second")))
+  assert trained == ["bc_0"]  # the second run copied it
+  again = json.loads((tmp_path / "second" / "results.json").read_text())
+  assert again["runs"]["bc"][0]["bc_s"] == 42.0 and again["runs"]["real"][0]["success"] == 0.5

@@ -567,6 +567,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   runs: dict[str, list[dict]] = {a: [] for a in arms}
   starts: dict[tuple[str, int], dict] = {}  # (bc | bc_from_wm | wm_rl, BC seed) -> made once
 
+  def save_so_far() -> None:
+    """results.json with every run finished so far, so that an interrupted experiment keeps
+    them (`merge` reads them, `bc_from` reuses their BC)."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+      json.dump({"partial": True, "runs": runs}, f, indent=2, default=str)
+
   def start_of(arm: str, seed: int) -> dict:
     """The checkpoint an arm of `seed` starts from, made (or reused) once per BC seed: the BC
     from the base (bc), from the world model (bc_from_wm), or the BC after world-model RL
@@ -602,6 +608,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       m = evaluate_checkpoint(bc["hf"], s)
       m["eval_s"] = time.perf_counter() - t0  # with the checkpoint load and env start
       runs["bc"].append(dict(bc, **m, curve=[], seed=bc["bc_seed"], settings=budget_record(s)))
+      save_so_far()
       print(f"BC only: success {m['success']:.3f} on {int(m['tasks'])} held-out tasks", flush=True)
     for arm in ("real", "sim", "warmup", "bc_from_wm"):
       if arm not in runs:
@@ -624,8 +631,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
                             world_model=(checkpoints.start_record(wm) if env_arm == "sim"
                                          else None),
                             settings=budget_record(s)))
-      with open(os.path.join(out, "results.json"), "w") as f:  # so far (`merge` can read it)
-        json.dump({"partial": True, "runs": runs}, f, indent=2, default=str)
+      save_so_far()
       print(f"{arm}: success {r['success']:.3f} after {r['episodes']} episodes "
             f"({r['rl_s']:.0f} s)", flush=True)
   everything, merged = merged_runs(runs, s["merge"])
