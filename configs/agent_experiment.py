@@ -118,7 +118,9 @@ def _common() -> dict:
       bc_tasks=0,
       # Tokens per simulated observation of the world model (sim episodes).
       wm_max_new_tokens=0,
-      # Agent-RL steps between held-out evaluations.
+      # Agent-RL trainer steps between held-out evaluations. A rollout of 8 episodes is 4 steps
+      # (4 updates per rollout since issue 64), so 64 steps are 128 episodes; runs written with
+      # one update per rollout evaluated every eval_every rollouts instead.
       eval_every=0,
       # Agent-RL learning rate, the same for every arm.
       rl_lr=0.0,
