@@ -55,8 +55,8 @@ demo: $(VENV)/.installed sandbox-tool
 	$(PY) launch/demo.py
 
 # The recipe end to end with every stage evaluated free-running (docs/reproduce.md): sized for
-# about 60 minutes on 2 CPU cores (1600 CPT steps: 51 minutes on idle cores on 2026-12-04,
-# experiments/reproduce_cpt1600/). BUDGET is a variant of configs/reproduce.py (tiny, full,
+# about 60 minutes on 2 CPU cores (1600 CPT steps: 51 minutes on idle cores on 2026-12-04; the
+# runs are listed in docs/reproduce.md). BUDGET is a variant of configs/reproduce.py (tiny, full,
 # ablation): `make reproduce BUDGET=tiny` is the few-minute smoke run; overrides of its fields
 # (e.g. --config.ablations=masking) go in REPRODUCE_FLAGS. The report lands in runs/reproduce_$(BUDGET)/.
 BUDGET ?= full
@@ -67,9 +67,8 @@ reproduce: $(VENV)/.installed
 # The shipped world model (data/world_model/, used by the demo's last part): the stages of
 # configs/world_model.py run in order by launch/world_model.py, about 7 h 30 min on 2 idle cores.
 # Five runs of the full reproduction (2000 CPT steps from scratch and 300 SFT steps, then four
-# continuations, the last with 10,500 episodes of new worlds from `make more-worlds`: measured in
-# experiments/reproduce_cpt2000 .. reproduce_more_worlds), then a copying stage (about 2 h,
-# experiments/made_up_names, last sections): terminal tour episodes with usual and made-up names,
+# continuations, the last with 10,500 episodes of new worlds from `make more-worlds`), then a
+# copying stage (about 2 h; each stage's measurements are linked from docs/world_model.md): terminal tour episodes with usual and made-up names,
 # three listing-drill runs of the one trainer on a drill mixture (listing turns, ordinary SFT rows
 # and synthetic copy rows: packed rows of 64, of 512, then far rows; the model learns to copy
 # names from the initial state), then an 800-step CPT continuation with far copy rows in its
