@@ -62,6 +62,10 @@ class Domain:
   screen: `screen(observation) -> str | None`, the screen or window an observation shows (its
     title as the environment renders it; None when the text shows none), for the fidelity
     report's screen identity (lwm_jax/eval/turn_kinds.py); "" for a domain without screens.
+  error: `error(observation) -> str`, the error an observation shows the environment reporting
+    ("" when it shows none): the rule the fidelity report reads predictions with. The truth it is
+    compared with is the environment's own signal (`Env.step_error`, kept per turn by the
+    recorder); the rule is checked against that signal on real observations.
   """
   name: str
   display: str
@@ -84,6 +88,7 @@ class Domain:
   finish_actions: tuple[str, ...] = ()
   corpus_check: str = ""
   screen: str = ""
+  error: str = ""
 
   def __post_init__(self) -> None:
     where = f"domain '{self.name}'"
@@ -93,7 +98,7 @@ class Domain:
       if not isinstance(getattr(self, field), str) or not getattr(self, field).strip():
         raise ValueError(f"{where}: field '{field}' must be a non-empty string")
     for field in ("env", "agent", "world", "verifier", "transcript_verifier", "corpus_check",
-                  "screen"):
+                  "screen", "error"):
       ref = getattr(self, field)
       if ref and ref.count(":") != 1:
         raise ValueError(f"{where}: field '{field}' must be 'module:attribute', got {ref!r}")

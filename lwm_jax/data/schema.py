@@ -30,11 +30,20 @@ class RecordError(ValueError):
 
 @dataclasses.dataclass
 class Turn:
+  """One step of an episode. `env`, when present, is what the real environment itself reported
+  about the step at collection time (`lwm_jax.envs.recorder`): `{"error": reason or "",
+  "changed": bool}`, "changed" only where the environment can tell whether its state changed.
+  It is a fact about the episode, not text a model sees, and two turns with the same action and
+  observation are equal whatever it holds."""
   action: str
   observation: str
+  env: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
   def to_dict(self) -> dict[str, Any]:
-    return {"action": self.action, "observation": self.observation}
+    out: dict[str, Any] = {"action": self.action, "observation": self.observation}
+    if self.env is not None:
+      out["env"] = self.env
+    return out
 
 
 @dataclasses.dataclass
@@ -89,7 +98,10 @@ class Trajectory:
           t.get("observation"), str):
         raise RecordError(
             f"turns[{i}] must be an object with string 'action' and 'observation'", "bad_turn")
-      parsed.append(Turn(t["action"], t["observation"]))
+      facts = t.get("env")
+      if facts is not None and not isinstance(facts, dict):
+        raise RecordError(f"turns[{i}].env must be an object", "bad_turn")
+      parsed.append(Turn(t["action"], t["observation"], facts))
     for field in ("demonstrations", "simulation_instruction"):
       if field in d and not isinstance(d[field], str):
         raise RecordError(f"field '{field}' must be a string", "bad_type")

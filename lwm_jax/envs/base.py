@@ -51,6 +51,10 @@ class Env(abc.ABC):
     self.sandbox = ""  # the episode's throwaway directory, for envs that keep files
     self.root_parent: str | None = None  # where such directories are made (None: the system temp)
     self.world_id = ""  # id of the generated world of the current episode (see `_set_world`)
+    # What the environment itself reported about the last step: "" when the action went through,
+    # else a short reason in the environment's own terms (an exit status, a JSON-RPC error code,
+    # an HTTP status, a refused action). Every step() sets it; the recorder keeps it per turn.
+    self.step_error = ""
 
   # -- the parts every reset() shares ----------------------------------------------------------
   def _begin(self, seed: int, close: bool = True) -> random.Random:
@@ -62,6 +66,7 @@ class Env(abc.ABC):
     if close:
       self.close()
     self.steps = 0
+    self.step_error = ""
     return random.Random(seed * 7 + 1)
 
   def _set_goal(self, tasks: dict[str, str], goal: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -109,6 +114,12 @@ class Env(abc.ABC):
   def screen_state(self, observation: str) -> str:
     """The part of an observation that is world state (GUI envs drop clocks); used by hygiene."""
     return observation
+
+  def state_digest(self) -> str | None:
+    """A digest of the world state an action can change (files, rows, app state), equal before
+    and after a step exactly when the step changed none of it; None when the environment cannot
+    tell (then the recorder records no "changed" fact)."""
+    return None
 
   def episode_meta(self) -> dict[str, Any]:
     """Extra facts about the episode for `Trajectory.meta` (e.g. what was normalised)."""

@@ -24,6 +24,10 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
   no error) is not
   recorded; the number left out goes to `meta['unchanged_turns_dropped']`. Invalid actions that
   show an error (a toast, a banner) change the screen and are kept as recorded failures.
+
+  Each turn carries what the environment reported about its step (`Turn.env`): `error`, the
+  env's `step_error` ("" when the action went through), and `changed`, whether the step changed
+  the world's state (`state_digest` before and after; left out when the env cannot tell).
   """
   initial = env.reset(seed)
   info = env.describe()
@@ -32,15 +36,22 @@ def run_episode(env: base.Env, agent: base.Agent, seed: int, episode_id: str,
   turns: list[schema.Turn] = []
   last = initial
   dropped = 0
+  state = env.state_digest()
   for _ in range(max_turns):
     action = agent.act(last)
     if action is None:
       break
+    env.step_error = ""
     obs = env.step(action)
+    facts = {"error": env.step_error}
+    now = env.state_digest()
+    if now is not None:
+      facts["changed"] = now != state
+    state = now
     if gui and env.screen_state(obs) == env.screen_state(last):
       dropped += 1
       continue
-    turns.append(schema.Turn(action, obs))
+    turns.append(schema.Turn(action, obs, facts))
     last = obs
   meta = {"source": f"lwm_jax.envs/{env.domain}", "env_version": ENV_VERSION, "seed": seed,
           "agent": "scripted"}
