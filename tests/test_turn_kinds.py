@@ -91,9 +91,9 @@ def test_real_observations_are_neither_loops_nor_leaks_and_show_their_screen():
   assert unread == []
 
 
-def case(key, domain, truth, previous=""):
+def case(key, domain, truth, previous="", error=None, changed=None):
   return fr.Case(key=key, domain=domain, traj_id=key, turn=0, messages=(), truth=truth,
-                 previous=previous)
+                 previous=previous, error=error, changed=changed)
 
 
 def test_counts_by_kind_on_crafted_predictions():
@@ -132,3 +132,46 @@ def test_the_free_running_report_carries_the_kinds():
   md = fr.markdown(res)
   assert "## By kind of turn" in md and "### Right screen on transitions" in md
   assert "| model | 0.0 (0/1) | 100.0 (1/1) |" in md  # loops: android, terminal
+
+
+def test_error_and_state_change_counts_on_crafted_predictions():
+  """Truth from the recorded facts, the prediction read by the terminal's error rule; counted by
+  hand: 4 turns with facts, 2 real errors, 2 predicted, 1 of them right."""
+  missing = "cat: x: No such file or directory\n"
+  cases = [case("e1", "terminal", missing, error="exit status 1", changed=False),
+           case("e2", "terminal", "ls: cannot access 'd': No such file or directory\n",
+                error="exit status 2", changed=False),
+           case("e3", "terminal", "a.txt\n", error="", changed=False),
+           case("e4", "terminal", "done\n", error="", changed=True),
+           case("e5", "terminal", "b.txt\n")]  # collected before the facts: not counted
+  preds = {"e1": missing, "e2": "a.txt\n", "e3": "bash: foo: command not found\n",
+           "e4": "done\n", "e5": "cat: b: No such file or directory\n"}
+  got = tk.turn_kinds(cases, preds)["terminal"]
+  assert {k: got[k] for k in ("turns", "error_turns", "errors", "errors_predicted",
+                              "errors_found", "error_rule_agrees", "changing_turns",
+                              "read_only_turns")} == {
+      "turns": 5, "error_turns": 4, "errors": 2, "errors_predicted": 2, "errors_found": 1,
+      "error_rule_agrees": 4, "changing_turns": 1, "read_only_turns": 3}
+  r = tk.rates({"terminal": got})["terminal"]
+  assert (r["error_recall"], r["error_precision"], r["error_rule_agrees"]) == (50.0, 50.0, 100.0)
+  assert r["changing_f1"] == 100.0 and r["read_only_f1"] == pytest.approx(100 / 3)
+  # copy-previous (every previous is ""): shows no error, so recall 0 and no precision
+  copy = tk.rates(tk.turn_kinds(cases, {c.key: c.previous for c in cases}))["terminal"]
+  assert copy["error_recall"] == 0.0 and copy["error_precision"] is None
+  sel = fr.Selection(cases=cases, turns_total={"terminal": 5}, turns_selected={"terminal": 5},
+                     trajectories=[])
+  md = fr.markdown(fr.results(sel, {"model": preds}))
+  assert "### Error turns" in md and "| model | 50.0 / 50.0 (2/4) |" in md
+  assert "| copy_previous | 0.0 / - (2/4) |" in md
+  assert "on: Term. 100.0%." in md
+  assert "### Token F1 on state-changing and read-only turns" in md
+  assert "| model | 100.0 / 33.3 (1/3) |" in md
+
+
+def test_cases_carry_the_recorded_facts_of_their_turn():
+  t = schema.Trajectory(id="x", domain="terminal", task="t", action_space="s", initial_state="i",
+                        turns=[schema.Turn("cat y", "cat: y: nope\n", {"error": "exit status 1",
+                                                                        "changed": False}),
+                               schema.Turn("ls", "a\n")])
+  sel = fr.select_cases([t])
+  assert [(c.error, c.changed) for c in sel.cases] == [("exit status 1", False), (None, None)]

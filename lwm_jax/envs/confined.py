@@ -10,6 +10,7 @@ could have been swapped since it was checked.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import stat
@@ -232,3 +233,54 @@ def stamp_tree(root: str, stamp: float, newer_than: float | None = None,
         os.utime(dirfd, (stamp, stamp))
     except OSError:
       pass
+
+
+def tree_digest(root: str, skip: tuple[str, ...] = (), max_entries: int = 100_000,
+                max_bytes: int = MAX_READ) -> str:
+  """A sha256 over every entry under `root`: relative path, kind, mode bits, and a regular file's
+  bytes (its first `max_bytes` and its size) or a link's target; folders named in `skip` are not
+  entered. Equal exactly when nothing under `root` changed but times. Links are never followed."""
+  h = hashlib.sha256()
+  budget = [max_entries]
+
+  def visit(fd: int, rel: str) -> None:
+    try:
+      with os.scandir(fd) as it:
+        names = sorted(e.name for e in it)
+    except OSError:
+      return
+    budget[0] -= len(names)
+    for name in names:
+      path = f"{rel}/{name}" if rel else name
+      try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+      except OSError:
+        continue
+      h.update(f"\0{path}\0{stat.S_IFMT(st.st_mode)}\0{stat.S_IMODE(st.st_mode)}\0{st.st_size}\0".encode(
+          "utf-8", "surrogateescape"))
+      if stat.S_ISLNK(st.st_mode):
+        h.update(os.readlink(name, dir_fd=fd).encode("utf-8", "surrogateescape"))
+      elif stat.S_ISREG(st.st_mode):
+        try:
+          f = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=fd)
+        except OSError:
+          continue
+        with os.fdopen(f, "rb") as fh:
+          if stat.S_ISREG(os.fstat(f).st_mode):  # not swapped for a FIFO or device meanwhile
+            h.update(fh.read(max_bytes))
+      elif stat.S_ISDIR(st.st_mode) and name not in skip and budget[0] > 0:
+        try:
+          sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+          continue
+        try:
+          visit(sub, path)
+        finally:
+          os.close(sub)
+
+  top = os.open(root, _DIR_FLAGS)
+  try:
+    visit(top, "")
+  finally:
+    os.close(top)
+  return h.hexdigest()

@@ -7,7 +7,7 @@ from lwm_jax import domains
 from lwm_jax.data import schema
 from lwm_jax.envs import base, perturb
 
-ENV_VERSION = "2"
+ENV_VERSION = "3"  # 3: each turn carries the environment's own report (`Turn.env`)
 
 
 def episode_seed(seed: int, index: int) -> int:

@@ -54,6 +54,10 @@ class Case:
   messages: tuple                # system prompt, true history, the action
   truth: str
   previous: str                  # the observation before the action ('' at the first turn)
+  # what the real environment reported about the step at collection time (`Turn.env`): the
+  # error it reported ("" none) and whether its state changed; None where it was not recorded
+  error: str | None = None
+  changed: bool | None = None
 
 
 @dataclasses.dataclass
@@ -96,9 +100,11 @@ def select_cases(trajs: Sequence[Trajectory], max_turns: int | None = None, seed
     for _, traj, t in picked:
       used.setdefault(traj.id, traj)
       msgs = prompts.prompt_messages(traj, t, variant)
+      facts = traj.turns[t].env or {}
       cases.append(Case(key=f"{d}:{traj.id}:{t + 1}", domain=d, traj_id=traj.id, turn=t,
                         messages=tuple(msgs), truth=traj.turns[t].observation,
-                        previous=traj.turns[t - 1].observation if t else ""))
+                        previous=traj.turns[t - 1].observation if t else "",
+                        error=facts.get("error"), changed=facts.get("changed")))
   return Selection(cases, total, chosen, list(used.values()), max_turns)
 
 
@@ -271,6 +277,50 @@ def _kinds_tables(res: Mapping[str, Any]) -> list[str]:
     for name, kinds in systems.items():
       lines.append(f"| {name} | " + " | ".join(cell(kinds.get(d, {}), num, den) for d in cols)
                    + " |")
+  lines += _facts_tables(systems, doms)
+  return lines
+
+
+def _facts_tables(systems: Mapping[str, Mapping[str, Any]], doms: Sequence[str]) -> list[str]:
+  """Error turns and state-changing turns, on the turns whose record carries the environment's
+  own report (`Turn.env`); nothing when none does."""
+  lines: list[str] = []
+  rates = {n: turn_kinds.rates(k) for n, k in systems.items()}
+  any_kinds = next(iter(systems.values()))
+  def num(x):
+    return "-" if x is None else f"{x:.1f}"
+  cols = [d for d in doms if any_kinds.get(d, {}).get("error_turns")]
+  if cols:
+    lines += ["", "### Error turns", "",
+              "Truth: the error the real environment reported for the step (recorded at "
+              "collection). Recall: error turns whose prediction shows an error (the domain's "
+              "`error` rule); precision: predicted errors on turns that had one. Percent, "
+              "recall / precision (error turns of turns with the fact).", "",
+              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      r = rates[name]
+      lines.append(f"| {name} | " + " | ".join(
+          f"{num(r[d]['error_recall'])} / {num(r[d]['error_precision'])} "
+          f"({kinds[d].get('errors', 0)}/{kinds[d]['error_turns']})" for d in cols) + " |")
+    agree = rates[next(iter(systems))]
+    lines += ["", "The rule reads the real observations as the environment reported them on: " +
+              ", ".join(f"{report_lib.display(d)} {num(agree[d]['error_rule_agrees'])}%"
+                        for d in cols) + "."]
+  cols = [d for d in doms if any_kinds.get(d, {}).get("changing_turns")
+          or any_kinds.get(d, {}).get("read_only_turns")]
+  if cols:
+    lines += ["", "### Token F1 on state-changing and read-only turns", "",
+              "Whether the real step changed the world's state (files, rows, app data), as the "
+              "environment recorded it. Token F1, state-changing / read-only (turns of each).", "",
+              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      r = rates[name]
+      lines.append(f"| {name} | " + " | ".join(
+          f"{num(r[d]['changing_f1'])} / {num(r[d]['read_only_f1'])} "
+          f"({kinds[d].get('changing_turns', 0)}/{kinds[d].get('read_only_turns', 0)})"
+          for d in cols) + " |")
   return lines
 
 

@@ -16,10 +16,20 @@ held-out turn and its prediction for:
                prediction is on the right screen when its reader gives the truth's title;
                a transition is a turn whose true screen differs from the screen before it.
 
-Both rules are checked against every real observation of the bundled corpus (none is a loop or a
-leak: tests/test_turn_kinds.py), so a flagged prediction is the model's doing. Error turns and
-state-changing turns need a signal recorded by the environment at collection time; they are not
-measured here yet.
+  error        on turns whose real step carries the environment's own report (`Turn.env`,
+               kept by the recorder since environment version 3): the truth is the error the
+               environment reported (an exit status, a JSON-RPC error, a refused action, an
+               HTTP error); the prediction is read by the domain's `error` rule (the text
+               an error shows). Recall: error turns whose prediction shows an error; precision:
+               predictions showing an error on a turn that had one. The rule's agreement with
+               the signal on the real observations themselves is reported beside them: it is
+               the floor of what the reading can tell.
+  state change on turns whose record says whether the step changed the world's state (files,
+               rows, app data): token F1 of the prediction on state-changing turns and on
+               read-only ones, apart.
+
+The loop and leak rules are checked against every real observation of the bundled corpus (none
+is a loop or a leak: tests/test_turn_kinds.py), so a flagged prediction is the model's doing.
 """
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ import collections
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from lwm_jax import domains
+from lwm_jax import domains, textsim
 from lwm_jax.data import prompts
 from lwm_jax.data.bench_records import OBSERVATION_HEADER
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN
@@ -107,11 +117,21 @@ def screen_reader(domain: str) -> Callable[[str], str | None] | None:
   return d.load("screen") if d.screen else None
 
 
+def error_reader(domain: str) -> Callable[[str], str] | None:
+  """The domain's `error(observation) -> str` rule, or None when it has none."""
+  d = domains.get_domain(domain)
+  return d.load("error") if d.error else None
+
+
 def turn_kinds(cases: Sequence[Any], predictions: Mapping[str, str]) -> dict[str, Any]:
   """Per domain, for one system's predictions of `cases` (free_running.Case: key, domain, truth,
-  previous): turns, loops, header leaks, and on screen domains the screen-identity counts
-  (GUI turns whose truth shows a screen, those the prediction shows the same screen on, and the
-  same two over transitions)."""
+  previous, and the recorded `error` and `changed` facts, None where absent): turns, loops,
+  header leaks; on turns with a recorded error fact, the error counts (`error_turns` with the
+  fact, `errors` true errors, `errors_predicted`, `errors_found` both, `error_rule_agrees` the
+  rule read the real observation as the fact says); on turns with a `changed` fact, the count
+  and summed token F1 of state-changing and of read-only turns; on screen domains the
+  screen-identity counts (GUI turns whose truth shows a screen, those the prediction shows the
+  same screen on, and the same two over transitions)."""
   out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   readers: dict[str, Any] = {}
   for c in cases:
@@ -121,8 +141,21 @@ def turn_kinds(cases: Sequence[Any], predictions: Mapping[str, str]) -> dict[str
     s["loops"] += is_loop(pred)
     s["header_leaks"] += bool(header_leak(pred))
     if c.domain not in readers:
-      readers[c.domain] = screen_reader(c.domain)
-    read = readers[c.domain]
+      readers[c.domain] = (screen_reader(c.domain), error_reader(c.domain))
+    read, read_error = readers[c.domain]
+    fact = getattr(c, "error", None)
+    if fact is not None and read_error is not None:
+      shown = bool(read_error(pred))
+      s["error_turns"] += 1
+      s["errors"] += bool(fact)
+      s["errors_predicted"] += shown
+      s["errors_found"] += bool(fact) and shown
+      s["error_rule_agrees"] += bool(read_error(c.truth)) == bool(fact)
+    changed = getattr(c, "changed", None)
+    if changed is not None:
+      kind = "changing" if changed else "read_only"
+      s[f"{kind}_turns"] += 1
+      s[f"{kind}_f1_sum"] += textsim.token_f1(pred, c.truth)
     if read is None:
       continue
     truth = read(c.truth)
@@ -144,6 +177,11 @@ def rates(kinds: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float |
     return 100.0 * a / b if b else None
   return {d: {"loops": pct(k.get("loops", 0), k["turns"]),
               "header_leaks": pct(k.get("header_leaks", 0), k["turns"]),
+              "error_recall": pct(k.get("errors_found", 0), k.get("errors", 0)),
+              "error_precision": pct(k.get("errors_found", 0), k.get("errors_predicted", 0)),
+              "error_rule_agrees": pct(k.get("error_rule_agrees", 0), k.get("error_turns", 0)),
+              "changing_f1": pct(k.get("changing_f1_sum", 0), k.get("changing_turns", 0)),
+              "read_only_f1": pct(k.get("read_only_f1_sum", 0), k.get("read_only_turns", 0)),
               "screen_right": pct(k.get("screen_right", 0), k.get("screen_turns", 0)),
               "transitions_right": pct(k.get("transitions_right", 0), k.get("transitions", 0))}
           for d, k in kinds.items()}

@@ -12,6 +12,7 @@ DOMAIN = domains.register_domain(domains.Domain(
     world="lwm_jax.envs.mcp.env:generate_world",
     verifier="lwm_jax.envs.mcp.verify:check",
     transcript_verifier="lwm_jax.envs.mcp.verify:check_transcript",
+    error="lwm_jax.envs.mcp.env:error",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     corpus_check="lwm_jax.envs.mcp.env:corpus_problem",

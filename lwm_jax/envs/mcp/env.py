@@ -13,9 +13,11 @@ with the episode seed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sqlite3
 import sys
@@ -230,6 +232,38 @@ def render_result(result: Any) -> str:
   return body
 
 
+def _failed_fields(result: Any) -> list[str]:
+  """The fields a write answered as not saved (a partial batch failure's `failed` object)."""
+  texts = [getattr(c, "text", "") for c in result.content]
+  try:
+    body = json.loads("\n".join(texts))
+  except json.JSONDecodeError:
+    return []
+  return sorted(body["failed"]) if isinstance(body, dict) and isinstance(body.get("failed"), dict) else []
+
+
+def error(observation: str) -> str:
+  """The error an observation shows ("" when none): a JSON-RPC `error` object, a tool result
+  marked `isError`, or a write whose `failed` object lists fields it did not save."""
+  text = observation.lstrip()
+  try:
+    body = json.loads(text)
+  except json.JSONDecodeError:  # cut by the length limit: read the opening
+    if re.match(r'\{\s*"isError"\s*:\s*true', text):
+      return "tool error (isError)"
+    m = re.match(r'\{\s*"error"\s*:\s*\{\s*"code"\s*:\s*(-?\d+)', text)
+    return f"JSON-RPC error {m.group(1)}" if m else ""
+  if not isinstance(body, dict):
+    return ""
+  if body.get("isError") is True:
+    return "tool error (isError)"
+  if isinstance(body.get("error"), dict):
+    return f"JSON-RPC error {body['error'].get('code')}"
+  if isinstance(body.get("failed"), dict) and body["failed"]:
+    return "partial failure: " + ", ".join(sorted(body["failed"]))
+  return ""
+
+
 class McpEnv(Perturbable, base.Env):
   domain = "mcp"
 
@@ -273,24 +307,42 @@ class McpEnv(Perturbable, base.Env):
     if self.client is None:
       raise RuntimeError("env is closed")
     self.steps += 1
+    self.step_error = ""
     try:
       call = json.loads(action)
     except json.JSONDecodeError as e:
-      return json.dumps({"error": {"code": -32700, "message": f"Parse error: {e}"}})
+      return self._rpc_error(-32700, f"Parse error: {e}")
     if not isinstance(call, dict) or not isinstance(call.get("tool"), str):
-      return json.dumps({"error": {"code": -32600, "message": "Invalid request: expected "
-                                   "{\"tool\": NAME, \"arguments\": {...}}"}})
+      return self._rpc_error(-32600, "Invalid request: expected {\"tool\": NAME, \"arguments\": {...}}")
     name, args = call["tool"], call.get("arguments")
     args = {} if args is None else args
     if not isinstance(args, dict):
-      return json.dumps({"error": {"code": -32602, "message": "Invalid params: \"arguments\" must "
-                                   f"be a JSON object, got {type(args).__name__}"}})
+      return self._rpc_error(-32602, "Invalid params: \"arguments\" must be a JSON object, got "
+                             f"{type(args).__name__}")
     try:
       result = self.client.call(lambda s: s.call_tool(name, args))
     except TimeoutError:
-      return json.dumps({"error": {"code": -32001, "message": "Request timed out: the server did "
-                                   "not answer within 30 s"}})
+      return self._rpc_error(-32001, "Request timed out: the server did not answer within 30 s")
+    if getattr(result, "is_error", False):
+      self.step_error = "tool error (isError)"
+    elif _failed_fields(result):
+      self.step_error = "partial failure: " + ", ".join(_failed_fields(result))
     return base.truncate(render_result(result), self.max_obs_chars)
+
+  def _rpc_error(self, code: int, message: str) -> str:
+    """A JSON-RPC error answer (the request never became a tool call)."""
+    self.step_error = f"JSON-RPC error {code}"
+    return json.dumps({"error": {"code": code, "message": message}})
+
+  def state_digest(self) -> str | None:
+    """The database's rows (every table, as SQL), which the write tools change."""
+    if self.client is None or not os.path.exists(self.db_path):
+      return None
+    con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+    try:
+      return hashlib.sha256("\n".join(con.iterdump()).encode()).hexdigest()
+    finally:
+      con.close()
 
   def episode_meta(self) -> dict[str, Any]:
     return {"task_kind": self.goal.get("kind"), "declared_tools": self.goal.get("tools", []),

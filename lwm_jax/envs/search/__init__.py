@@ -12,6 +12,7 @@ DOMAIN = domains.register_domain(domains.Domain(
     world="lwm_jax.envs.search.env:generate_world",
     verifier="lwm_jax.envs.search.verify:check",
     transcript_verifier="lwm_jax.envs.search.verify:check_transcript",
+    error="lwm_jax.envs.search.env:error",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     content="free", gui=False, tool_calls=False,

@@ -153,6 +153,12 @@ def generate_world(seed: int) -> dict[str, Any]:
   return search_worlds.generate_world(seed, tuple(MODULES))
 
 
+def error(observation: str) -> str:
+  """The engine's error line when the observation is one ("" otherwise): every failed call is
+  answered `Error: why` and nothing else."""
+  return observation.split("\n", 1)[0] if observation.startswith("Error: ") else ""
+
+
 class SearchEnv(Perturbable, base.Env):
   domain = "search"
 
@@ -239,30 +245,43 @@ class SearchEnv(Perturbable, base.Env):
     if self.con is None:
       raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
+    self.step_error = ""
     try:
       name, kw = parse_call(action)
       fault = self.faults.call() if self.faults else None
       if fault:  # the engine received the call and failed it
-        return f"Error: {self.fault_text(fault)}"
+        return self._fail(self.fault_text(fault), fault)
       if name == "search":
         return self.search(str(kw.get("query", "")), kw.get("page", 1))
       return self.open(str(kw.get("doc_id", "")), kw.get("page", 1))
-    except (ValueError, sqlite3.Error) as e:
-      return f"Error: {e}"
+    except ValueError as e:
+      return self._fail(str(e), "invalid call")
+    except sqlite3.Error as e:
+      return self._fail(str(e), "engine error")
+
+  def _fail(self, message: str, reason: str) -> str:
+    """An error answer: the engine refused or failed the call (`step_error` says which)."""
+    self.step_error = reason
+    return f"Error: {message}"
+
+  def state_digest(self) -> str | None:
+    """Searching and opening documents change nothing: the collection is read-only."""
+    return "read-only"
 
   def search(self, query: str, page: Any = 1) -> str:
     if not isinstance(page, int) or page < 1:
-      return f"Error: page must be a positive integer, got {page!r}"
+      return self._fail(f"page must be a positive integer, got {page!r}", "bad page")
     expr = _fts_query(query)
     if not expr:
-      return "Error: empty query"
+      return self._fail("empty query", "empty query")
     n = self.con.execute("SELECT COUNT(*) FROM docs WHERE docs MATCH ?", (expr,)).fetchone()[0]
     if n == 0:
       return f'No results for "{query}".'
     per = self.per_page
     pages = (n + per - 1) // per
     if page > pages:
-      return f'Error: page {page} is past the last page ({pages}) of results for "{query}".'
+      return self._fail(f'page {page} is past the last page ({pages}) of results for "{query}".',
+                        "bad page")
     rows = self.con.execute(
         "SELECT doc_id, title, snippet(docs, 2, '**', '**', ' ... ', 16), bm25(docs, 0, 5.0, 1.0) AS s "
         "FROM docs WHERE docs MATCH ? ORDER BY s, doc_id LIMIT ? OFFSET ?",
@@ -279,14 +298,15 @@ class SearchEnv(Perturbable, base.Env):
 
   def open(self, doc_id: str, page: Any = 1) -> str:
     if not isinstance(page, int) or page < 1:
-      return f"Error: page must be a positive integer, got {page!r}"
+      return self._fail(f"page must be a positive integer, got {page!r}", "bad page")
     row = self.con.execute("SELECT title, body FROM docs WHERE doc_id=?", (doc_id,)).fetchone()
     if row is None:
-      return f"Error: no document with id '{doc_id}'."
+      return self._fail(f"no document with id '{doc_id}'.", "no such document")
     lines = row[1].splitlines()
     pages = max(1, (len(lines) + LINES_PER_PAGE - 1) // LINES_PER_PAGE)
     if page > pages:
-      return f"Error: document '{doc_id}' has {pages} page(s); page {page} does not exist."
+      return self._fail(f"document '{doc_id}' has {pages} page(s); page {page} does not exist.",
+                        "bad page")
     chunk = "\n".join(lines[(page - 1) * LINES_PER_PAGE: page * LINES_PER_PAGE])
     return base.truncate(f"[{doc_id}] page {page} of {pages}\n\n{chunk}", self.max_obs_chars)
 

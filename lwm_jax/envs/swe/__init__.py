@@ -12,6 +12,7 @@ DOMAIN = domains.register_domain(domains.Domain(
     world="lwm_jax.envs.swe.env:generate_world",
     verifier="lwm_jax.envs.swe.verify:check",
     transcript_verifier="lwm_jax.envs.swe.verify:check_transcript",
+    error="lwm_jax.envs.swe.env:error",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     corpus_check="lwm_jax.envs.swe.env:corpus_problem",

@@ -36,6 +36,20 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
             "GIT_COMMITTER_DATE": "2024-06-01T09:00:00+00:00", "GIT_CONFIG_NOSYSTEM": "1"}
 
 
+_EXIT_RE = re.compile(r"\[exit code (\d+)\]\s*$")
+
+
+def error(observation: str) -> str:
+  """What failed, as the observation shows it ("" when nothing did): a tool's `Error: ...` or
+  `ls: cannot access ...` answer, git's `fatal:`/`error:` for a pattern it refused, or a test run
+  that ended with an exit code other than 0 (passed) and 1 (tests failed)."""
+  first = observation.split("\n", 1)[0]
+  if first.startswith(("Error: ", "ls: cannot access ", "fatal: ", "error: ")):
+    return first
+  m = _EXIT_RE.search(observation)
+  return m.group(0) if m and m.group(1) not in ("0", "1") else ""
+
+
 class SweEnv(sandbox.SandboxedEnv):
   domain = "swe"
 
@@ -112,11 +126,12 @@ class SweEnv(sandbox.SandboxedEnv):
     if not self.sandbox:
       raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
+    self.step_error = ""
     try:
       name, kw = base.parse_call(action, SIGNATURES)
       out = getattr(self, "_do_" + name)(**kw)
     except (ValueError, TypeError) as e:
-      out = f"Error: {e}"
+      out = self._fail(str(e), "refused")
     for repo in (self.inner_repo, self.repo):
       out = out.replace(repo, REPO_SHOWN)
     out = out.replace(self.sandbox, "/sandbox")
@@ -126,6 +141,7 @@ class SweEnv(sandbox.SandboxedEnv):
   def _do_ls(self, path: str = ".") -> str:
     self._safe(path)
     if confined.kind(self.repo, path) != "dir":
+      self.step_error = "no such folder"
       return f"ls: cannot access '{path}': No such file or directory"
     return "\n".join(n + ("/" if k == "dir" else "") for n, k in confined.listdir(self.repo, path)
                      if n != ".git")
@@ -149,12 +165,12 @@ class SweEnv(sandbox.SandboxedEnv):
     self._safe(path)
     text = self._read(path)
     if text is None:
-      return f"Error: file '{path}' does not exist"
+      return self._fail(f"file '{path}' does not exist", "no such file")
     lines = text.splitlines()
     if not isinstance(start, int) or start < 1 or start > max(1, len(lines)):
-      return f"Error: start line {start} is outside 1..{len(lines)}"
+      return self._fail(f"start line {start} is outside 1..{len(lines)}", "bad line range")
     if end is not None and (not isinstance(end, int) or end < start):
-      return f"Error: end line {end} is before start line {start}"
+      return self._fail(f"end line {end} is before start line {start}", "bad line range")
     end = len(lines) if end is None else min(end, len(lines))
     return "\n".join(f"{i:4d}  {lines[i - 1]}" for i in range(start, end + 1))
 
@@ -164,18 +180,20 @@ class SweEnv(sandbox.SandboxedEnv):
       raise ValueError("pattern must be a non-empty string")
     # `-e` and `--`: neither the pattern nor the path is ever read as an option.
     rc, out = self._run(["git", "grep", "-n", "-E", "-e", pattern, "--", path])
+    if rc > 1:  # 1 is "no match"; above it git refused the pattern or the path
+      self.step_error = f"git grep exit status {rc}"
     return out if out else f"(no matches for /{pattern}/)" if rc == 1 else out
 
   def _do_edit(self, path: str, old: str, new: str) -> str:
     self._safe(path)
     text = self._read(path)
     if text is None:
-      return f"Error: file '{path}' does not exist"
+      return self._fail(f"file '{path}' does not exist", "no such file")
     n = text.count(old)
     if n == 0:
-      return f"Error: `old` text not found in {path}; nothing changed"
+      return self._fail(f"`old` text not found in {path}; nothing changed", "edit refused")
     if n > 1:
-      return f"Error: `old` text occurs {n} times in {path}; give more context"
+      return self._fail(f"`old` text occurs {n} times in {path}; give more context", "edit refused")
     text = text.replace(old, new)
     try:
       confined.write_text(self.repo, path, text)
@@ -195,7 +213,20 @@ class SweEnv(sandbox.SandboxedEnv):
     # pytest reads options even after `--`, hence the check above; `--` is kept for clarity.
     rc, out = self._run([sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider",
                          "--", target], timeout=self.test_timeout)
+    if rc not in (0, 1):  # 1: tests ran and some failed, an answer; above it pytest could not run them
+      self.step_error = f"pytest exit code {rc}"
     return out + f"[exit code {rc}]"
+
+  def _fail(self, message: str, reason: str) -> str:
+    """An error answer: the tool refused the call (`step_error` says why)."""
+    self.step_error = reason
+    return f"Error: {message}"
+
+  def state_digest(self) -> str | None:
+    """The working tree (git's own folder and Python's caches left out)."""
+    if not self.sandbox or not os.path.isdir(self.repo):
+      return None
+    return confined.tree_digest(self.repo, skip=(".git", "__pycache__", ".pytest_cache"))
 
   def suite_result(self) -> tuple[int, str]:
     """Runs the whole test suite on the working tree as it is now, outside the episode (no step

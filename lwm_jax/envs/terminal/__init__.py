@@ -12,6 +12,7 @@ DOMAIN = domains.register_domain(domains.Domain(
     world="lwm_jax.envs.terminal.env:generate_world",
     verifier="lwm_jax.envs.terminal.verify:check",
     transcript_verifier="lwm_jax.envs.terminal.verify:check_transcript",
+    error="lwm_jax.envs.terminal.env:error",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     content="output", gui=False, tool_calls=False,

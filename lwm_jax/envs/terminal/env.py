@@ -45,6 +45,45 @@ _TASKS = ("count_errors", "sum_region", "find_def", "backup_csv", "rename_notes"
 _ON_REQUEST = ("tour",)
 
 
+# Commands whose exit status 1 is an answer, not a failure: grep found nothing, diff and cmp found
+# a difference, a test was false. Status 2 and above from them is still an error.
+_ANSWER_ONE = re.compile(r"(?:^|[\s;&|(!`])(?:[ezf]?grep|diff|cmp|test|false|\[\[?)(?=\s|$|[;&|)])")
+
+
+def step_error(action: str, status: int | None, timed_out: bool, trouble: str) -> str:
+  """The terminal's own error signal for one command line: killed by the time limit, the shell
+  lost, or a non-zero exit status (`$?` of the line; status 1 of a command in `_ANSWER_ONE` is
+  an answer). A failure inside a pipeline whose last command succeeds has status 0 and is not
+  counted: the shell does not report it."""
+  if timed_out:
+    return "killed by the time limit"
+  if trouble:
+    return trouble
+  if status and not (status == 1 and _ANSWER_ONE.search(action)):
+    return f"exit status {status}"
+  return ""
+
+
+# What the text of an observation shows as a failure: messages of the shell and coreutils
+# (`prog: what: why`), usage lines, Python tracebacks and exception lines, jq/awk/sed errors,
+# and this environment's own notes about a killed command or a lost shell.
+_ERROR_LINE = re.compile(
+    r"^(?:bash: .*|[\w.+/-]+: (?:.*: )?(?:No such file or directory|Permission denied|Is a directory|"
+    r"Not a directory|Directory not empty|File exists|Operation not permitted|command not found|"
+    r"(?:invalid|unrecognized|illegal|unknown) (?:option|argument|number|operand|field).*|"
+    r"missing (?:file )?operand.*|extra operand.*|cannot .*|can't .*|option requires an argument.*|"
+    r"no such .*|not found.*|.*: No such file or directory)|"
+    r"[Uu]sage: .*|Try '.+ --help' for more information\.|Traceback \(most recent call last\):|"
+    r"[A-Z]\w*(?:Error|Exception): .*|jq: error.*|awk: .*|sed: -e expression.*|"
+    r"\^C|\[command killed after .*|\[.*; a new shell was started in ~\])$", re.M)
+
+
+def error(observation: str) -> str:
+  """The first line of a terminal observation that shows a failure ("" when none does)."""
+  m = _ERROR_LINE.search(observation)
+  return m.group(0) if m else ""
+
+
 class TerminalEnv(sandbox.SandboxedEnv):
   domain = "terminal"
 
@@ -64,6 +103,8 @@ class TerminalEnv(sandbox.SandboxedEnv):
     self.proc: subprocess.Popen | None = None
     self.files: dict[str, str] = {}
     self.layout: dict[str, Any] = {}  # where this world keeps its log, CSVs, code and notes
+    self._status, self._timed_out = None, False  # of the last command line (see `_exchange`)
+    self._last_run: tuple[int | None, bool, str] = (None, False, "")
 
   # -- lifecycle -------------------------------------------------------------------------------
   def reset(self, seed: int) -> str:
@@ -140,6 +181,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
     now = base.FIXED_EPOCH + self.steps * base.STEP_SECONDS
     # Commands read an empty stdin: the shell's own stdin carries the next commands.
     out = self._run_raw(f"LWM_NOW={now}\neval {shlex.quote(action)} </dev/null\n")
+    self.step_error = step_error(action, *self._last_run)
     self._fix_mtimes()
     out = re.sub(r"bash: (eval: )?line \d+: ", "bash: ", out)
     # Job messages carry real PIDs ("bash: 15820 Killed ..."): renumber them per step.
@@ -148,6 +190,10 @@ class TerminalEnv(sandbox.SandboxedEnv):
       out = out.replace(home, HOME_SHOWN)
     out = out.replace(self.sandbox, "/sandbox")
     return base.truncate(out, self.max_obs_chars) + self._prompt()
+
+  def state_digest(self) -> str | None:
+    """The files under ~ (names, kinds, modes, contents; times are the sandbox clock's)."""
+    return confined.tree_digest(self.home) if self.home and os.path.isdir(self.home) else None
 
   def _prompt(self) -> str:
     cwd = self.cwd
@@ -159,6 +205,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
   def _run_raw(self, script: str, quiet: bool = False) -> str:
     """Runs `script` in the shell; returns its output (restarting the shell if it was lost)."""
     out, trouble = self._exchange(script)
+    self._last_run = (self._status, self._timed_out, trouble)
     if out and not out.endswith("\n"):
       out += "\n"
     if trouble:
@@ -195,6 +242,7 @@ class TerminalEnv(sandbox.SandboxedEnv):
     timed_out = False
     trouble = ""
     status_line = None
+    self._status, self._timed_out = None, False
     while status_line is None:
       left = deadline - time.monotonic()
       if left <= 0 and not timed_out:
@@ -234,7 +282,9 @@ class TerminalEnv(sandbox.SandboxedEnv):
     out = buf.decode("utf-8", "replace")
     if dropped:
       out += f"\n[{dropped} more bytes of output dropped]"
+    self._timed_out = timed_out
     if status_line is not None:
+      self._status = int(status_line[1])
       self.shell_pid = self._host_pid(int(status_line[3]))
       self.cwd = status_line[4] if len(status_line) > 4 else self.cwd
       if status_line[2] != "0":
