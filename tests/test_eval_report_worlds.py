@@ -34,3 +34,38 @@ def test_report_counts_worlds(tmp_path):
   assert "Worlds: 3 distinct" in report.markdown_report(res)
   assert "carry no world id" in report.coverage_line(report.world_coverage(_records("f", "os",
                                                                                      None)))
+
+
+def test_benchmark_scores_carry_the_kinds_of_turn_from_recorded_facts(tmp_path):
+  """Records made from a recorded trajectory carry the environment's facts of the turn under
+  test through the file; the score report's by-kind tables read them (counted by hand)."""
+  import json
+  from lwm_jax.eval import inference, records as R
+  missing = "cat: x: No such file or directory\n"
+  traj = schema.Trajectory(id="t", domain="terminal", task="t", action_space="a",
+                           initial_state="s", turns=[
+                               schema.Turn("cat x", missing, {"error": "exit status 1",
+                                                              "changed": False}),
+                               schema.Turn("touch y", "", {"error": "", "changed": True}),
+                               schema.Turn("ls", "y\n")])
+  path = tmp_path / "terminal_test.jsonl"
+  bench_records.write_awb_jsonl(str(path), bench_records.trajectory_to_records(traj, "sys",
+                                                                                [0, 1, 2]))
+  recs = list(bench_records.read_awb_jsonl(str(path)))
+  assert [r.extra.get(bench_records.ENV_KEY) for r in recs] == [t.env for t in traj.turns]
+  run = tmp_path / "run"
+  inference.write_baselines(recs, str(run))
+  preds = [missing, "bash: y: Permission denied\n", "y\n"]
+  with open(inference.predictions_path(str(run), "model"), "w") as f:
+    for r, p in zip(recs, preds):
+      f.write(json.dumps({"key": R.record_key(r), "task": "terminal", "id": r.id,
+                          "prediction": p}) + "\n")
+  res = report.score_run(recs, str(run))
+  k = res["systems"]["model"]["kinds"]["terminal"]
+  assert (k["turns"], k["error_turns"], k["errors"], k["errors_predicted"], k["errors_found"]) == (
+      3, 2, 1, 2, 1)
+  assert (k["changing_turns"], k["read_only_turns"]) == (1, 1)
+  copy = res["systems"]["copy_previous"]["kinds"]["terminal"]
+  assert (copy["errors_predicted"], copy["errors_found"]) == (1, 0)  # repeats the error after it
+  md = report.markdown_report(res)
+  assert "| model | 100.0 / 50.0 (1/2) |" in md and "| copy_previous | 0.0 / 0.0 (1/2) |" in md

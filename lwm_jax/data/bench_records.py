@@ -27,6 +27,9 @@ from lwm_jax.data import schema
 from lwm_jax.data.jsonl import iter_jsonl
 
 OBSERVATION_HEADER = "**Environment Observation:**"
+# `extra` key of a record made from a recorded trajectory: the turn under test's `Turn.env` (the
+# error the real environment reported, whether its state changed), read by the by-kind report.
+ENV_KEY = "env"
 INT_ID = "_int_id"  # `extra` flag: the file's id was a JSON number
 _ACTION_RE = re.compile(r"^### Turn (\d+)\n\*\*Action:\*\*\n```[^\n]*\n(.*)\n```\s*$", re.S)
 
@@ -167,8 +170,11 @@ def trajectory_to_records(traj: schema.Trajectory, system_str: str,
   for t in turn_indices:
     if not 0 <= t < len(traj.turns):
       raise ValueError(f"trajectory {traj.id}: turn index {t} out of range")
-    records.append(AWBRecord(
+    rec = AWBRecord(
         task=traj.domain, id=f"{traj.id}#t{t + 1}", system_str=system_str,
         prompt=list(actions), response=list(observations), current_prompt=actions[t],
-        turn_idx=t + 1, total_turns=len(traj.turns)))
+        turn_idx=t + 1, total_turns=len(traj.turns))
+    if traj.turns[t].env is not None:  # what the real environment reported about this step
+      rec.extra[ENV_KEY] = traj.turns[t].env
+    records.append(rec)
   return records

@@ -248,82 +248,6 @@ def _table(res: Mapping[str, Any], metric: str) -> list[str]:
   return lines
 
 
-def _kinds_tables(res: Mapping[str, Any]) -> list[str]:
-  """The by-kind section (lwm_jax/eval/turn_kinds.py): loops and header leaks per turn, and on
-  screen domains the right screen over all turns and over transitions, per system and domain."""
-  systems = {n: e["kinds"] for n, e in res["systems"].items() if e.get("kinds")}
-  if not systems:
-    return []
-  doms = res["domains"]
-  lines = ["", "## By kind of turn", "",
-           "Loops: the prediction repeats one n-gram back to back until it stops (or 16 times "
-           "anywhere). Header leaks: it holds the chat rendering or a system-prompt heading. "
-           "Right screen: on screen domains, the prediction shows the screen or window the real "
-           "one shows; transitions are the turns whose real screen differs from the one before. "
-           "Percent (count of all).", ""]
-  def cell(k, num, den):
-    return f"{100.0 * k.get(num, 0) / k[den]:.1f} ({k.get(num, 0)}/{k[den]})" if k.get(den) else "-"
-  for title, num, den, only_screens in (
-      ("Loops", "loops", "turns", False), ("Header leaks", "header_leaks", "turns", False),
-      ("Right screen", "screen_right", "screen_turns", True),
-      ("Right screen on transitions", "transitions_right", "transitions", True)):
-    cols = [d for d in doms if not only_screens or any(
-        k.get(d, {}).get(den) for k in systems.values())]
-    if not cols:
-      continue
-    lines += ["", f"### {title}", "",
-              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
-    for name, kinds in systems.items():
-      lines.append(f"| {name} | " + " | ".join(cell(kinds.get(d, {}), num, den) for d in cols)
-                   + " |")
-  lines += _facts_tables(systems, doms)
-  return lines
-
-
-def _facts_tables(systems: Mapping[str, Mapping[str, Any]], doms: Sequence[str]) -> list[str]:
-  """Error turns and state-changing turns, on the turns whose record carries the environment's
-  own report (`Turn.env`); nothing when none does."""
-  lines: list[str] = []
-  rates = {n: turn_kinds.rates(k) for n, k in systems.items()}
-  any_kinds = next(iter(systems.values()))
-  def num(x):
-    return "-" if x is None else f"{x:.1f}"
-  cols = [d for d in doms if any_kinds.get(d, {}).get("error_turns")]
-  if cols:
-    lines += ["", "### Error turns", "",
-              "Truth: the error the real environment reported for the step (recorded at "
-              "collection). Recall: error turns whose prediction shows an error (the domain's "
-              "`error` rule); precision: predicted errors on turns that had one. Percent, "
-              "recall / precision (error turns of turns with the fact).", "",
-              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
-    for name, kinds in systems.items():
-      r = rates[name]
-      lines.append(f"| {name} | " + " | ".join(
-          f"{num(r[d]['error_recall'])} / {num(r[d]['error_precision'])} "
-          f"({kinds[d].get('errors', 0)}/{kinds[d]['error_turns']})" for d in cols) + " |")
-    agree = rates[next(iter(systems))]
-    lines += ["", "The rule reads the real observations as the environment reported them on: " +
-              ", ".join(f"{report_lib.display(d)} {num(agree[d]['error_rule_agrees'])}%"
-                        for d in cols) + "."]
-  cols = [d for d in doms if any_kinds.get(d, {}).get("changing_turns")
-          or any_kinds.get(d, {}).get("read_only_turns")]
-  if cols:
-    lines += ["", "### Token F1 on state-changing and read-only turns", "",
-              "Whether the real step changed the world's state (files, rows, app data), as the "
-              "environment recorded it. Token F1, state-changing / read-only (turns of each).", "",
-              "| System | " + " | ".join(report_lib.display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
-    for name, kinds in systems.items():
-      r = rates[name]
-      lines.append(f"| {name} | " + " | ".join(
-          f"{num(r[d]['changing_f1'])} / {num(r[d]['read_only_f1'])} "
-          f"({kinds[d].get('changing_turns', 0)}/{kinds[d].get('read_only_turns', 0)})"
-          for d in cols) + " |")
-  return lines
-
-
 def _sentence(text: str) -> str:
   return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
@@ -340,7 +264,7 @@ def markdown(res: Mapping[str, Any], title: str = "Free-running evaluation") -> 
            res["selection"]["describe"], _sentence(res["worlds"]["describe"])]
   for metric in FREE_METRICS:
     lines += ["", f"## {report_lib.METRIC_TITLES[metric]}", "", *_table(res, metric)]
-  lines += _kinds_tables(res)
+  lines += turn_kinds.markdown(res)
   models = [s for s in res["systems"] if s not in BASELINES]
   if models:
     lines += ["", "## Token F1 margin over copy-previous (points)", "",

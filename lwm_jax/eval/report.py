@@ -16,6 +16,7 @@ from lwm_jax import domains as domains_lib
 from lwm_jax.data.bench_records import AWBRecord
 from lwm_jax.eval import inference as A
 from lwm_jax.eval import records as R
+from lwm_jax.eval import turn_kinds
 from lwm_jax.eval.metrics import aggregate, aggregate_free
 from lwm_jax.textsim import FREE_METRICS, free_metrics
 
@@ -92,7 +93,7 @@ def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "aut
   systems: dict[str, Any] = {}
   for name in A.list_systems(out_dir, A.PRED_DIR):
     preds = A.load_predictions(A.predictions_path(out_dir, name), row_format)
-    rows, missing = [], 0
+    rows, missing, cases = [], 0, []
     for key, truth in truths.items():
       if truth is None:
         continue
@@ -100,8 +101,11 @@ def score_run(records: Iterable[AWBRecord], out_dir: str, row_format: str = "aut
         missing += 1
         continue
       rows.append({"task": by_key[key].task, **free_metrics(str(preds[key]["prediction"]), truth)})
+      cases.append(turn_kinds.case_of_record(by_key[key], key, truth))
     entry: dict[str, Any] = {"free": aggregate_free(rows), "missing_predictions": missing,
-                             "judge": None}
+                             "judge": None,
+                             "kinds": turn_kinds.turn_kinds(
+                                 cases, {c.key: str(preds[c.key]["prediction"]) for c in cases})}
     judged_file = A.judged_path(out_dir, name)
     if os.path.exists(judged_file):
       judged = [row for k, row in A.load_judged(judged_file, row_format).items() if k in by_key]
@@ -155,6 +159,7 @@ def markdown_report(results: dict[str, Any]) -> str:
     table = _table(results, metric)
     if table:
       parts += ["", f"## {METRIC_TITLES[metric]}", "", table]
+  parts += turn_kinds.markdown(results)
   overall = _overall_table(results)
   if overall:
     parts += ["", "## Judge overall, two ways", "",

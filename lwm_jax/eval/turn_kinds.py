@@ -34,12 +34,14 @@ is a loop or a leak: tests/test_turn_kinds.py), so a flagged prediction is the m
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from lwm_jax import domains, textsim
 from lwm_jax.data import prompts
-from lwm_jax.data.bench_records import OBSERVATION_HEADER
+from lwm_jax.data.bench_records import ENV_KEY, OBSERVATION_HEADER
+from lwm_jax.eval import records
 from lwm_jax.data.reply import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, THINK_OPEN
 
 # A loop: a unit of 1..LOOP_MAX_UNIT tokens, at least one of them a word, repeated back to back
@@ -115,6 +117,26 @@ def screen_reader(domain: str) -> Callable[[str], str | None] | None:
   """The domain's `screen(observation) -> title or None` reader, or None when it has none."""
   d = domains.get_domain(domain)
   return d.load("screen") if d.screen else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """What `turn_kinds` reads of one scored turn (free_running.Case has the same fields)."""
+  key: str
+  domain: str
+  truth: str
+  previous: str
+  error: str | None = None       # the error the environment reported ("" none; None: not recorded)
+  changed: bool | None = None    # whether the step changed the world's state (None: not recorded)
+
+
+def case_of_record(rec: Any, key: str, truth: str) -> Case:
+  """The `Case` of a benchmark record: its domain, the observation before the action, and the
+  environment facts a record made from a recorded trajectory carries (`bench_records.ENV_KEY`)."""
+  facts = rec.extra.get(ENV_KEY) if isinstance(rec.extra.get(ENV_KEY), dict) else {}
+  return Case(key=key, domain=records.domain(rec), truth=truth,
+              previous=records.previous_observation(rec), error=facts.get("error"),
+              changed=facts.get("changed"))
 
 
 def error_reader(domain: str) -> Callable[[str], str] | None:
@@ -199,3 +221,85 @@ def flagged_real(observations: Iterable[tuple[str, str]]) -> list[tuple[str, str
     if leak:
       bad.append((where, "header_leak", leak))
   return bad
+
+
+def _display(domain: str) -> str:
+  return domains.get_domain(domain).display if domains.is_domain(domain) else domain
+
+
+def markdown(res: Mapping[str, Any]) -> list[str]:
+  """The report's section "By kind of turn" (lines), from `res["systems"][name]["kinds"]` and
+  `res["domains"]` (the free-running results and the benchmark scores share that shape): loops and
+  header leaks per turn, the right screen over all turns and over transitions on screen domains,
+  and on turns with recorded facts the error and state-change tables; nothing without kinds."""
+  systems = {n: e["kinds"] for n, e in res["systems"].items() if e.get("kinds")}
+  if not systems:
+    return []
+  doms = res["domains"]
+  lines = ["", "## By kind of turn", "",
+           "Loops: the prediction repeats one n-gram back to back until it stops (or 16 times "
+           "anywhere). Header leaks: it holds the chat rendering or a system-prompt heading. "
+           "Right screen: on screen domains, the prediction shows the screen or window the real "
+           "one shows; transitions are the turns whose real screen differs from the one before. "
+           "Percent (count of all).", ""]
+  def cell(k, num, den):
+    return f"{100.0 * k.get(num, 0) / k[den]:.1f} ({k.get(num, 0)}/{k[den]})" if k.get(den) else "-"
+  for title, num, den, only_screens in (
+      ("Loops", "loops", "turns", False), ("Header leaks", "header_leaks", "turns", False),
+      ("Right screen", "screen_right", "screen_turns", True),
+      ("Right screen on transitions", "transitions_right", "transitions", True)):
+    cols = [d for d in doms if not only_screens or any(
+        k.get(d, {}).get(den) for k in systems.values())]
+    if not cols:
+      continue
+    lines += ["", f"### {title}", "",
+              "| System | " + " | ".join(_display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      lines.append(f"| {name} | " + " | ".join(cell(kinds.get(d, {}), num, den) for d in cols)
+                   + " |")
+  lines += _facts_markdown(systems, doms)
+  return lines
+
+
+def _facts_markdown(systems: Mapping[str, Mapping[str, Any]], doms: Sequence[str]) -> list[str]:
+  """Error turns and state-changing turns, on the turns whose record carries the environment's
+  own report (`Turn.env`); nothing when none does."""
+  lines: list[str] = []
+  by_rates = {n: rates(k) for n, k in systems.items()}
+  any_kinds = next(iter(systems.values()))
+  def num(x):
+    return "-" if x is None else f"{x:.1f}"
+  cols = [d for d in doms if any_kinds.get(d, {}).get("error_turns")]
+  if cols:
+    lines += ["", "### Error turns", "",
+              "Truth: the error the real environment reported for the step (recorded at "
+              "collection). Recall: error turns whose prediction shows an error (the domain's "
+              "`error` rule); precision: predicted errors on turns that had one. Percent, "
+              "recall / precision (error turns of turns with the fact).", "",
+              "| System | " + " | ".join(_display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      r = by_rates[name]
+      lines.append(f"| {name} | " + " | ".join(
+          f"{num(r[d]['error_recall'])} / {num(r[d]['error_precision'])} "
+          f"({kinds[d].get('errors', 0)}/{kinds[d]['error_turns']})" for d in cols) + " |")
+    agree = by_rates[next(iter(systems))]
+    lines += ["", "The rule reads the real observations as the environment reported them on: " +
+              ", ".join(f"{_display(d)} {num(agree[d]['error_rule_agrees'])}%"
+                        for d in cols) + "."]
+  cols = [d for d in doms if any_kinds.get(d, {}).get("changing_turns")
+          or any_kinds.get(d, {}).get("read_only_turns")]
+  if cols:
+    lines += ["", "### Token F1 on state-changing and read-only turns", "",
+              "Whether the real step changed the world's state (files, rows, app data), as the "
+              "environment recorded it. Token F1, state-changing / read-only (turns of each).", "",
+              "| System | " + " | ".join(_display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      r = by_rates[name]
+      lines.append(f"| {name} | " + " | ".join(
+          f"{num(r[d]['changing_f1'])} / {num(r[d]['read_only_f1'])} "
+          f"({kinds[d].get('changing_turns', 0)}/{kinds[d].get('read_only_turns', 0)})"
+          for d in cols) + " |")
+  return lines
