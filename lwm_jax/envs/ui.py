@@ -99,15 +99,33 @@ class UiEnv(base.Env):
     raise ValueError(f"unsupported action {name}")
 
   def step(self, action: str) -> str:
+    """Runs one action. `step_error` is "invalid action: <reason>" when it could not be parsed or
+    dispatched (the screen then shows the reason on an `Error:` line), else what a handler
+    reported through `refuse` during the step, else ""."""
     self.steps += 1
+    self.step_error = ""
     if not hasattr(self, "widgets"):
       self.current()
     try:
       name, kw = base.parse_call(action, self.signatures)
       self.dispatch(name, kw)
     except (ValueError, TypeError) as e:
+      self.step_error = f"invalid action: {e}"
       return f"Error: {e}\n" + self.current()
     return self.current()
+
+  def refuse(self, reason: str) -> None:
+    """Called by a handler whose app turned the action down (a validation message, a failed
+    file operation): the step's `step_error`."""
+    self.step_error = reason
+
+
+def action_error(observation: str) -> str:
+  """`invalid action: <reason>` when an observation opens with the `Error:` line that
+  `UiEnv.step` writes for an action it could not parse or dispatch, else ""."""
+  if not observation.startswith("Error: "):
+    return ""
+  return "invalid action: " + observation.split("\n", 1)[0].removeprefix("Error: ")
 
 
 def find(obs: str, text: str, cls: str = "") -> int | None:

@@ -69,7 +69,30 @@ def generate_world(seed: int) -> dict[str, Any]:
           "settings": {**switches, "brightness": rng.choice([20, 30, 40, 50, 60, 70, 80])}}
 
 
+# -- form validation: the message a form's Save shows for its fields, "" when they are valid ---------
+def contact_problem(d: dict[str, str]) -> str:
+  if not d["Name"].strip():
+    return "Name is required"
+  if not re.fullmatch(r"\+?[\d ]{7,}", d["Phone"]):
+    return "Invalid phone number"
+  return ""
+
+
+def alarm_problem(d: dict[str, str]) -> str:
+  if not (d["Hour"].isdigit() and int(d["Hour"]) < 24 and d["Minute"].isdigit() and int(d["Minute"]) < 60):
+    return "Enter an hour 0-23 and a minute 0-59"
+  return ""
+
+
+def note_problem(d: dict[str, str]) -> str:
+  return "" if d["Title"].strip() else "A note needs a title"
+
+
+FORMS = {"Contacts:edit": contact_problem, "Clock:edit": alarm_problem, "Notes:edit": note_problem}
+
 _SCREEN_RE = re.compile(r'<hierarchy package="[^"]*" screen="([^"]*)"')
+_ERROR_NODE_RE = re.compile(r'<node class="android.widget.TextView" text="([^"]*)" resource-id="error" />')
+_FIELD_RE = re.compile(r'<node class="android.widget.EditText" id="\d+" (?:text="([^"]*)" )?hint="([^"]*)"')
 
 
 def screen(observation: str) -> str | None:
@@ -77,6 +100,28 @@ def screen(observation: str) -> str | None:
   None when the text holds no hierarchy header."""
   m = _SCREEN_RE.search(observation)
   return m.group(1) if m else None
+
+
+def error(observation: str) -> str:
+  """The error an observation shows (what `AndroidEnv.step` sets as `step_error`): the `Error:`
+  line of an invalid action, or a form's validation message. A form keeps its message on screen
+  while the fields are edited, so the message counts only while the fields shown still fail with
+  it (the form's own check run on them): once an edit has fixed what it names it is left over
+  from an earlier Save, not this step's error. (An edit that leaves the same problem, such as
+  typing a name under "Invalid phone number", still reads as the error: one screen cannot tell.)"""
+  err = ui.action_error(observation)
+  if err:
+    return err
+  m = _ERROR_NODE_RE.search(observation)
+  check = FORMS.get(screen(observation) or "")
+  if m is None or check is None:
+    return ""
+  fields = {hint: text for text, hint in _FIELD_RE.findall(observation)}
+  try:
+    still = check(fields) == m.group(1)
+  except (KeyError, ValueError):  # fields it cannot read back: take the message as shown
+    still = True
+  return f"form: {m.group(1)}" if still else ""
 
 
 class AndroidEnv(ui.UiEnv):
@@ -107,6 +152,11 @@ class AndroidEnv(ui.UiEnv):
     g = self._set_goal(TASKS, goal, switch="off" if self.settings[goal["toggle"]] else "on")
     self.error = ""
     return self._ready(g["text"], ACTION_SPACE, self.current())
+
+  def state_digest(self) -> str:
+    """The phone's app data: contacts, alarms, notes and settings (not the screen shown, a form's
+    unsaved fields or the clock)."""
+    return base.canonical_digest({k: self.world[k] for k in ("contacts", "alarms", "notes", "settings")})
 
   def screen_state(self, observation: str) -> str:
     return re.sub(r"\b\d\d:\d\d(\s+Wi-Fi)", r"\1", re.sub(r' time="[^"]*"', "", observation))
@@ -193,6 +243,14 @@ class AndroidEnv(ui.UiEnv):
     self.contacts.remove(c)
     self.pop()
 
+  def _invalid(self, p: dict[str, Any], problem: str) -> bool:
+    """Shows a form's validation message (it stays until the next Save) and reports it as the
+    step's error; False when there is none."""
+    if problem:
+      p["error"] = problem
+      self.refuse(f"form: {problem}")
+    return bool(problem)
+
   def _form(self, w: list[Widget], draft: dict[str, str], save: Any, p: dict[str, Any]) -> None:
     for field in draft:
       w.append(Widget("android.widget.EditText", draft[field], 1, on_type=lambda t, f=field: draft.__setitem__(f, t),
@@ -206,11 +264,7 @@ class AndroidEnv(ui.UiEnv):
     d = p["draft"]
 
     def save() -> None:
-      if not d["Name"].strip():
-        p["error"] = "Name is required"
-      elif not re.fullmatch(r"\+?[\d ]{7,}", d["Phone"]):
-        p["error"] = "Invalid phone number"
-      else:
+      if not self._invalid(p, contact_problem(d)):
         self.contacts.append({"name": d["Name"].strip(), "phone": d["Phone"], "favourite": False})
         self.contacts.sort(key=lambda c: c["name"])
         self.pop()
@@ -230,8 +284,7 @@ class AndroidEnv(ui.UiEnv):
     d = p["draft"]
 
     def save() -> None:
-      if not (d["Hour"].isdigit() and int(d["Hour"]) < 24 and d["Minute"].isdigit() and int(d["Minute"]) < 60):
-        p["error"] = "Enter an hour 0-23 and a minute 0-59"
+      if self._invalid(p, alarm_problem(d)):
         return
       self.alarms.append({"time": f"{int(d['Hour']):02d}:{int(d['Minute']):02d}", "label": d["Label"] or "Alarm", "on": True})
       self.alarms.sort(key=lambda a: a["time"])
@@ -265,8 +318,7 @@ class AndroidEnv(ui.UiEnv):
     d = p["draft"]
 
     def save() -> None:
-      if not d["Title"].strip():
-        p["error"] = "A note needs a title"
+      if self._invalid(p, note_problem(d)):
         return
       self.notes.append({"title": d["Title"], "body": d["Body"]})
       self.pop()

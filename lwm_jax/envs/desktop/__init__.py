@@ -12,7 +12,7 @@ DOMAIN = domains.register_domain(domains.Domain(
     world="lwm_jax.envs.desktop.env:generate_world",
     verifier="lwm_jax.envs.desktop.verify:check",
     transcript_verifier="lwm_jax.envs.desktop.verify:check_transcript",
-    screen="lwm_jax.envs.desktop.env:screen",
+    screen="lwm_jax.envs.desktop.env:screen", error="lwm_jax.envs.desktop.env:error",
     prompt=text.PROMPT, guidance=text.GUIDANCE, agent_world=text.AGENT_WORLD,
     judge_guidance=text.JUDGE_GUIDANCE,
     content="tree", gui=True, tool_calls=False))

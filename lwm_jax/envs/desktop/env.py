@@ -9,6 +9,7 @@ screen is rendered as a UI tree with numbered interactive elements. Actions: `cl
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -33,6 +34,8 @@ TASKS = {"edit": "Open ~/{file} in the editor, add the line '{line}' and save it
          "delete": "Delete ~/{file}.",
          "theme": "Switch the desktop theme to {theme} and lower the volume."}
 MAX_NAME_BYTES = 255  # the longest file name Linux file systems accept
+# How the apps' failure messages begin (`DesktopEnv._fail`); the `error` reader knows them by it.
+FAILURES = ("Nothing to save", "No application can open", "Invalid name", "A file named", "Cannot rename")
 
 # -- the generated home directory ----------------------------------------------------------------------
 _USERS = ["sam", "ana", "lee", "maria", "tomek", "ines", "kwame", "yuki", "oliver", "priya", "noor", "jonas",
@@ -130,6 +133,24 @@ def screen(observation: str) -> str | None:
   return m.group(2) or m.group(1).removeprefix("*")
 
 
+_FAILURE_RE = re.compile(r'^  statusbar "((?:%s)[^\n]*)"$' % "|".join(map(re.escape, FAILURES)), re.M)
+_APP_RE = re.compile(r'^window ".*" app=(.+) \(1 of \d+ windows\)$', re.M)
+
+
+def error(observation: str) -> str:
+  """The error an observation shows (what `DesktopEnv.step` sets as `step_error`): the `Error:`
+  line of an invalid action, or "<app>: <message>" when the window's status bar reports a
+  failure (a status bar shows the message of the step that set it only)."""
+  err = ui.action_error(observation)
+  if err:
+    return err
+  m = _FAILURE_RE.search(observation)
+  if m is None:
+    return ""
+  app = _APP_RE.search(observation)
+  return f"{app.group(1) if app else '?'}: {m.group(1)}"
+
+
 class DesktopEnv(ui.UiEnv):
   domain = "os"
   style = "desktop"
@@ -176,6 +197,21 @@ class DesktopEnv(ui.UiEnv):
   def close(self) -> None:
     self._remove_dir()
 
+  def state_digest(self) -> str | None:
+    """The sandbox's files (home and trash: each path with the hash of its bytes, or a folder) and
+    the settings; not the windows open, the selection or an editor's unsaved text."""
+    if not self.sandbox:
+      return None
+    tree: dict[str, str] = {}
+    for root, dirs, files in os.walk(self.sandbox):
+      rel = os.path.relpath(root, self.sandbox)
+      for d in dirs:
+        tree[os.path.join(rel, d)] = "folder"
+      for f in files:
+        with open(os.path.join(root, f), "rb") as fh:
+          tree[os.path.join(rel, f)] = hashlib.sha256(fh.read()).hexdigest()
+    return base.canonical_digest({"files": tree, "settings": self.settings})
+
   def shown(self, path: str) -> str:
     return self.home_shown + path[len(self.home):]
 
@@ -201,9 +237,15 @@ class DesktopEnv(ui.UiEnv):
     else:
       raise ValueError(f"unsupported action {name}")
 
+  def _fail(self, win: dict[str, Any], msg: str) -> None:
+    """Shows an app's failure message in its status bar and reports it as the step's error."""
+    assert msg.startswith(FAILURES), msg
+    win["msg"] = msg
+    self.refuse(f"{win['app']}: {msg}")
+
   def _save(self, win: dict[str, Any]) -> None:
     if win["path"] is None:
-      win["msg"] = "Nothing to save: no file is open"
+      self._fail(win, "Nothing to save: no file is open")
       return
     with open(win["path"], "w") as f:
       f.write(win["text"])
@@ -218,23 +260,23 @@ class DesktopEnv(ui.UiEnv):
       text = open(path).read()
       self.windows.append({"app": "Text Editor", "path": path, "text": text, "saved": text, "msg": ""})
     else:
-      win["msg"] = f"No application can open {name}"
+      self._fail(win, f"No application can open {name}")
 
   def _rename(self, win: dict[str, Any]) -> None:
     new = win["rename"].strip()
     old = os.path.join(win["cwd"], win["sel"])
     if not new or "/" in new or "\0" in new or new in (".", ".."):
-      win["msg"] = f"Invalid name {new!r}"
+      self._fail(win, f"Invalid name {new!r}")
     elif len(os.fsencode(new)) > MAX_NAME_BYTES:
-      win["msg"] = f"Invalid name: {len(os.fsencode(new))} bytes long (at most {MAX_NAME_BYTES})"
+      self._fail(win, f"Invalid name: {len(os.fsencode(new))} bytes long (at most {MAX_NAME_BYTES})")
     elif os.path.exists(os.path.join(win["cwd"], new)):
-      win["msg"] = f"A file named {new} already exists"
+      self._fail(win, f"A file named {new} already exists")
     else:
       try:
         os.rename(old, os.path.join(win["cwd"], new))
         win["sel"], win["msg"] = new, f"Renamed to {new}"
       except OSError as e:  # what a file manager shows when the file system says no
-        win["msg"] = f"Cannot rename {win['sel']}: {e.strerror}"
+        self._fail(win, f"Cannot rename {win['sel']}: {e.strerror}")
     win["rename"] = None
 
   def _delete(self, win: dict[str, Any]) -> None:

@@ -125,12 +125,26 @@ class ShopState:
     self.faults: Any = None  # an envs.perturb.Faults when the episode is perturbed
 
 
-def _page(title: str, body: str, user: str | None, notice: str = "") -> str:
-  """A whole HTML page with the site's navigation."""
+# The notices with which the shop turns a request down. The page marks them as errors (class
+# "error" on the notice), which the web env reports as the step's error; its `error` reader
+# knows them by these templates.
+REFUSALS = {"login": "Invalid username or password.", "address": "Please enter a full delivery address.",
+            "stock": "Only {stock} of {name} in stock.", "product": "Unknown product.",
+            "empty_cart": "Your cart is empty."}
+
+
+def _note(session: dict[str, Any], text: str, refused: bool = False) -> None:
+  """Keeps a notice for the next page the session is shown (a refusal when `refused`)."""
+  session["notice"], session["refused"] = text, refused
+
+
+def _page(title: str, body: str, user: str | None, notice: str = "", refused: bool = False) -> str:
+  """A whole HTML page with the site's navigation; a refusal notice is marked as an error."""
   nav = ('<nav><a href="/">Home</a> <a href="/products">Products</a> <a href="/cart">Cart</a> '
          + (f'<a href="/account">Account ({html.escape(user)})</a> <a href="/logout">Log out</a>'
             if user else '<a href="/login">Log in</a>') + "</nav>")
-  note = f'<p role="alert">{html.escape(notice)}</p>' if notice else ""
+  mark = ' class="error"' if refused else ""
+  note = f'<p role="alert"{mark}>{html.escape(notice)}</p>' if notice else ""
   return (f"<!doctype html><html><head><title>{html.escape(title)} - Shop</title></head><body>"
           f"{nav}{note}<main><h1>{html.escape(title)}</h1>{body}</main></body></html>")
 
@@ -189,7 +203,7 @@ def make_handler(state: ShopState) -> type:
       url = urllib.parse.urlsplit(self.path)
       q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
       user = s["user"]
-      notice = s.pop("notice", "")
+      notice, refused = s.pop("notice", ""), s.pop("refused", False)
       p = url.path
       if p == "/":
         featured = sorted((x for x in state.products if x["stock"]), key=lambda x: (-len(x["reviews"]), x["id"]))[:3]
@@ -202,7 +216,7 @@ def make_handler(state: ShopState) -> type:
                 "<h2>Featured</h2><ul>" + "".join(
                     f'<li><a href="/product/{x["id"]}">{html.escape(x["name"])}</a> ${x["price"]:.2f}</li>'
                     for x in featured) + "</ul>")
-        return self._send(200, _page("Home", body, user, notice), sid)
+        return self._send(200, _page("Home", body, user, notice, refused), sid)
       if p == "/products":
         items = state.products
         cat, term = q.get("category", "all"), q.get("q", "").strip().lower()
@@ -234,7 +248,7 @@ def make_handler(state: ShopState) -> type:
           body += f'<a href="/products?{base_q}&page={page - 1}">Previous page</a>'
         if page < pages:
           body += f'<a href="/products?{base_q}&page={page + 1}">Next page</a>'
-        return self._send(200, _page("Products", body, user, notice), sid)
+        return self._send(200, _page("Products", body, user, notice, refused), sid)
       if p.startswith("/product/"):
         x = next((x for x in state.products if f"/product/{x['id']}" == p), None)
         if x is None:
@@ -250,14 +264,14 @@ def make_handler(state: ShopState) -> type:
                 f'<input type="hidden" name="product" value="{x["id"]}"><label for="qty">Quantity</label>'
                 f'<select id="qty" name="qty">{opts}</select><button type="submit">Add to cart</button></form>'
                 + rating)
-        return self._send(200, _page(x["name"], body, user, notice), sid)
+        return self._send(200, _page(x["name"], body, user, notice, refused), sid)
       if p == "/cart/add" and method == "POST":
         x = next((x for x in state.products if str(x["id"]) == form.get("product")), None)
         qty = int(form.get("qty", "1")) if form.get("qty", "1").isdigit() else 1
         if x is None:
-          s["notice"] = "Unknown product."
+          _note(s, REFUSALS["product"], refused=True)
         elif qty + s["cart"].get(x["id"], 0) > x["stock"]:
-          s["notice"] = f"Only {x['stock']} of {x['name']} in stock."
+          _note(s, REFUSALS["stock"].format(stock=x["stock"], name=x["name"]), refused=True)
           return self._send(303, "", sid, f"/product/{x['id']}")
         elif state.faults and state.faults.opts.get("partial_rate"):
           with state.lock:
@@ -266,7 +280,7 @@ def make_handler(state: ShopState) -> type:
           if ok:
             s["cart"][x["id"]] = s["cart"].get(x["id"], 0) + ok
           if not any(failed):
-            s["notice"] = f"Added {qty} x {x['name']} to the cart."
+            _note(s, f"Added {qty} x {x['name']} to the cart.")
           else:  # a partial failure: a real error page naming what was added and what failed
             rows = "".join(f"<li>Unit {k} of {html.escape(x['name'])}: "
                            + ("failed (reservation error)" if bad else "added") + "</li>"
@@ -276,7 +290,7 @@ def make_handler(state: ShopState) -> type:
             return self._send(409, _page("Partially added", body, user), sid)
         else:
           s["cart"][x["id"]] = s["cart"].get(x["id"], 0) + qty
-          s["notice"] = f"Added {qty} x {x['name']} to the cart."
+          _note(s, f"Added {qty} x {x['name']} to the cart.")
         return self._send(303, "", sid, "/cart")
       if p == "/cart":
         rows, total = "", 0.0
@@ -288,39 +302,39 @@ def make_handler(state: ShopState) -> type:
                    f'value="{pid}"><button type="submit">Remove {html.escape(x["name"])}</button></form></li>')
         body = (f"<ul>{rows}</ul><p>Total: ${total:.2f}</p>"
                 + ('<a href="/checkout">Checkout</a>' if rows else "<p>Your cart is empty.</p>"))
-        return self._send(200, _page("Cart", body, user, notice), sid)
+        return self._send(200, _page("Cart", body, user, notice, refused), sid)
       if p == "/cart/remove" and method == "POST":
         s["cart"].pop(int(form.get("product", "0") or 0), None)
-        s["notice"] = "Item removed."
+        _note(s, "Item removed.")
         return self._send(303, "", sid, "/cart")
       if p == "/login":
         if method == "POST":
           name, pw = form.get("username", ""), form.get("password", "")
           if state.users.get(name) == pw and pw:
             s["user"] = name
-            s["notice"] = f"Signed in as {name}."
+            _note(s, f"Signed in as {name}.")
             return self._send(303, "", sid, q.get("next", "/"))
-          notice = "Invalid username or password."
+          notice, refused = REFUSALS["login"], True
         nxt = urllib.parse.quote(q.get("next", "/"))
         body = (f'<form action="/login?next={nxt}" method="post"><label for="u">Username</label>'
                 '<input id="u" name="username" type="text"><label for="pw">Password</label>'
                 '<input id="pw" name="password" type="password"><button type="submit">Sign in</button></form>')
-        return self._send(200, _page("Log in", body, user, notice), sid)
+        return self._send(200, _page("Log in", body, user, notice, refused), sid)
       if p == "/logout":
         s["user"] = None
-        s["notice"] = "Signed out."
+        _note(s, "Signed out.")
         return self._send(303, "", sid, "/")
       if p == "/checkout":
         if not user:
-          s["notice"] = "Please sign in to check out."
+          _note(s, "Please sign in to check out.")
           return self._send(303, "", sid, "/login?next=/checkout")
         if not s["cart"]:
-          s["notice"] = "Your cart is empty."
+          _note(s, REFUSALS["empty_cart"], refused=True)
           return self._send(303, "", sid, "/cart")
         if method == "POST":
           addr = form.get("address", "").strip()
           if len(addr) < 5:
-            notice = "Please enter a full delivery address."
+            notice, refused = REFUSALS["address"], True
           else:
             with state.lock:
               oid = max((o["id"] for o in state.orders), default=1000) + 1
@@ -329,14 +343,14 @@ def make_handler(state: ShopState) -> type:
               for pid, qty in s["cart"].items():
                 state.products[pid - 1]["stock"] -= qty
             s["cart"] = {}
-            s["notice"] = f"Order #{oid} placed."
+            _note(s, f"Order #{oid} placed.")
             return self._send(303, "", sid, "/account")
         body = ('<form action="/checkout" method="post"><label for="addr">Delivery address</label>'
                 '<input id="addr" name="address" type="text"><label for="ship">Shipping</label>'
                 '<select id="ship" name="shipping"><option value="standard">standard</option>'
                 '<option value="express">express</option></select>'
                 '<button type="submit">Place order</button></form>')
-        return self._send(200, _page("Checkout", body, user, notice), sid)
+        return self._send(200, _page("Checkout", body, user, notice, refused), sid)
       if p == "/account":
         if not user:
           return self._send(303, "", sid, "/login?next=/account")
@@ -345,7 +359,7 @@ def make_handler(state: ShopState) -> type:
             f'<li>Order #{o["id"]}: {sum(o["cart"].values())} item(s) ('
             + ", ".join(f'{html.escape(state.products[pid - 1]["name"])} x {q}' for pid, q in o["cart"].items())
             + f'), {o["shipping"]} to {html.escape(o["address"])}</li>' for o in mine) + "</ul>" + ("" if mine else "<p>No orders yet.</p>")
-        return self._send(200, _page("Account", body, user, notice), sid)
+        return self._send(200, _page("Account", body, user, notice, refused), sid)
       return self._send(404, _page("Not found", f"<p>The page {html.escape(p)} does not exist.</p>", user), sid)
 
   return Handler

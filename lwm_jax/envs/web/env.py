@@ -144,6 +144,34 @@ def screen(observation: str) -> str | None:
   return m.group(1) if m else None
 
 
+_STATUS_RE = re.compile(r'^Page "[^\n]*" at \S+ \[HTTP (\d+)\]$', re.M)
+_REFUSAL_RE = re.compile(r'^alert "(%s)"$' % "|".join(
+    ".+".join(map(re.escape, re.split(r"\{\w+\}", t))) for t in web_app.REFUSALS.values()), re.M)
+_TEXTBOX_RE = re.compile(r'^\s*\[\d+\] textbox "[^"\n]*" value="([^\n]*)"$', re.M)
+_COMBOBOX_RE = re.compile(r'^\s*\[\d+\] combobox "[^"\n]*" value="([^\n]*)" options=\[([^\n]*)\]$', re.M)
+
+
+def error(observation: str) -> str:
+  """The error an observation shows (what `WebEnv.step` sets as `step_error`): the `Error:` line
+  of an invalid action, an HTTP error status, or a refusal notice of the shop (`REFUSALS`). The
+  shop sends a refused form back empty, and the page keeps its notice while the agent fills the
+  form in, so a refusal counts only while the page's fields are as the shop sent them (no text
+  typed, every combobox on its first option): after an edit it is left over from the last
+  request, not this step's error. (A refusal notice held back by an error page and shown later
+  on a page the shop fills in itself, a search with its term, would read as no error.)"""
+  if observation.startswith("Error: "):
+    return "invalid action: " + observation.split("\n", 1)[0].removeprefix("Error: ")
+  m = _STATUS_RE.search(observation)
+  if m and int(m.group(1)) >= 400:
+    return f"HTTP {m.group(1)}"
+  m = _REFUSAL_RE.search(observation)
+  if m is None:
+    return ""
+  edited = any(_TEXTBOX_RE.findall(observation)) or any(
+      value != options.split(", ")[0] for value, options in _COMBOBOX_RE.findall(observation))
+  return "" if edited else f"refused: {m.group(1)}"
+
+
 class WebEnv(Perturbable, base.Env):
   domain = "web"
 
@@ -174,6 +202,7 @@ class WebEnv(Perturbable, base.Env):
       self.status = resp.status
       self.url = url
       self._load(text)
+      self.step_error = self._page_error()
       return
     raise RuntimeError("too many redirects")
 
@@ -196,6 +225,16 @@ class WebEnv(Perturbable, base.Env):
       if n["role"] in ("link", "button", "textbox", "combobox"):
         n["id"] = len(self.elements) + 1
         self.elements[n["id"]] = n
+
+  def _page_error(self) -> str:
+    """What the page just loaded reports: "HTTP <status>" for an error status, "refused: <notice>"
+    when the shop marked its notice as an error (a refusal, `web_app.REFUSALS`), else ""."""
+    if self.status >= 400:
+      return f"HTTP {self.status}"
+    for n in self.nodes:
+      if n["role"] == "alert" and "error" in n["attrs"].get("class", "").split():
+        return f"refused: {n['name']}"
+    return ""
 
   def render(self) -> str:
     status = "" if self.status == 200 else f" [HTTP {self.status}]"
@@ -252,12 +291,25 @@ class WebEnv(Perturbable, base.Env):
     if self.server is None:
       raise RuntimeError("call reset(seed) before step()")
     self.steps += 1
+    self.step_error = ""  # a request of the step sets it from the page it got (`_page_error`)
     try:
       name, kw = base.parse_call(action, SIGNATURES)
       getattr(self, "_do_" + name)(**kw)
     except (ValueError, TypeError) as e:
+      self.step_error = f"invalid action: {e}"
       return f"Error: {e}\n" + self.render()
     return self.render()
+
+  def state_digest(self) -> str | None:
+    """The shop's state an agent can change: its orders, each product's stock, and each session's
+    sign-in and cart (not the page shown, the browser's history or a pending notice)."""
+    if self.server is None:
+      return None
+    st = self.server.state
+    with st.lock:
+      return base.canonical_digest({
+          "orders": st.orders, "stock": [x["stock"] for x in st.products],
+          "sessions": {sid: {"user": x["user"], "cart": x["cart"]} for sid, x in st.sessions.items()}})
 
   def _element(self, id: Any) -> dict[str, Any]:
     if not isinstance(id, int) or id not in self.elements:
