@@ -157,3 +157,33 @@ def test_reply_prefix_is_written_before_generation_and_kept_in_the_raw_reply():
     assert ids == sampler.encode_prompt(c.messages) + [9] * len(header)
   raw = preds["terminal:term-1:3"]
   assert raw["raw"] == header + "3 x" and raw["prediction"] == "3 x"
+
+
+def test_the_simulators_loop_guard_is_scored_beside_the_greedy_replies():
+  """With a loop guard, the greedy prediction stays and `guarded` is what the guarded simulator
+  would show: a loop cut to one copy of its unit, or drawn again (at a temperature)."""
+  loop = "x y" + " y" * 12
+
+  class Looping(FakeSampler):
+    def generate(self, chats, params):
+      self.batches.append(params)
+      if isinstance(params, list):  # the guard's redraw, at a temperature
+        assert all(p.temperature > 0 for p in params)
+        return [types.SimpleNamespace(text="x y", finish_reason="stop") for _ in chats]
+      return [types.SimpleNamespace(text=loop if ACTIONS[c[-1]["content"]] == "cat f" else "3 x",
+                                    finish_reason="length") for c in chats]
+
+  sel = F.select_cases([TERM])
+  preds, stats = F.generate(Looping(), sel.cases, max_new_tokens=16, loop_guard="cut")
+  got = preds["terminal:term-1:2"]
+  assert got["prediction"] == loop and got["guarded"] == "x y"
+  assert got["loop_guard"] == {"looped": True, "resamples": 0, "cut": True}
+  assert preds["terminal:term-1:1"]["guarded"] == "3 x"
+  assert (stats.looped, stats.loop_resamples, stats.loops_cut) == (1, 0, 1)
+  sampler = Looping()
+  preds, stats = F.generate(sampler, sel.cases, max_new_tokens=16, loop_guard="resample")
+  assert preds["terminal:term-1:2"]["guarded"] == "x y"
+  assert (stats.looped, stats.loop_resamples, stats.loops_cut) == (1, 1, 0)
+  assert len(sampler.batches) == 2 and sampler.batches[1][0].temperature > 0
+  with pytest.raises(ValueError, match="loop_guard"):
+    F.generate(Looping(), sel.cases, loop_guard="maybe")

@@ -85,3 +85,63 @@ def test_an_observation_written_behind_the_history_header_is_returned_without_it
   env.step("cat a")
   second = wm.prompts[1][-2]["content"]
   assert second == awb.format_observation("out-1")
+
+
+class LoopingWorldModel:
+  """Replies with a loop to the end for the first `loops` draws of each prompt, then plainly;
+  records the params of every draw."""
+
+  LOOP = "from stdplus.numeric import clamp" + ", mean" * 10
+
+  def __init__(self, loops):
+    self.loops, self.draws = loops, []
+
+  def generate(self, prompts_, params):
+    params = params if isinstance(params, list) else [params] * len(prompts_)
+    self.draws.append(list(params))
+    text = self.LOOP if len(self.draws) <= self.loops else "from stdplus.numeric import clamp"
+    return [Generation(text=text, token_ids=[], logprobs=[], finish_reason="length")
+            for _ in prompts_]
+
+
+def test_loop_guard_off_cut_and_resample():
+  import pytest
+  from lwm_jax.eval import turn_kinds
+  from lwm_jax.sim import env as sim_env
+  world = World.from_trajectory(_traj())
+  assert turn_kinds.is_loop(LoopingWorldModel.LOOP)
+  # off: the loop is the observation; nothing in info
+  r = SimulatedEnv(LoopingWorldModel(9), world)
+  r.reset(1)
+  res = r.step_result("ls")
+  assert res.observation == LoopingWorldModel.LOOP and "loop_guard" not in res.info
+  # cut: one copy of the repeated unit is kept
+  e = SimulatedEnv(LoopingWorldModel(9), world, loop_guard="cut")
+  e.reset(1)
+  res = e.step_result("ls")
+  assert res.observation == "from stdplus.numeric import clamp, mean"
+  assert res.info["loop_guard"] == {"looped": True, "resamples": 0, "cut": True}
+  # resample: drawn again at a temperature, a different seed each round; the second draw is fine
+  wm = LoopingWorldModel(1)
+  e = SimulatedEnv(wm, world, loop_guard="resample")
+  e.reset(1)
+  res = e.step_result("ls")
+  assert res.observation == "from stdplus.numeric import clamp"
+  assert res.info["loop_guard"] == {"looped": True, "resamples": 1, "cut": False}
+  first, again = wm.draws[0][0], wm.draws[1][0]
+  assert again.temperature == sim_env.LOOP_RESAMPLE_TEMPERATURE and again.seed != first.seed
+  # resample that keeps looping: LOOP_RESAMPLES more draws, then cut
+  wm = LoopingWorldModel(99)
+  e = SimulatedEnv(wm, world, loop_guard="resample")
+  e.reset(1)
+  res = e.step_result("ls")
+  assert len(wm.draws) == 1 + sim_env.LOOP_RESAMPLES
+  assert res.info["loop_guard"] == {"looped": True, "resamples": sim_env.LOOP_RESAMPLES,
+                                    "cut": True}
+  # a step that does not loop is counted as such
+  res = SimulatedEnv(LoopingWorldModel(0), world, loop_guard="resample")
+  res.reset(1)
+  assert res.step_result("ls").info["loop_guard"] == {"looped": False, "resamples": 0,
+                                                      "cut": False}
+  with pytest.raises(ValueError, match="loop_guard"):
+    SimulatedEnv(wm, world, loop_guard="sometimes")

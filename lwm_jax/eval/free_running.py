@@ -117,6 +117,10 @@ class GenerationStats:
   history_turns_dropped: int = 0
   unanswered: int = 0              # prompts too long even without history: empty prediction
   cut_at_max_new_tokens: int = 0   # generations that stopped at the token cap
+  loop_guard: str = "off"          # the simulator's loop guard applied beside (`generate`)
+  looped: int = 0                  # greedy replies that were loops
+  loop_resamples: int = 0          # draws the guard made again
+  loops_cut: int = 0               # replies the guard cut
   max_new_tokens: int = 0
   seconds: float = 0.0
 
@@ -133,17 +137,24 @@ def prompting(stage: str) -> tuple[int, str]:
 
 
 def generate(sampler: Any, cases: Sequence[Case], max_new_tokens: int = 256,
-             batch_size: int = 8, progress: Any = None, reply_prefix: str = ""
-             ) -> tuple[dict[str, dict[str, Any]], GenerationStats]:
+             batch_size: int = 8, progress: Any = None, reply_prefix: str = "",
+             loop_guard: str = "off") -> tuple[dict[str, dict[str, Any]], GenerationStats]:
   """Greedy predictions of `sampler` (a `lwm_jax.sampling.Sampler`) for every case, batched by
   prompt length: {key: {"prediction", "raw", "finish_reason", "history_dropped"}} and stats.
   `reply_prefix` is written at the start of the assistant's reply before generation (see
-  `prompting`); the raw reply recorded includes it."""
+  `prompting`); the raw reply recorded includes it. With `loop_guard` ("cut" or "resample", the
+  simulator's guard: `lwm_jax.sim.env.guard_loops`), each entry also holds `guarded`, the
+  prediction the guarded simulator would give, and `loop_guard`, what the guard did; the
+  greedy `prediction` is kept as it is, so one run scores the model with and without it."""
+  from lwm_jax.sim import env as sim_env  # pylint: disable=import-outside-toplevel
+  if loop_guard not in sim_env.LOOP_GUARDS:
+    raise ValueError(f"loop_guard: expected one of {', '.join(sim_env.LOOP_GUARDS)}, "
+                     f"got {loop_guard!r}")
   if max_new_tokens < 1 or batch_size < 1:
     raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens}, "
                      f"{batch_size}")
   t0 = time.time()
-  stats = GenerationStats(cases=len(cases), max_new_tokens=max_new_tokens)
+  stats = GenerationStats(cases=len(cases), max_new_tokens=max_new_tokens, loop_guard=loop_guard)
   prefix_ids = sampler.tokenizer.encode_content("assistant", reply_prefix) if reply_prefix else []
   budget = int(sampler.engine.context) - max_new_tokens - len(prefix_ids)
   out: dict[str, dict[str, Any]] = {}
@@ -164,13 +175,24 @@ def generate(sampler: Any, cases: Sequence[Case], max_new_tokens: int = 256,
   params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
   for start in range(0, len(ready), batch_size):
     chunk = ready[start:start + batch_size]
-    gens = sampler.generate([r[2] for r in chunk], params)
+    prompts_ = [r[2] for r in chunk]
+    gens = sampler.generate(prompts_, params)
     stats.batches += 1
-    for (_, c, _, dropped), g in zip(chunk, gens):
+    guarded, loops = (sim_env.guard_loops(sampler, [loop_guard] * len(chunk), prompts_,
+                                          [params] * len(chunk), gens)
+                      if loop_guard != "off" else (gens, [None] * len(chunk)))
+    for (_, c, _, dropped), g, gg, loop in zip(chunk, gens, guarded, loops):
       stats.cut_at_max_new_tokens += int(g.finish_reason == "length")
       raw = reply_prefix + g.text
       out[c.key] = {"prediction": R.clean_prediction(parse_prediction(raw)), "raw": raw,
                     "finish_reason": g.finish_reason, "history_dropped": dropped}
+      if loop is not None:
+        pred = R.clean_prediction(parse_prediction(reply_prefix + gg.text))
+        out[c.key].update(guarded=turn_kinds.cut_loop(pred) if loop["cut"] else pred,
+                          loop_guard=loop)
+        stats.looped += loop["looped"]
+        stats.loop_resamples += loop["resamples"]
+        stats.loops_cut += loop["cut"]
     if progress is not None:
       progress(min(start + batch_size, len(ready)), len(ready))
   stats.seconds = round(time.time() - t0, 2)

@@ -3,7 +3,7 @@ models on a corpus's test split, beside the copy-previous and empty baselines (t
 
   python evals/free_running.py --model=sft=data/world_model [--model=cpt=runs/r/cpt_it:cpt]
       [--corpus=data/corpus] [--split=test] [--max_turns=20] [--seed=0] [--max_new_tokens=320]
-      [--batch=32] --out=runs/free_running
+      [--batch=32] [--loop_guard=cut|resample] --out=runs/free_running
 
 `--split=validation` scores the validation split instead: choose settings there, so that the
 test split's figures stay a held-out measurement.
@@ -50,6 +50,9 @@ def main(argv=None) -> None:
   ap.add_argument("--seed", type=int, default=0, help="seed of the turn sample")
   ap.add_argument("--max_new_tokens", type=int, default=320)
   ap.add_argument("--batch", type=int, default=32, help="turns generated together")
+  ap.add_argument("--loop_guard", default="off", choices=("off", "cut", "resample"),
+                  help="also score each model as the simulator with this loop guard gives it "
+                       "(system NAME+GUARD; the greedy replies are shared)")
   ap.add_argument("--out", required=True, help="folder for the report and the predictions")
   a = ap.parse_args(argv)
   models = [parse_model(m) for m in a.model]
@@ -73,10 +76,12 @@ def main(argv=None) -> None:
     sampler = Sampler.from_checkpoint(folder)
     done = lambda i, n, name=name: print(f"\r  {name}: {i}/{n} turns", end="", flush=True)
     p, gen[name] = fr.generate(sampler, cases, a.max_new_tokens, a.batch, progress=done,
-                               reply_prefix=prefix)
+                               reply_prefix=prefix, loop_guard=a.loop_guard)
     print(flush=True)
     fr.write_predictions(cases, p, os.path.join(a.out, "predictions", f"{name}.jsonl"))
     preds[name] = {k: v["prediction"] for k, v in p.items()}
+    if a.loop_guard != "off":
+      preds[f"{name}+{a.loop_guard}"] = {k: v.get("guarded", v["prediction"]) for k, v in p.items()}
   res = fr.results(selection, preds, gen, train=train or None)
   res["models"] = {name: {"folder": folder, "stage": stage} for name, folder, stage in models}
   paths = fr.write_report(res, a.out,

@@ -77,9 +77,25 @@ _HEADINGS = _heading_re()
 def loop_run(text: str) -> tuple[int, int]:
   """(unit length, repeats) of the longest back-to-back repetition that makes `text` a loop, or
   (0, 0). See LOOP_* for the rule."""
-  toks = _TOKEN_RE.findall(text)
+  return _loop(text)[:2]
+
+
+def cut_loop(text: str) -> str:
+  """`text` with its loop (the run `loop_run` finds) cut to one copy of the repeated unit, and
+  whatever followed the run dropped; `text` itself when it is no loop."""
+  n, k, start, spans = _loop(text)
+  if not k:
+    return text
+  return text[:spans[start + n - 1][1]]
+
+
+def _loop(text: str) -> tuple[int, int, int, list[tuple[int, int]]]:
+  """(unit length, repeats, first token of the run, token spans) of `loop_run`'s run."""
+  found = list(_TOKEN_RE.finditer(text))
+  toks = [m.group(0) for m in found]
+  spans = [m.span() for m in found]
   n_tok = len(toks)
-  best = (0, 0)
+  best = (0, 0, 0)
   for n in range(1, min(LOOP_MAX_UNIT, n_tok // 2) + 1):
     i = 0
     while i + 2 * n <= n_tok:
@@ -93,11 +109,11 @@ def loop_run(text: str) -> tuple[int, int]:
         wordy = any(t[0].isalnum() or t[0] == "_" for t in unit)
         if wordy and (k >= LOOP_ANY_REPEATS or (tail and k >= LOOP_TAIL_REPEATS)):
           if k * n > best[0] * best[1]:
-            best = (n, k)
+            best = (n, k, i)
         i += (k - 1) * n + 1
       else:
         i += 1
-  return best
+  return (*best, spans)
 
 
 def is_loop(text: str) -> bool:

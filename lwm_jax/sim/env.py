@@ -18,6 +18,13 @@ Two ways to step:
   generation's finish reason and the latency in seconds (of the engine call that produced it,
   shared by the episodes stepped together).
 
+`loop_guard` handles an observation that repeats itself until the token limit (the loop rule of
+`lwm_jax.eval.turn_kinds`): "off" (the default) leaves it, "cut" keeps one copy of the repeated
+unit and drops the rest, "resample" first draws it again (up to `LOOP_RESAMPLES` times, at
+temperature at least `LOOP_RESAMPLE_TEMPERATURE`, seeds that follow the turn's) and cuts what
+still loops. Each guarded step says what happened in `info["loop_guard"]`: `looped` (the first
+draw was a loop), `resamples` and `cut`.
+
 `step_many(envs, actions)` advances many episodes with ONE engine call per sampler (agent RL runs
 dozens at once); `SimulatedBatch` wraps a list of episodes that share a sampler.
 
@@ -42,6 +49,7 @@ from lwm_jax.data.schema import Trajectory, Turn
 from lwm_jax.envs import base
 from lwm_jax.envs.base import EnvInfo
 from lwm_jax.envs.verify import Verdict
+from lwm_jax.eval import turn_kinds
 from lwm_jax.sampling.params import Generation, SamplingParams
 from lwm_jax.sampling.sampler import fit_chat
 
@@ -50,6 +58,10 @@ from lwm_jax.sampling.sampler import fit_chat
 FINISH_ACTIONS = ("finish", "submit", "answer", "done", "stop")
 
 Verifier = Callable[[Trajectory], "float | Verdict"]
+
+LOOP_GUARDS = ("off", "cut", "resample")
+LOOP_RESAMPLES = 2
+LOOP_RESAMPLE_TEMPERATURE = 0.7
 
 
 def finish_actions_for(domain: str) -> tuple[str, ...]:
@@ -198,8 +210,11 @@ class SimulatedEnv(base.Env):
 
   def __init__(self, sampler: Any, world: World, *, variant: int = 0,
                params: SamplingParams | None = None, max_turns: int = 50,
-               verifier: Verifier | None = None):
+               verifier: Verifier | None = None, loop_guard: str = "off"):
     super().__init__()
+    if loop_guard not in LOOP_GUARDS:
+      raise ValueError(f"loop_guard: expected one of {', '.join(LOOP_GUARDS)}, got {loop_guard!r}")
+    self.loop_guard = loop_guard
     if not isinstance(world, World):
       raise TypeError(f"world: expected a World, got {type(world).__name__}")
     if not isinstance(max_turns, int) or max_turns < 1:
@@ -285,10 +300,14 @@ class SimulatedEnv(base.Env):
     return self.params.replace(seed=(self.params.seed + 1000 * self.seed + len(self.turns))
                                % (2 ** 31 - 1))
 
-  def record(self, action: str, gen: Generation | None, latency_s: float) -> StepResult:
-    """Adds the turn (`gen` None for a finish action) and returns its StepResult."""
+  def record(self, action: str, gen: Generation | None, latency_s: float,
+             loop: dict[str, Any] | None = None) -> StepResult:
+    """Adds the turn (`gen` None for a finish action) and returns its StepResult; `loop` is
+    what the loop guard did (`step_many`), its `cut` applied here."""
     terminated = gen is None
     observation = "" if gen is None else parse_prediction(gen.text, keep_spaces=True)
+    if loop and loop["cut"]:
+      observation = turn_kinds.cut_loop(observation)
     self.raw.append("" if gen is None else gen.text)
     self.turns.append(Turn(action, observation))
     self.steps = len(self.turns)
@@ -300,6 +319,8 @@ class SimulatedEnv(base.Env):
     if gen is not None:
       info.update(raw=gen.text, reasoning=gen.reasoning, prompt_tokens=gen.prompt_tokens,
                   completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason)
+    if loop is not None:
+      info["loop_guard"] = loop
     reward = 0.0
     if self.done and self.verifier is not None:
       value = self.verifier(self.trajectory())
@@ -336,12 +357,43 @@ def step_many(envs: Sequence[SimulatedEnv], actions: Sequence[str]) -> list[Step
   for idx in groups.values():
     sampler = envs[idx[0]].sampler
     chats = [envs[i].messages_for(actions[i]) for i in idx]
+    params = [envs[i].params_for_turn() for i in idx]
     t0 = time.perf_counter()
-    gens = sampler.generate(chats, [envs[i].params_for_turn() for i in idx])
+    gens = sampler.generate(chats, params)
+    gens, loops = guard_loops(sampler, [envs[i].loop_guard for i in idx], chats, params, gens)
     latency = time.perf_counter() - t0
-    for i, gen in zip(idx, gens):
-      results[i] = envs[i].record(actions[i], gen, latency)
+    for i, gen, loop in zip(idx, gens, loops):
+      results[i] = envs[i].record(actions[i], gen, latency, loop)
   return results  # type: ignore[return-value]
+
+
+def _looping(gen: Generation) -> bool:
+  return turn_kinds.is_loop(parse_prediction(gen.text, keep_spaces=True))
+
+
+def guard_loops(sampler: Any, guards: Sequence[str], chats: Sequence[Any],
+                 params: Sequence[SamplingParams], gens: Sequence[Generation]
+                 ) -> tuple[list[Generation], list[dict[str, Any] | None]]:
+  """The generations after each episode's loop guard, and per episode what the guard did (None
+  where it is off). Resampled replies are drawn together, one engine call per round."""
+  gens = list(gens)
+  loops: list[dict[str, Any] | None] = [
+      None if g == "off" else {"looped": _looping(gen), "resamples": 0, "cut": False}
+      for g, gen in zip(guards, gens)]
+  still = [j for j, lp in enumerate(loops) if lp and lp["looped"]]
+  for rnd in range(1, LOOP_RESAMPLES + 1):
+    again = [j for j in still if guards[j] == "resample"]
+    if not again:
+      break
+    redo = [params[j].replace(temperature=max(params[j].temperature, LOOP_RESAMPLE_TEMPERATURE),
+                              seed=(params[j].seed + 7919 * rnd) % (2 ** 31 - 1)) for j in again]
+    for j, gen in zip(again, sampler.generate([chats[j] for j in again], redo)):
+      gens[j] = gen
+      loops[j]["resamples"] += 1
+    still = [j for j in still if _looping(gens[j])]
+  for j in still:
+    loops[j]["cut"] = True
+  return gens, loops
 
 
 class SimulatedBatch:
