@@ -118,6 +118,8 @@ def _common() -> dict:
       bc_tasks=0,
       # Tokens per simulated observation of the world model (sim episodes).
       wm_max_new_tokens=0,
+      # The simulator's guard against looping observations: off | cut | resample (lwm_jax.sim.env).
+      wm_loop_guard="off",
       # Agent-RL trainer steps between held-out evaluations. A rollout of 8 episodes is 4 steps
       # (4 updates per rollout since issue 64), so 64 steps are 128 episodes; runs written with
       # one update per rollout evaluated every eval_every rollouts instead.

@@ -43,6 +43,8 @@ def get_config(arg: str | None = None):
       world_model="",         # the sim arm's world-model checkpoint (HF folder or workdir)
       wm_temperature=0.0,     # the world model's sampling
       wm_max_new_tokens=384,
+      wm_loop_guard="off",    # off | cut | resample: the simulator's guard against looping
+                              # observations (lwm_jax.sim.env; off: as every run so far)
       workers=2,              # processes stepping the real envs (0: in this process)
       train_tasks=64,         # task seeds verify.task_seeds("train", n)
       eval_tasks=16,          # held-out seeds verify.task_seeds("heldout", n), real env, greedy

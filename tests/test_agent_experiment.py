@@ -50,7 +50,8 @@ OLD_FLAG_DEFAULTS = dict(overwrite=False, domain="search", arms="bc,real,sim,war
 def test_each_variant_keeps_its_old_budget_and_flag_defaults(ae, variant):
   c = experiment_config.get_config(variant)
   old = dict(OLD_FLAG_DEFAULTS, **OLD_BUDGETS[variant], budget=variant,
-             out=os.path.join(REPO, "runs", f"agent_{variant}"))
+             out=os.path.join(REPO, "runs", f"agent_{variant}"),
+             wm_loop_guard="off")  # added since (issue 69): off, so runs go as before
   assert dict(c) == old
   for k, v in OLD_BUDGETS[variant].items():  # the same types: a record's JSON is unchanged
     assert type(c[k]) is type(v), k

@@ -197,3 +197,33 @@ def test_task_episodes_are_the_real_task_and_judged_by_its_verifier(served):
     r = h.post("/v1/episodes", json=body)
     assert r.status_code == 400 and text in r.json()["error"]["message"], r.text
   assert client.health()["episodes"] == 0
+
+
+def test_the_loop_guard_over_http_matches_python_and_reports_in_info(served, monkeypatch):
+  sampler, app, base = served
+  client = SimClient(base)
+  # the tiny model's replies are no loops: the guarded step equals the Python env's
+  ep = client.create(_world(1), seed=1, max_tokens=GREEDY.max_new_tokens, loop_guard="resample")
+  got = ep.step("ls")
+  env = SimulatedEnv(sampler, terminal_world(task="t1"), params=GREEDY, max_turns=3,
+                     loop_guard="resample")
+  env.reset(1)
+  ref = env.step_result("ls")
+  assert got.observation == ref.observation
+  assert got.info["loop_guard"] == ref.info["loop_guard"] == {"looped": False, "resamples": 0,
+                                                              "cut": False}
+  ep.close()
+  # every draw reads as a loop: resample draws LOOP_RESAMPLES more times, then cuts
+  from lwm_jax.sim import env as sim_env, server as sim_server
+  monkeypatch.setattr(sim_server, "looping", lambda gen: True)
+  before = app.state.batcher.batches
+  ep = client.create(_world(2), seed=2, max_tokens=GREEDY.max_new_tokens, loop_guard="resample")
+  assert ep.step("ls").info["loop_guard"] == {"looped": True,
+                                              "resamples": sim_env.LOOP_RESAMPLES, "cut": True}
+  assert app.state.batcher.batches - before == 1 + sim_env.LOOP_RESAMPLES
+  ep.close()
+  ep = client.create(_world(3), seed=3, max_tokens=GREEDY.max_new_tokens, loop_guard="cut")
+  assert ep.step("ls").info["loop_guard"] == {"looped": True, "resamples": 0, "cut": True}
+  ep.close()
+  with pytest.raises(SimServerError, match="loop_guard"):
+    client.create(_world(4), loop_guard="always")

@@ -96,7 +96,8 @@ def resolve(config: ml_collections.ConfigDict) -> dict:
     if not os.path.isdir(spec.split(":")[0]):
       raise SystemExit(f"--config.merge: {spec.split(':')[0]} is not a folder")
   for field, allowed in (("warmup_rl", ("real", "sim")), ("bc_layout", ("", "turns", "trajectory")),
-                         ("wm_rl_domains", ("domain", "all"))):
+                         ("wm_rl_domains", ("domain", "all")),
+                         ("wm_loop_guard", ("off", "cut", "resample"))):
     if s[field] not in allowed:
       raise SystemExit(f"--config.{field}={s[field]!r} is not one of "
                        f"{', '.join(repr(a) for a in allowed)}")
@@ -338,6 +339,7 @@ def rl_config(s: dict, tok: str, vocab: int, seed: int, init: str, arm: str, wm:
   a.train_tasks, a.eval_tasks = s["train_tasks"], s["eval_tasks"]
   a.max_turns, a.max_new_tokens, a.wm_max_new_tokens = (s["max_turns"], s["max_new_tokens"],
                                                         s["wm_max_new_tokens"])
+  a.wm_loop_guard = s.get("wm_loop_guard", "off")  # results written before it: no guard
   per_step = a.tasks_per_batch * c.rl.group_size // c.rl.updates_per_batch
   steps = max(1, s["episodes"] // per_step)
   c.seed, c.model.vocab_size, c.data.tokenizer, c.init_from_hf = seed, vocab, tok, init

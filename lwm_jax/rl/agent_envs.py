@@ -216,15 +216,16 @@ class ProcessEnvs:
     self.conns, self.procs = [], []
 
 
-def simulated_env_factory(sampler: Any, domain: str, max_turns: int, params: Any = None
-                          ) -> Callable[[int], base.Env]:
+def simulated_env_factory(sampler: Any, domain: str, max_turns: int, params: Any = None,
+                          loop_guard: str = "off") -> Callable[[int], base.Env]:
   """`make_env(seed)` for the Sim arm: a `SimulatedEnv` of `sampler` (the world model) whose world
   (task, action space, initial state, goal) is that of the real `domain` env's task `seed` (the
-  real env is only reset, never stepped)."""
+  real env is only reset, never stepped), with the simulator's `loop_guard`."""
   from lwm_jax.sim import env as sim_env  # pylint: disable=import-outside-toplevel
   real = base.make_env(domain)
 
   def make(seed: int) -> base.Env:
     world = sim_env.World.from_env(real, seed)
-    return sim_env.SimulatedEnv(sampler, world, max_turns=max_turns + 1, params=params)
+    return sim_env.SimulatedEnv(sampler, world, max_turns=max_turns + 1, params=params,
+                                loop_guard=loop_guard)
   return make

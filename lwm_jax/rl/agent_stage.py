@@ -71,8 +71,8 @@ def world_model_envs(c: ml_collections.ConfigDict, engine: dict[str, Any]):
   wm = Sampler.from_checkpoint(a.world_model, decode_layout="model", **engine)
   params = SamplingParams(temperature=float(a.wm_temperature),
                           max_new_tokens=int(a.wm_max_new_tokens))
-  return agent_envs.LocalEnvs(agent_envs.simulated_env_factory(wm, a.domain, int(a.max_turns),
-                                                               params))
+  return agent_envs.LocalEnvs(agent_envs.simulated_env_factory(
+      wm, a.domain, int(a.max_turns), params, loop_guard=str(a.get("wm_loop_guard", "off"))))
 
 
 def agent_source(c: ml_collections.ConfigDict) -> AgentEpisodeSource:

@@ -367,8 +367,15 @@ def step_many(envs: Sequence[SimulatedEnv], actions: Sequence[str]) -> list[Step
   return results  # type: ignore[return-value]
 
 
-def _looping(gen: Generation) -> bool:
+def looping(gen: Generation) -> bool:
+  """Whether the observation of `gen` is a loop (`turn_kinds.is_loop`)."""
   return turn_kinds.is_loop(parse_prediction(gen.text, keep_spaces=True))
+
+
+def resample_params(params: SamplingParams, round_: int) -> SamplingParams:
+  """The loop guard's params for its `round_`-th new draw of a reply drawn with `params`."""
+  return params.replace(temperature=max(params.temperature, LOOP_RESAMPLE_TEMPERATURE),
+                        seed=(params.seed + 7919 * round_) % (2 ** 31 - 1))
 
 
 def guard_loops(sampler: Any, guards: Sequence[str], chats: Sequence[Any],
@@ -378,19 +385,18 @@ def guard_loops(sampler: Any, guards: Sequence[str], chats: Sequence[Any],
   where it is off). Resampled replies are drawn together, one engine call per round."""
   gens = list(gens)
   loops: list[dict[str, Any] | None] = [
-      None if g == "off" else {"looped": _looping(gen), "resamples": 0, "cut": False}
+      None if g == "off" else {"looped": looping(gen), "resamples": 0, "cut": False}
       for g, gen in zip(guards, gens)]
   still = [j for j, lp in enumerate(loops) if lp and lp["looped"]]
   for rnd in range(1, LOOP_RESAMPLES + 1):
     again = [j for j in still if guards[j] == "resample"]
     if not again:
       break
-    redo = [params[j].replace(temperature=max(params[j].temperature, LOOP_RESAMPLE_TEMPERATURE),
-                              seed=(params[j].seed + 7919 * rnd) % (2 ** 31 - 1)) for j in again]
+    redo = [resample_params(params[j], rnd) for j in again]
     for j, gen in zip(again, sampler.generate([chats[j] for j in again], redo)):
       gens[j] = gen
       loops[j]["resamples"] += 1
-    still = [j for j in still if _looping(gens[j])]
+    still = [j for j in still if looping(gens[j])]
   for j in still:
     loops[j]["cut"] = True
   return gens, loops

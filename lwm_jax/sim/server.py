@@ -14,7 +14,9 @@ Endpoints (JSON in and out):
   verdict's credit and its `info["verdict"]` holds success, credit and reason (a verifier that
   fails gives credit 0 and its error as the reason). Optional: `seed` (0), `perturb` (a spec
   such as `errors:rate=0.2,kind=timeout`, added to the simulation instruction), `max_turns`,
-  `variant` (system prompt template), `temperature`, `max_tokens`, `sampling_seed`. Answers
+  `variant` (system prompt template), `temperature`, `max_tokens`, `sampling_seed`,
+  `loop_guard` (off, cut or resample: `SimulatedEnv`'s guard against observations that repeat
+  themselves, reported in each step's `info["loop_guard"]`). Answers
   `{"episode_id", "observation", "world"}`.
 - `POST /v1/episodes/{id}/step` with `{"action": "..."}`: answers `{"observation", "done",
   "terminated", "truncated", "reward", "info"}` (see `StepResult`).
@@ -48,13 +50,14 @@ from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import RowRequest, Sampler
 from lwm_jax.sampling.server import Batcher
 from lwm_jax.sim import perturb as perturb_lib
-from lwm_jax.sim.env import SimulatedEnv, StepResult, World
+from lwm_jax.sim.env import (LOOP_RESAMPLES, SimulatedEnv, StepResult, World, looping,
+                             resample_params)
 
 _KINDS = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error",
           429: "rate_limit_error"}
 _CREATE_FIELDS = {"world", "trajectory", "trajectory_file", "task", "trajectory_id", "index",
                   "seed", "perturb", "max_turns", "variant", "temperature", "max_tokens",
-                  "sampling_seed"}
+                  "sampling_seed", "loop_guard"}
 
 
 class HttpError(Exception):
@@ -224,7 +227,8 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
       env = SimulatedEnv(sampler, world, params=params,
                          max_turns=_field(body, "max_turns", int, max_turns),
                          variant=_field(body, "variant", int, 0),
-                         verifier=task_verifier(*_task(body)) if "task" in body else None)
+                         verifier=task_verifier(*_task(body)) if "task" in body else None,
+                         loop_guard=_field(body, "loop_guard", str, "off"))
       obs = env.reset(_field(body, "seed", int, 0))
     except (ValueError, TypeError) as e:
       raise HttpError(400, str(e)) from None
@@ -278,16 +282,30 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
       ids, thinking = await asyncio.to_thread(sampler.prepare, env.messages_for(action))
     except ValueError as e:  # e.g. the history no longer fits the model's context
       raise HttpError(400, f"episode: {e}") from None
-    row = RowRequest(ids, env.params_for_turn(), 0, None, thinking)
+    params = env.params_for_turn()
+    gen = await _generate(ids, params, thinking)
+    loop = None
+    if env.loop_guard != "off":  # the same rule as step_many's (sim_env.guard_loops)
+      loop = {"looped": looping(gen), "resamples": 0, "cut": False}
+      rnd = 0
+      while looping(gen) and env.loop_guard == "resample" and rnd < LOOP_RESAMPLES:
+        rnd += 1
+        gen = await _generate(ids, resample_params(params, rnd), thinking)
+        loop["resamples"] = rnd
+      loop["cut"] = loop["looped"] and looping(gen)
+    return await _record(env, action, gen, time.perf_counter() - t0, loop)
+
+  async def _generate(ids: Any, params: SamplingParams, thinking: Any) -> Any:
     try:
-      gens = await asyncio.wrap_future(batcher.submit([row]))
+      gens = await asyncio.wrap_future(batcher.submit([RowRequest(ids, params, 0, None, thinking)]))
     except Exception as e:  # noqa: BLE001 - this step fails, the server and episode stay
       raise HttpError(500, f"generation failed: {e}") from None
-    return await _record(env, action, gens[0], time.perf_counter() - t0)
+    return gens[0]
 
-  async def _record(env: SimulatedEnv, action: str, gen: Any, latency: float) -> StepResult:
+  async def _record(env: SimulatedEnv, action: str, gen: Any, latency: float,
+                    loop: dict | None = None) -> StepResult:
     # off the event loop: the episode's last step may run its task verifier (a real env reset)
-    return await asyncio.to_thread(env.record, action, gen, latency)
+    return await asyncio.to_thread(env.record, action, gen, latency, loop)
 
   return app
 
