@@ -175,3 +175,30 @@ def test_cases_carry_the_recorded_facts_of_their_turn():
                                schema.Turn("ls", "a\n")])
   sel = fr.select_cases([t])
   assert [(c.error, c.changed) for c in sel.cases] == [("exit status 1", False), (None, None)]
+
+
+def test_copyable_world_specific_and_invented_words_counted_by_hand():
+  msgs = ({"role": "system", "content": "Files: app.log notes.txt"},
+          {"role": "user", "content": "tail -n 2 app.log"})
+  truth = "ERROR disk full on app.log\nWARN retry 3"
+  # truth words: ERROR disk full on app log WARN retry 3 (9); in the prompt: app, log (2)
+  pred = "ERROR disk quota on app.log\nINFO user alice"
+  # pred words: ERROR disk quota on app log INFO user alice (9)
+  got = tk.content_counts(msgs, truth, pred)
+  assert got == {"copyable": 2, "copyable_found": 2, "specific": 7,
+                 "specific_found": 3,            # ERROR, disk, on
+                 "pred_words": 9, "invented": 4}  # quota, INFO, user, alice
+  c = fr.Case(key="k", domain="terminal", traj_id="k", turn=0, messages=msgs, truth=truth,
+              previous="")
+  kinds = tk.turn_kinds([c], {"k": pred})
+  r = tk.rates(kinds)["terminal"]
+  assert (r["copyable_found"], r["specific_found"]) == (100.0, pytest.approx(300 / 7))
+  assert r["invented"] == pytest.approx(400 / 9)
+  md = "\n".join(tk.markdown({"domains": ["terminal"], "systems": {"m": {"kinds": kinds}}}))
+  assert "### Copyable and world-specific content" in md and "| m | 100.0 / 42.9 / 44.4 |" in md
+  # copy-previous invents nothing: the previous observation is part of the prompt
+  prev = "line one\nline two"
+  c2 = fr.Case(key="k", domain="terminal", traj_id="k", turn=1,
+               messages=msgs + ({"role": "assistant", "content": prev},), truth=truth,
+               previous=prev)
+  assert tk.turn_kinds([c2], {"k": prev})["terminal"]["invented"] == 0

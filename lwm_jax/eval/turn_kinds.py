@@ -27,6 +27,13 @@ held-out turn and its prediction for:
   state change on turns whose record says whether the step changed the world's state (files,
                rows, app data): token F1 of the prediction on state-changing turns and on
                read-only ones, apart.
+  content      the words of the real observation that appear somewhere in the prompt (system
+               prompt, history, action: copyable) and those that do not (world-specific: new
+               log lines, counts, names the environment had to produce); the share of each that
+               the prediction holds, and the share of the prediction's own words found in
+               neither the prompt nor the truth (invented: products and people from other
+               worlds, made-up log lines). Words are runs of letters, digits and underscores,
+               compared as sets per turn.
 
 The loop and leak rules are checked against every real observation of the bundled corpus (none
 is a loop or a leak: tests/test_turn_kinds.py), so a flagged prediction is the model's doing.
@@ -142,6 +149,7 @@ class Case:
   domain: str
   truth: str
   previous: str
+  messages: tuple = ()           # the prompt: chat messages {"role", "content"} (for `content`)
   error: str | None = None       # the error the environment reported ("" none; None: not recorded)
   changed: bool | None = None    # whether the step changed the world's state (None: not recorded)
 
@@ -151,8 +159,8 @@ def case_of_record(rec: Any, key: str, truth: str) -> Case:
   environment facts a record made from a recorded trajectory carries (`bench_records.ENV_KEY`)."""
   facts = rec.extra.get(ENV_KEY) if isinstance(rec.extra.get(ENV_KEY), dict) else {}
   return Case(key=key, domain=records.domain(rec), truth=truth,
-              previous=records.previous_observation(rec), error=facts.get("error"),
-              changed=facts.get("changed"))
+              previous=records.previous_observation(rec), messages=tuple(rec.messages()),
+              error=facts.get("error"), changed=facts.get("changed"))
 
 
 def error_reader(domain: str) -> Callable[[str], str] | None:
@@ -178,6 +186,8 @@ def turn_kinds(cases: Sequence[Any], predictions: Mapping[str, str]) -> dict[str
     s["turns"] += 1
     s["loops"] += is_loop(pred)
     s["header_leaks"] += bool(header_leak(pred))
+    if getattr(c, "messages", ()):
+      s.update(content_counts(c.messages, c.truth, pred))
     if c.domain not in readers:
       readers[c.domain] = (screen_reader(c.domain), error_reader(c.domain))
     read, read_error = readers[c.domain]
@@ -208,6 +218,22 @@ def turn_kinds(cases: Sequence[Any], predictions: Mapping[str, str]) -> dict[str
   return {d: dict(v) for d, v in out.items()}
 
 
+_WORD_RE = re.compile(r"\w+")
+
+
+def content_counts(messages: Sequence[Mapping[str, Any]], truth: str, pred: str
+                   ) -> dict[str, int]:
+  """One turn's `content` counts (see the module docstring): distinct words of the truth that
+  the prompt holds (`copyable`) and that it does not (`specific`), those of each the prediction
+  holds (`copyable_found`, `specific_found`), the prediction's distinct words (`pred_words`) and
+  those in neither the prompt nor the truth (`invented`)."""
+  context = set(_WORD_RE.findall(" ".join(str(m.get("content", "")) for m in messages)))
+  t, p = set(_WORD_RE.findall(truth)), set(_WORD_RE.findall(pred))
+  return {"copyable": len(t & context), "copyable_found": len(t & context & p),
+          "specific": len(t - context), "specific_found": len((t - context) & p),
+          "pred_words": len(p), "invented": len(p - context - t)}
+
+
 def rates(kinds: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float | None]]:
   """Percentages of `turn_kinds`' counts: loops and leaks per turn, screens per screen turn,
   transitions per transition (None where there is nothing to divide by)."""
@@ -218,6 +244,9 @@ def rates(kinds: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float |
               "error_recall": pct(k.get("errors_found", 0), k.get("errors", 0)),
               "error_precision": pct(k.get("errors_found", 0), k.get("errors_predicted", 0)),
               "error_rule_agrees": pct(k.get("error_rule_agrees", 0), k.get("error_turns", 0)),
+              "copyable_found": pct(k.get("copyable_found", 0), k.get("copyable", 0)),
+              "specific_found": pct(k.get("specific_found", 0), k.get("specific", 0)),
+              "invented": pct(k.get("invented", 0), k.get("pred_words", 0)),
               "changing_f1": pct(k.get("changing_f1_sum", 0), k.get("changing_turns", 0)),
               "read_only_f1": pct(k.get("read_only_f1_sum", 0), k.get("read_only_turns", 0)),
               "screen_right": pct(k.get("screen_right", 0), k.get("screen_turns", 0)),
@@ -318,4 +347,19 @@ def _facts_markdown(systems: Mapping[str, Mapping[str, Any]], doms: Sequence[str
           f"{num(r[d]['changing_f1'])} / {num(r[d]['read_only_f1'])} "
           f"({kinds[d].get('changing_turns', 0)}/{kinds[d].get('read_only_turns', 0)})"
           for d in cols) + " |")
+  cols = [d for d in doms if any_kinds.get(d, {}).get("copyable")
+          or any_kinds.get(d, {}).get("specific")]
+  if cols:
+    lines += ["", "### Copyable and world-specific content", "",
+              "Words of the real observation found in the prompt (copyable) and not found there "
+              "(world-specific), and the share of each the prediction holds; invented: the "
+              "prediction's words found in neither the prompt nor the truth. Percent, copyable "
+              "/ world-specific / invented.", "",
+              "| System | " + " | ".join(_display(d) for d in cols) + " |",
+              "|:--" + "|:-:" * len(cols) + "|"]
+    for name, kinds in systems.items():
+      r = by_rates[name]
+      lines.append(f"| {name} | " + " | ".join(
+          f"{num(r[d]['copyable_found'])} / {num(r[d]['specific_found'])} / "
+          f"{num(r[d]['invented'])}" for d in cols) + " |")
   return lines
