@@ -308,58 +308,50 @@ def markdown(res: Mapping[str, Any]) -> list[str]:
 
 
 def _facts_markdown(systems: Mapping[str, Mapping[str, Any]], doms: Sequence[str]) -> list[str]:
-  """Error turns and state-changing turns, on the turns whose record carries the environment's
-  own report (`Turn.env`); nothing when none does."""
-  lines: list[str] = []
+  """The error, state-change and content tables, each over the domains whose turns it could
+  count (error and state facts come from the environment's own report, `Turn.env`)."""
   by_rates = {n: rates(k) for n, k in systems.items()}
   any_kinds = next(iter(systems.values()))
+
   def num(x):
     return "-" if x is None else f"{x:.1f}"
-  cols = [d for d in doms if any_kinds.get(d, {}).get("error_turns")]
-  if cols:
-    lines += ["", "### Error turns", "",
-              "Truth: the error the real environment reported for the step (recorded at "
-              "collection). Recall: error turns whose prediction shows an error (the domain's "
-              "`error` rule); precision: predicted errors on turns that had one. Percent, "
-              "recall / precision (error turns of turns with the fact).", "",
-              "| System | " + " | ".join(_display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
+
+  def table(title: str, note: str, needs: tuple[str, ...], cell: Callable[[Any, Any], str]
+            ) -> list[str]:
+    cols = [d for d in doms if any(any_kinds.get(d, {}).get(k) for k in needs)]
+    if not cols:
+      return []
+    out = ["", f"### {title}", "", note, "",
+           "| System | " + " | ".join(_display(d) for d in cols) + " |",
+           "|:--" + "|:-:" * len(cols) + "|"]
     for name, kinds in systems.items():
-      r = by_rates[name]
-      lines.append(f"| {name} | " + " | ".join(
-          f"{num(r[d]['error_recall'])} / {num(r[d]['error_precision'])} "
-          f"({kinds[d].get('errors', 0)}/{kinds[d]['error_turns']})" for d in cols) + " |")
+      out.append(f"| {name} | " + " | ".join(cell(by_rates[name][d], kinds[d]) for d in cols)
+                 + " |")
+    return out
+
+  lines = table(
+      "Error turns", "Truth: the error the real environment reported for the step (recorded at "
+      "collection). Recall: error turns whose prediction shows an error (the domain's `error` "
+      "rule); precision: predicted errors on turns that had one. Percent, recall / precision "
+      "(error turns of turns with the fact).", ("error_turns",),
+      lambda r, k: f"{num(r['error_recall'])} / {num(r['error_precision'])} "
+                   f"({k.get('errors', 0)}/{k['error_turns']})")
+  if lines:
     agree = by_rates[next(iter(systems))]
     lines += ["", "The rule reads the real observations as the environment reported them on: " +
-              ", ".join(f"{_display(d)} {num(agree[d]['error_rule_agrees'])}%"
-                        for d in cols) + "."]
-  cols = [d for d in doms if any_kinds.get(d, {}).get("changing_turns")
-          or any_kinds.get(d, {}).get("read_only_turns")]
-  if cols:
-    lines += ["", "### Token F1 on state-changing and read-only turns", "",
-              "Whether the real step changed the world's state (files, rows, app data), as the "
-              "environment recorded it. Token F1, state-changing / read-only (turns of each).", "",
-              "| System | " + " | ".join(_display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
-    for name, kinds in systems.items():
-      r = by_rates[name]
-      lines.append(f"| {name} | " + " | ".join(
-          f"{num(r[d]['changing_f1'])} / {num(r[d]['read_only_f1'])} "
-          f"({kinds[d].get('changing_turns', 0)}/{kinds[d].get('read_only_turns', 0)})"
-          for d in cols) + " |")
-  cols = [d for d in doms if any_kinds.get(d, {}).get("copyable")
-          or any_kinds.get(d, {}).get("specific")]
-  if cols:
-    lines += ["", "### Copyable and world-specific content", "",
-              "Words of the real observation found in the prompt (copyable) and not found there "
-              "(world-specific), and the share of each the prediction holds; invented: the "
-              "prediction's words found in neither the prompt nor the truth. Percent, copyable "
-              "/ world-specific / invented.", "",
-              "| System | " + " | ".join(_display(d) for d in cols) + " |",
-              "|:--" + "|:-:" * len(cols) + "|"]
-    for name, kinds in systems.items():
-      r = by_rates[name]
-      lines.append(f"| {name} | " + " | ".join(
-          f"{num(r[d]['copyable_found'])} / {num(r[d]['specific_found'])} / "
-          f"{num(r[d]['invented'])}" for d in cols) + " |")
+              ", ".join(f"{_display(d)} {num(agree[d]['error_rule_agrees'])}%" for d in doms
+                        if any_kinds.get(d, {}).get("error_turns")) + "."]
+  lines += table(
+      "Token F1 on state-changing and read-only turns", "Whether the real step changed the "
+      "world's state (files, rows, app data), as the environment recorded it. Token F1, "
+      "state-changing / read-only (turns of each).", ("changing_turns", "read_only_turns"),
+      lambda r, k: f"{num(r['changing_f1'])} / {num(r['read_only_f1'])} "
+                   f"({k.get('changing_turns', 0)}/{k.get('read_only_turns', 0)})")
+  lines += table(
+      "Copyable and world-specific content", "Words of the real observation found in the prompt "
+      "(copyable) and not found there (world-specific), and the share of each the prediction "
+      "holds; invented: the prediction's words found in neither the prompt nor the truth. "
+      "Percent, copyable / world-specific / invented.", ("copyable", "specific"),
+      lambda r, k: f"{num(r['copyable_found'])} / {num(r['specific_found'])} / "
+                   f"{num(r['invented'])}")
   return lines
