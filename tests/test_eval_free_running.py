@@ -187,3 +187,13 @@ def test_the_simulators_loop_guard_is_scored_beside_the_greedy_replies():
   assert len(sampler.batches) == 2 and sampler.batches[1][0].temperature > 0
   with pytest.raises(ValueError, match="loop_guard"):
     F.generate(Looping(), sel.cases, loop_guard="maybe")
+
+
+def test_the_report_says_what_the_loop_guard_did():
+  sel = F.select_cases([TERM])
+  gen = F.GenerationStats(cases=3, loop_guard="resample", looped=2, loop_resamples=3, loops_cut=1,
+                          max_new_tokens=16)
+  preds = {c.key: "x" for c in sel.cases}
+  res = F.results(sel, {"m": preds, "m+resample": preds}, {"m": gen})
+  assert ("m+resample: the simulator's loop guard on the same replies: 2 of 3 greedy replies "
+          "were loops; 3 drawn again, 1 cut.") in F.markdown(res)

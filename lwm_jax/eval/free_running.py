@@ -306,6 +306,12 @@ def markdown(res: Mapping[str, Any], title: str = "Free-running evaluation") -> 
         lines.append(f"| {s} | {g['cases']} | {g['batches']} | {g['history_cut']} | "
                      f"{g['unanswered']} | {g['cut_at_max_new_tokens']} (cap "
                      f"{g['max_new_tokens']}) | {g['seconds']:.1f} |")
+    for s in models:
+      g = res["systems"][s].get("generation") or {}
+      if g.get("loop_guard", "off") != "off":
+        lines.append(f"\n{s}+{g['loop_guard']}: the simulator's loop guard on the same replies: "
+                     f"{g['looped']} of {g['cases']} greedy replies were loops; "
+                     f"{g['loop_resamples']} drawn again, {g['loops_cut']} cut.")
   return "\n".join(lines) + "\n"
 
 
