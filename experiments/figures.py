@@ -118,7 +118,9 @@ def agent(folder: str) -> str:
       if not st:
         unrecorded += 1
       zs = r.get("zero_shot", {}).get("success") if r.get("zero_shot") else None
-      sha = (r.get("start") or {}).get("sha256", "")
+      start = r.get("start") or r.get("bc_start") or {}
+      sha = start.get("sha256", "") or ("fresh model" if start.get("note", "").startswith(
+          "a fresh model") else "")
       name = arm
       if arm == "warmup" and not r.get("zero_shot") and not st:
         name = "bc_from_wm (recorded as 'warmup')"  # the old arm: BC from the world model

@@ -27,6 +27,7 @@ BLOCKS = [
     ("gspo", "gspo_vs_sft/from_world_model", "gspo_vs_sft/from_world_model/README.md", ""),
     ("agent", "agent_rl_android", "agent_rl_android/README.md", ""),
     ("agent", "agent_rl_android/seeds", "agent_rl_android/seeds/README.md", ""),
+    ("agent", "agent_rl_android/rerun_2026-12", "agent_rl_android/rerun_2026-12/README.md", ""),
     ("agent", "agent_rl_search", "agent_rl_search/README.md", ""),
 ]
 
