@@ -214,8 +214,8 @@ def test_the_loop_guard_over_http_matches_python_and_reports_in_info(served, mon
                                                               "cut": False}
   ep.close()
   # every draw reads as a loop: resample draws LOOP_RESAMPLES more times, then cuts
-  from lwm_jax.sim import env as sim_env, server as sim_server
-  monkeypatch.setattr(sim_server, "looping", lambda gen: True)
+  from lwm_jax.sim import env as sim_env
+  monkeypatch.setattr(sim_env, "looping", lambda gen: True)
   before = app.state.batcher.batches
   ep = client.create(_world(2), seed=2, max_tokens=GREEDY.max_new_tokens, loop_guard="resample")
   assert ep.step("ls").info["loop_guard"] == {"looped": True,

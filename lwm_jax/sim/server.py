@@ -50,8 +50,7 @@ from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.sampler import RowRequest, Sampler
 from lwm_jax.sampling.server import Batcher
 from lwm_jax.sim import perturb as perturb_lib
-from lwm_jax.sim.env import (LOOP_RESAMPLES, SimulatedEnv, StepResult, World, looping,
-                             resample_params)
+from lwm_jax.sim.env import SimulatedEnv, StepResult, World, guard_loops
 
 _KINDS = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error",
           429: "rate_limit_error"}
@@ -284,16 +283,26 @@ def create_app(sampler: Sampler, *, max_batch: int = 32, window_ms: float = 20.0
       raise HttpError(400, f"episode: {e}") from None
     params = env.params_for_turn()
     gen = await _generate(ids, params, thinking)
-    loop = None
-    if env.loop_guard != "off":  # the same rule as step_many's (sim_env.guard_loops)
-      loop = {"looped": looping(gen), "resamples": 0, "cut": False}
-      rnd = 0
-      while looping(gen) and env.loop_guard == "resample" and rnd < LOOP_RESAMPLES:
-        rnd += 1
-        gen = await _generate(ids, resample_params(params, rnd), thinking)
-        loop["resamples"] = rnd
-      loop["cut"] = loop["looped"] and looping(gen)
-    return await _record(env, action, gen, time.perf_counter() - t0, loop)
+    loops: list[Any] = [None]
+    if env.loop_guard != "off":  # step_many's guard, its redraws going through the batcher
+      try:
+        gens, loops = await asyncio.to_thread(guard_loops, _Redraw(ids, thinking), [env.loop_guard],
+                                              [ids], [params], [gen])
+      except Exception as e:  # noqa: BLE001 - this step fails, the server and episode stay
+        raise HttpError(500, f"generation failed: {e}") from None
+      gen = gens[0]
+    return await _record(env, action, gen, time.perf_counter() - t0, loops[0])
+
+  class _Redraw:
+    """`guard_loops`'s sampler: each redraw of one episode's prompt is a batcher submission
+    (called from a worker thread, so it may wait on the result)."""
+
+    def __init__(self, ids: Any, thinking: Any):
+      self.ids, self.thinking = ids, thinking
+
+    def generate(self, chats: Any, params: list[SamplingParams]) -> list[Any]:
+      return batcher.submit([RowRequest(self.ids, p, 0, None, self.thinking)
+                             for p in params]).result()
 
   async def _generate(ids: Any, params: SamplingParams, thinking: Any) -> Any:
     try:
