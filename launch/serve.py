@@ -131,8 +131,11 @@ def main(argv):
         x *= 2
       sizes.append(x)
       plans = engine.warmup_plans(f.warmup_prompt_len, budgets, batch_sizes=sizes)
-      first = [p for p in plans if p[0] == sizes[0]]
-      ready = BackgroundWarmup(sampler, first, [p for p in plans if p[0] != sizes[0]]).start()
+      # a lone request's shapes first: the smallest batch (the continuous engine: its decode
+      # bucket, and one prompt's prefill)
+      lone = [p[0] == sizes[0] or (p[1] == "prefill" and p[0] == 1) for p in plans]
+      ready = BackgroundWarmup(sampler, [p for p, o in zip(plans, lone) if o],
+                               [p for p, o in zip(plans, lone) if not o]).start()
       ready = ready.state
     else:
       warmup(sampler, f.max_batch, f.warmup_prompt_len, budgets)

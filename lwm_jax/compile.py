@@ -424,8 +424,9 @@ def _sampler_lowered(c, stage, graphdef, params, model_cfg, mesh, info):
   if stage == "prefill":
     tokens = bsh((b, prefill_chunk), jnp.int32)
     with jax.set_mesh(mesh):
-      lowered = eng._prefill.lower(graph, params, cache, tokens, np.int32(0),  # pylint: disable=protected-access
-                                   bsh((b,), jnp.int32), bsh((b, vocab), jnp.float32))
+      lowered = eng._prefill.lower(graph, params, cache, tokens, bsh((b,), jnp.int32),  # pylint: disable=protected-access
+                                   bsh((b,), jnp.int32), bsh((b,), jnp.int32),
+                                   bsh((b, vocab), jnp.float32))
     info.update(prefill_chunk=prefill_chunk, tokens=b * prefill_chunk,
                 model_flops=2.0 * n_params_active * b * prefill_chunk)
     return lowered, info

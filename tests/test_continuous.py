@@ -1,7 +1,7 @@
 """The continuous-batching engine: interleaved requests in reused slots get exactly what each gets
 alone (the static engine, itself checked against a no-cache reference in test_sampling.py), also
-on the hybrid model whose slots hold recurrent state; forked prompt prefixes and prefix-cache hits
-give what separate prefills give; the prefix cache stays within its byte bound; a streaming client
+on the hybrid model whose slots hold recurrent state; forked prompt prefixes, prefix-cache hits and
+prompts prefilled together from different positions give what separate prefills give; the prefix cache stays within its byte bound; a streaming client
 that disconnects frees its slot."""
 from __future__ import annotations
 
@@ -134,6 +134,51 @@ def test_forked_prefix_and_cache_hits_equal_separate_prefills(tiny):
   ref = sep.generate([other], [greedy], [[]])[0]
   assert hit.token_ids == ref.token_ids
   np.testing.assert_allclose(hit.logprobs, ref.logprobs, atol=1e-4)
+
+
+def _batched_prefill_case(model):
+  """Seven prompts admitted at once. Wave 1 prefills the fresh ones: three of similar length
+  share a call of 32-token chunks, two of them stopping at their 16-token snapshot point while
+  the third runs on (their rows idle on padding for the rest of that call). The three that share a
+  48-token system prompt with the fourth wait for the snapshot it stores, restore it, and share
+  one call from position 48 (one of them passes a snapshot point at 64)."""
+  rng = np.random.default_rng(4)
+  vocab = model.cfg.vocab_size
+  system = rng.integers(0, vocab, size=48).tolist()  # three 16-token blocks
+  other = rng.integers(0, vocab, size=20).tolist()
+  prompts = [system + rng.integers(0, vocab, size=k).tolist() for k in (3, 12, 20, 14)]
+  prompts += [other + [1, 2], rng.integers(0, vocab, size=26).tolist(),
+              rng.integers(0, vocab, size=14).tolist()]
+  greedy = SamplingParams(temperature=0, max_new_tokens=6)
+  want = [_alone(model, p, greedy) for p in prompts]
+  eng = ContinuousEngine(model, **dict(SHAPES, prefill_chunk=32), num_slots=8,
+                         min_batch_bucket=8, cache_len=128, prefill_batch=4)
+  got = eng.generate(prompts, [greedy] * 7, [[]] * 7)
+  for w, g in zip(want, got):
+    assert g.token_ids == w.token_ids
+    np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4)
+  assert eng.prefills == 7 and eng.prefill_batches == 3
+  assert eng.prefix_cache.stats()["hits"] == 3
+  assert eng.prefill_tokens == 51 + 22 + 26 + 14 + 12 + 20 + 14
+  # The snapshots stored from inside batched calls serve later prompts correctly.
+  for later in (other[:16] + [5, 6, 7, 8], prompts[2][:64] + [9, 9]):
+    before = eng.prefill_tokens
+    hit = eng.generate([later], [greedy], [[]])[0]
+    assert eng.prefill_tokens - before == len(later) - (16 if len(later) < 64 else 64)
+    ref = _alone(model, later, greedy)
+    assert hit.token_ids == ref.token_ids
+    np.testing.assert_allclose(hit.logprobs, ref.logprobs, atol=1e-4)
+
+
+def test_batched_prefill_at_different_points_equals_each_alone(tiny):
+  _batched_prefill_case(tiny)
+
+
+@pytest.mark.slow  # the hybrid model compiles slowly: `make test-slow`
+def test_batched_prefill_on_the_hybrid_model_equals_each_alone():
+  """The same on Gated DeltaNet layers, where a row's recurrent state must stand still on the
+  padding of a shared call and restore from a snapshot."""
+  _batched_prefill_case(Transformer(get_preset("tiny_hybrid"), rngs=nnx.Rngs(0)))
 
 
 def test_new_parameters_never_meet_cached_prefixes_of_the_old(tiny):

@@ -75,15 +75,15 @@ def test_an_engine_failure_fails_only_its_own_request(served, monkeypatch):
   def poisoned(p):
     return any(p[i:i + len(poison_ids)] == poison_ids for i in range(len(p)))
 
-  if sampler.engine_kind == "continuous":  # the engine prefills each prompt on its own
-    real_prefill = sampler.engine._prefill_prompt  # pylint: disable=protected-access
+  if sampler.engine_kind == "continuous":  # a batch of prompts breaks if one of them does
+    real_prefill = sampler.engine._prefill_prompts  # pylint: disable=protected-access
 
-    def prefill(ids):
-      if poisoned(ids):
+    def prefill(batch):
+      if any(poisoned(u.ids) for u in batch):
         raise RuntimeError("engine broke on this prompt")
-      return real_prefill(ids)
+      return real_prefill(batch)
 
-    monkeypatch.setattr(sampler.engine, "_prefill_prompt", prefill)
+    monkeypatch.setattr(sampler.engine, "_prefill_prompts", prefill)
   else:
     real = sampler.engine.generate
 

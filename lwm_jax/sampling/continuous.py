@@ -5,10 +5,11 @@ attention layers; convolution and recurrent state for the linear-attention layer
 model), and the per-slot decode state beside it (last logits, position, tokens generated, the
 penalty counts, sampling settings). Work is split as in JetStream:
 
-- insert: a waiting request's prompt is prefilled on its own (batch 1, in chunks, the static
-  engine's `_prefill`) into a one-row cache, which is then copied into every free slot that one of
-  its rows takes (the `n` choices of a request, and waiting rows of other requests with the same
-  prompt, share one prefill: the prompt's state is forked into their slots);
+- insert: the prompts waiting for free slots are prefilled together (the static engine's
+  `_prefill`, each row at its own position, up to `prefill_batch` prompts of similar length a
+  call, in chunks) into a batch cache whose rows are then copied, in one call, into every free
+  slot their rows take (the `n` choices of a request, and waiting rows of other requests with the
+  same prompt, share one prefill row: the prompt's state is forked into their slots);
 - generate: one jit call runs up to `chunk_steps` decode steps over the slots (`engine.decode_steps`,
   the static engine's loop); empty and finished slots are idle rows.
 
@@ -19,8 +20,9 @@ Shapes stay static: a decode chunk is compiled per (slot bucket, window) pair, w
 bucket is the power of two covering the highest busy slot (free slots are taken lowest first, so
 a lone request decodes one row, not `num_slots`) and the window is the smallest power of two
 (at least `min_cache_len`, at most `cache_len`) that holds every busy slot's position after the
-chunk (attention then reads only that
-much of the cache); prefill is compiled per chunk length.
+chunk (attention then reads only that much of the cache); prefill is compiled per (prompt
+bucket, chunk length) pair, the prompt bucket being the power of two covering the prompts
+prefilled together.
 
 The prompt prefixes of earlier requests are kept in a `PrefixCache` (`prefix_cache.py`) under a
 byte bound: a prompt that starts with a stored prefix restores that state and prefills only its
@@ -68,39 +70,43 @@ def _map_cache(fn, *caches):
           for i in range(len(caches[0]))]
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _trim(cache, length: int):
-  """A copy of a one-row cache with attention keys/values cut to the first `length` positions."""
+@functools.partial(jax.jit, static_argnums=(2,))
+def _trim_row(cache, row, length: int):
+  """Row `row` of a batch cache as a one-row cache, attention keys/values cut to the first
+  `length` positions (a prefix-cache snapshot)."""
   def cut(name, a):
+    a = jax.lax.dynamic_slice_in_dim(a, row, 1, axis=0)
     ax = _time_axis(name)
-    return jnp.copy(a) if ax is None else jax.lax.slice_in_dim(a, 0, length, axis=ax)
+    return a if ax is None else jax.lax.slice_in_dim(a, 0, length, axis=ax)
   return _map_cache(cut, cache)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _restore(trimmed, cache_len: int):
-  """A trimmed one-row cache padded back to `cache_len` positions (the padding is never read
-  before the row writes it)."""
-  def pad(name, a):
-    ax = _time_axis(name)
-    if ax is None:
-      return jnp.copy(a)
-    widths = [(0, 0)] * a.ndim
-    widths[ax] = (0, cache_len - a.shape[ax])
-    return jnp.pad(a, widths)
-  return _map_cache(pad, trimmed)
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _restore_into(cache, trimmed, row):
+  """A snapshot written into row `row` of a batch cache; its attention keys/values fill the first
+  positions (the positions past them are never read before the row writes them)."""
+  return _map_cache(lambda _, big, small: jax.lax.dynamic_update_slice(
+      big, small.astype(big.dtype), (row,) + (0,) * (big.ndim - 1)), cache, trimmed)
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-def _insert(cache, carry, rows, slot, pcache, logits_1xV, seen_1xV, pos, new_rows):
-  """Copies a prefilled one-row cache into `slot` and resets the slot's decode state."""
-  cache = _map_cache(lambda _, big, small: jax.lax.dynamic_update_slice_in_dim(
-      big, small.astype(big.dtype), slot, axis=0), cache, pcache)
-  carry = dict(carry, logits=carry["logits"].at[slot].set(logits_1xV[0]),
-               pos=carry["pos"].at[slot].set(pos), n_gen=carry["n_gen"].at[slot].set(0),
-               done=carry["done"].at[slot].set(False), finish=carry["finish"].at[slot].set(0),
-               counts=carry["counts"].at[slot].set(0), seen=carry["seen"].at[slot].set(seen_1xV[0]))
-  rows = jax.tree_util.tree_map(lambda a, v: a.at[slot].set(v[0].astype(a.dtype)), rows, new_rows)
+def _insert_rows(cache, carry, rows, slots_R, src_R, pcache, logits_UxV, seen_UxV, pos_R,
+                 new_rows):
+  """Copies row src_R[r] of a prefilled batch cache into slot slots_R[r] for each r (forked rows
+  share a source row) and resets those slots' decode state. Slots past the last (padding) are
+  dropped."""
+  def put(big, small):
+    return big.at[slots_R].set(small.astype(big.dtype), mode="drop")
+
+  cache = _map_cache(lambda _, big, small: put(big, small[src_R]), cache, pcache)
+  zeros = jnp.zeros_like(slots_R)
+  carry = dict(carry, logits=put(carry["logits"], logits_UxV[src_R]), pos=put(carry["pos"], pos_R),
+               n_gen=put(carry["n_gen"], zeros), done=put(carry["done"], zeros.astype(bool)),
+               finish=put(carry["finish"], zeros),
+               counts=put(carry["counts"], jnp.zeros((len(src_R),) + carry["counts"].shape[1:],
+                                                     carry["counts"].dtype)),
+               seen=put(carry["seen"], seen_UxV[src_R]))
+  rows = jax.tree_util.tree_map(put, rows, new_rows)
   return cache, carry, rows
 
 
@@ -139,6 +145,17 @@ class _Row:
   tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   tops: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(eq=False)
+class _Unit:
+  """A distinct prompt being admitted: its rows (forked from one prefill), where its prefill
+  starts (the restored prefix-cache entry's length) and where it stores snapshots."""
+  ids: list[int]
+  rows: list[_Row]
+  start: int = 0
+  entry: Any = None
+  points: list = dataclasses.field(default_factory=list)
 
 
 class Group:
@@ -184,12 +201,13 @@ class ContinuousEngine(Engine):
   the model's context; a prompt plus its budget must fit, and the engine's `context` becomes this);
   prefix_cache_mb: the prefix cache's bound in MiB (0 turns it off); prefix_block: tokens per
   prefix-cache block; share_prefixes: False prefills every row on its own and turns the prefix
-  cache off (the benchmark's baseline).
+  cache off (the benchmark's baseline); prefill_batch: the most distinct prompts prefilled in
+  one call.
   """
 
   def __init__(self, model, *, num_slots: int | None = None, cache_len: int | None = None,
                prefix_cache_mb: float = 256.0, prefix_block: int = 16,
-               share_prefixes: bool = True, **engine_kw: Any):
+               share_prefixes: bool = True, prefill_batch: int = 16, **engine_kw: Any):
     super().__init__(model, **engine_kw)
     self.num_slots = int(num_slots or self.max_batch)
     if self.num_slots < 1:
@@ -203,6 +221,9 @@ class ContinuousEngine(Engine):
       raise ValueError(f"prefix_cache_mb: must be >= 0, got {prefix_cache_mb}")
     self.cache_len = self.context = t
     self.share_prefixes = bool(share_prefixes)
+    if prefill_batch < 1:
+      raise ValueError(f"prefill_batch: must be at least 1, got {prefill_batch}")
+    self.prefill_batch = int(prefill_batch)
     self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2 ** 20) if share_prefixes else 0,
                                     prefix_block)
     self._lock = threading.RLock()  # held by step(): one scheduler at a time
@@ -216,7 +237,7 @@ class ContinuousEngine(Engine):
     self.wakeup = threading.Condition()  # notified when work arrives (the server's loop waits)
     # counters
     self.chunks = self.decode_steps_run = 0
-    self.prefills = self.prefill_tokens = self.forked_rows = 0
+    self.prefills = self.prefill_batches = self.prefill_tokens = self.forked_rows = 0
     self.prefill_seconds = 0.0
 
   # ------------------------------------------------------------------------ public
@@ -288,7 +309,8 @@ class ContinuousEngine(Engine):
   def stats(self) -> dict[str, Any]:
     return {"slots": self.num_slots, "running": self.running(), "waiting": self.waiting(),
             "chunks": self.chunks, "decode_steps": self.decode_steps_run,
-            "prefills": self.prefills, "prefill_tokens": self.prefill_tokens,
+            "prefills": self.prefills, "prefill_batches": self.prefill_batches,
+            "prefill_tokens": self.prefill_tokens,
             "prefill_seconds": self.prefill_seconds, "forked_rows": self.forked_rows,
             "prefix_cache": self.prefix_cache.stats()}
 
@@ -387,85 +409,169 @@ class ContinuousEngine(Engine):
         self._carry["done"] = self._carry["done"].at[np.array(slots)].set(True)
 
   def _admit(self) -> None:
+    """Moves waiting rows into free slots: rows with the same prompt share one prefill (forked),
+    and the distinct prompts are prefilled together in batches of similar lengths. A prompt
+    that shares a prefix with one whose snapshot this admission stores waits for the next wave
+    and restores that snapshot instead of prefilling the prefix again."""
     free = [i for i, s in enumerate(self._slots) if s is None]
-    while free and self._waiting:
+    units: list[_Unit] = []
+    taken = 0
+    while taken < len(free) and self._waiting:
       first = self._waiting.popleft()
-      key = first.prompt
       same = [first]
       rest = collections.deque()
       for r in self._waiting:  # rows with the same prompt share its prefill
-        if self.share_prefixes and len(same) < len(free) and r.prompt == key:
+        if self.share_prefixes and taken + len(same) < len(free) and r.prompt == first.prompt:
           same.append(r)
         else:
           rest.append(r)
       self._waiting = rest
-      try:
-        self._ensure_state()
-        self._grow_stop_ids(max(len(r.stop_ids) for r in same))
-        pcache, logits, seen = self._prefill_prompt(key)
-        for r in same:
-          slot = free.pop(0)
-          self._insert_row(r, slot, pcache, logits, seen)
-        self.forked_rows += len(same) - 1
-      except Exception as e:  # noqa: BLE001 - fail the requests whose prefill broke, keep going
-        for g in {id(r.group): r.group for r in same}.values():
-          self._drop_group(g, e)
-        free = [i for i, s in enumerate(self._slots) if s is None]
+      units.append(_Unit(first.prompt, same))
+      taken += len(same)
+    if not units:
+      return
+    try:
+      self._ensure_state()
+      self._grow_stop_ids(max(len(r.stop_ids) for u in units for r in u.rows))
+    except Exception as e:  # noqa: BLE001 - nothing can be admitted: fail these requests
+      for g in {id(r.group): r.group for u in units for r in u.rows}.values():
+        self._drop_group(g, e)
+      return
+    pending = units
+    while pending:
+      wave, later, storing = [], [], set()
+      for u in pending:
+        u.rows = [r for r in u.rows if not r.group.finished]
+        if not u.rows:
+          continue
+        keys = self.prefix_cache.keys(u.ids[:len(u.ids) - 1]) if self.prefix_cache.max_bytes \
+            else []
+        if wave and any(k in storing for k in keys):
+          later.append(u)  # a snapshot of its prefix is about to be stored: restore it next
+          continue
+        if self.prefix_cache.max_bytes:
+          u.start, u.entry = self.prefix_cache.lookup(u.ids, len(u.ids) - 1)
+          u.points = self.prefix_cache.snapshot_points(u.ids, u.start)
+          storing.update(k for _, k in u.points)
+        wave.append(u)
+      for batch in self._prefill_batches(wave):
+        self._prefill_and_insert(batch, free)
+      pending = later
 
-  def _prefill_prompt(self, ids: list[int]):
-    """(one-row cache, last logits [1, V], prompt token set [1, V]) for a prompt, restoring the
-    longest cached prefix and storing snapshots where the prefix cache asks for them."""
-    t0 = time.perf_counter()
-    n = len(ids)
-    with self._ctx():
-      start, entry = self.prefix_cache.lookup(ids, n - 1) if self.prefix_cache.max_bytes else \
-          (0, None)
-      if entry is not None:
-        pcache = _restore(entry.state, self.cache_len)
+  def _prefill_batches(self, units: list["_Unit"]) -> list[list["_Unit"]]:
+    """Units grouped for batched prefill: sorted by the tokens they have left to prefill, at
+    most `prefill_batch` a batch, and a batch's longest at most twice its shortest (or both
+    short), so padding costs little."""
+    units = sorted(units, key=lambda u: len(u.ids) - u.start)
+    batches: list[list[_Unit]] = []
+    for u in units:
+      left = len(u.ids) - u.start
+      if batches and len(batches[-1]) < self.prefill_batch and \
+          left <= max(2 * (len(batches[-1][0].ids) - batches[-1][0].start),
+                      self.min_prompt_bucket):
+        batches[-1].append(u)
       else:
-        pcache = _init_cache(self.graphdef, 1, self.cache_len, self.state)
+        batches.append([u])
+    return batches
+
+  def _prefill_and_insert(self, batch: list["_Unit"], free: list[int]) -> None:
+    """Prefills a batch of prompts and inserts their rows into free slots. When a batch fails,
+    its prompts are retried one at a time, so only a prompt that fails alone fails its
+    request."""
+    try:
+      pcache, logits, seen = self._prefill_prompts(batch)
+    except Exception as e:  # noqa: BLE001
+      if len(batch) > 1:
+        for u in batch:
+          self._prefill_and_insert([u], free)
+        return
+      for g in {id(r.group): r.group for r in batch[0].rows}.values():
+        self._drop_group(g, e)
+      return
+    placed = [(r, free.pop(0), j) for j, u in enumerate(batch) for r in u.rows]
+    try:
+      self._insert_rows(placed, pcache, logits, seen)
+    except Exception as e:  # noqa: BLE001 - the slots were not written: fail these requests
+      free.extend(slot for _, slot, _ in placed)
+      free.sort()
+      for g in {id(r.group): r.group for r, _, _ in placed}.values():
+        self._drop_group(g, e)
+      return
+    self.forked_rows += sum(len(u.rows) - 1 for u in batch)
+
+  def _prefill_prompts(self, batch: list["_Unit"]):
+    """(batch cache with one row per unit, last logits [U, V], prompt token sets [U, V]). Each
+    row starts from its restored prefix (or empty) and advances by up to one chunk per call, so
+    rows at different positions share a call; a row's state is stored in the prefix cache as it
+    passes each of its snapshot points. The batch is padded to a power of two with empty rows."""
+    t0 = time.perf_counter()
+    u = len(batch)
+    ub = _pow2(u, 1)
+    n = np.ones(ub, np.int64)
+    n[:u] = [len(x.ids) for x in batch]
+    pos = np.zeros(ub, np.int64)
+    pos[:u] = [x.start for x in batch]
+    stops = [[p for p, _ in x.points] + [len(x.ids)] for x in batch] + [[0]] * (ub - u)
+    keys = [[k for _, k in x.points] for x in batch] + [[]] * (ub - u)
+    chunk = min(_pow2(int((n - pos)[:u].max()), self.min_prompt_bucket), self.prefill_chunk)
+    with self._ctx():
+      pcache = _init_cache(self.graphdef, ub, self.cache_len, self.state)
       if self.mesh is not None:
         pcache = jax.tree_util.tree_map(self._put_like_batch, pcache)
-      logits = self._put(np.zeros((1, self.cfg.vocab_size), np.float32))
-      points = self.prefix_cache.snapshot_points(ids, start)
-      for stop, key in points + [(n, None)]:
-        pcache, logits = self._prefill_range(pcache, ids, start, stop, logits)
-        if key is not None:
-          self.prefix_cache.store(key, ids[:stop],
-                                  _trim(pcache, min(self.cache_len, _pow2(stop, 16))))
-        start = stop
-      tokens = np.zeros((1, _pow2(n, self.min_prompt_bucket)), np.int32)  # one shape per bucket
-      tokens[0, :n] = ids
-      seen = _prompt_seen(self.cfg.vocab_size, self._put(tokens),
-                          self._put(np.array([n], np.int32)))
-    self.prefills += 1
+      for j, x in enumerate(batch):
+        if x.entry is not None:
+          pcache = _restore_into(pcache, x.entry.state, np.int32(j))
+      logits = self._put(np.zeros((ub, self.cfg.vocab_size), np.float32))
+      lengths = self._put(n.astype(np.int32))
+      seg = [0] * ub  # index of each row's next stop
+      while True:
+        nxt = np.array([stops[j][seg[j]] if seg[j] < len(stops[j]) else pos[j]
+                        for j in range(ub)])
+        adv = np.minimum(chunk, np.maximum(nxt - pos, 0))
+        if not adv.any():
+          break
+        tokens = np.zeros((ub, chunk), np.int32)
+        for j in range(u):
+          tokens[j, :adv[j]] = batch[j].ids[pos[j]:pos[j] + adv[j]]
+        pcache, logits = _prefill(*self._prefill_model(ub * chunk), pcache, self._put(tokens),
+                                  self._put(pos.astype(np.int32)),
+                                  self._put((pos + adv).astype(np.int32)), lengths, logits)
+        pos = pos + adv
+        for j in range(u):
+          if seg[j] < len(stops[j]) and pos[j] == stops[j][seg[j]]:
+            if seg[j] < len(keys[j]):
+              p = int(pos[j])
+              self.prefix_cache.store(keys[j][seg[j]], batch[j].ids[:p], _trim_row(
+                  pcache, np.int32(j), min(self.cache_len, _pow2(p, 16))))
+            seg[j] += 1
+      width = _pow2(int(n.max()), self.min_prompt_bucket)  # one shape per bucket
+      tokens = np.zeros((ub, width), np.int32)
+      for j, x in enumerate(batch):
+        tokens[j, :len(x.ids)] = x.ids
+      seen = _prompt_seen(self.cfg.vocab_size, self._put(tokens), lengths)
+    self.prefills += u
+    self.prefill_batches += 1
+    self.prefill_tokens += int(sum(len(x.ids) - x.start for x in batch))
     self.prefill_seconds += time.perf_counter() - t0
     return pcache, logits, seen
 
-  def _prefill_range(self, pcache, ids, start: int, stop: int, logits):
-    """Prefills prompt positions [start, stop) of a one-row cache, in chunks of one compiled
-    length; returns the cache and the logits after position stop - 1."""
-    n = stop - start
-    chunk = min(_pow2(n, self.min_prompt_bucket), self.prefill_chunk)
-    chunks = -(-n // chunk)
-    tokens = np.zeros((1, chunks * chunk), np.int32)
-    tokens[0, :n] = ids[start:stop]
-    length = self._put(np.array([stop], np.int32))
-    for c in range(chunks):
-      pcache, logits = _prefill(*self._prefill_model(chunk), pcache,
-                                self._put(tokens[:, c * chunk:(c + 1) * chunk]),
-                                np.int32(start + c * chunk), length, logits)
-    self.prefill_tokens += n
-    return pcache, logits
-
-  def _insert_row(self, row: _Row, slot: int, pcache, logits, seen) -> None:
-    arrays = self._row_arrays([row])  # each [1, ...]
+  def _insert_rows(self, placed: list[tuple[_Row, int, int]], pcache, logits, seen) -> None:
+    """Writes (row, slot, source row of the batch cache) triples into the slots in one call (the
+    count padded to a power of two with dropped entries)."""
+    rb = _pow2(len(placed), 1)
+    slots = np.full(rb, self.num_slots, np.int32)  # out of range: dropped
+    src = np.zeros(rb, np.int32)
+    pos = np.zeros(rb, np.int32)
+    for i, (row, slot, j) in enumerate(placed):
+      slots[i], src[i], pos[i] = slot, j, len(row.prompt)
+    arrays = self._row_arrays([r for r, _, _ in placed] + [None] * (rb - len(placed)))
     with self._ctx():
-      self._cache, self._carry, self._rows = _insert(
-          self._cache, self._carry, self._rows, np.int32(slot), pcache, logits, seen,
-          np.int32(len(row.prompt)), _Rows(**{k: jnp.asarray(v) for k, v in arrays.items()}))
-    row.slot = slot
-    self._slots[slot] = row
+      self._cache, self._carry, self._rows = _insert_rows(
+          self._cache, self._carry, self._rows, jnp.asarray(slots), jnp.asarray(src), pcache,
+          logits, seen, jnp.asarray(pos), _Rows(**{k: jnp.asarray(v) for k, v in arrays.items()}))
+    for row, slot, _ in placed:
+      row.slot = slot
+      self._slots[slot] = row
 
   def _buckets(self) -> tuple[int, int]:
     """(slot bucket, window) for the next chunk."""
@@ -535,9 +641,10 @@ class ContinuousEngine(Engine):
   # ------------------------------------------------------------------------ warm-up
   def warmup_plans(self, max_prompt_len: int, max_new_tokens: Sequence[int],
                    batch_sizes: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
-    """(slot bucket, "prefill" | "decode", chunk or window) shapes requests of up to
-    `max_prompt_len` tokens with these budgets can need, smallest slot bucket first; prefill
-    shapes carry the smallest bucket (they run one row at a time)."""
+    """(bucket, "prefill" | "decode", chunk or window) shapes requests of up to
+    `max_prompt_len` tokens with these budgets can need, smallest bucket first: a prefill's
+    bucket counts the prompts prefilled together (powers of two up to `prefill_batch`), a
+    decode's the slots."""
     top = _pow2(self.num_slots, self.min_batch_bucket)
     sizes = sorted({min(_pow2(b, self.min_batch_bucket), self.num_slots)
                     for b in (batch_sizes or [])} or
@@ -549,23 +656,26 @@ class ContinuousEngine(Engine):
     longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
     windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
                       for n in range(1, longest + 1)})
-    plans = [(sizes[0], "prefill", c) for c in chunks]
+    most = min(self.prefill_batch, max(sizes))
+    prompts = sorted({_pow2(k, 1) for k in range(1, most + 1)})
+    plans = [(u, "prefill", c) for u in prompts for c in chunks]
     plans += [(b, "decode", w) for b in sizes for w in windows]
     return sorted(plans, key=lambda p: (p[0], p[1] != "prefill", p[2]))
 
   def warmup_plan(self, plan) -> None:
-    """Compiles one warm-up shape: a prefill chunk on a throw-away row, or a decode chunk over
+    """Compiles one warm-up shape: a prefill chunk on throw-away rows, or a decode chunk over
     the live slots with every slot marked finished (the loop runs no step; nothing changes)."""
     nb, kind, size = plan
     with self._lock, self._ctx():
       self._ensure_state()
       if kind == "prefill":
-        pcache = _init_cache(self.graphdef, 1, self.cache_len, self.state)
+        pcache = _init_cache(self.graphdef, nb, self.cache_len, self.state)
         if self.mesh is not None:
           pcache = jax.tree_util.tree_map(self._put_like_batch, pcache)
-        logits = self._put(np.zeros((1, self.cfg.vocab_size), np.float32))
-        _prefill(*self._prefill_model(size), pcache, self._put(np.zeros((1, size), np.int32)),
-                 np.int32(0), self._put(np.ones(1, np.int32)), logits)
+        logits = self._put(np.zeros((nb, self.cfg.vocab_size), np.float32))
+        zeros, ones = self._put(np.zeros(nb, np.int32)), self._put(np.ones(nb, np.int32))
+        _prefill(*self._prefill_model(nb * size), pcache,
+                 self._put(np.zeros((nb, size), np.int32)), zeros, ones, ones, logits)
         return
       idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
       keep_done = self._carry["done"]

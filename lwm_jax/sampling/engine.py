@@ -131,17 +131,20 @@ def _init_cache(graphdef, b: int, t: int, state):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill(graphdef, state, cache, tokens_BxC, start, lengths_B, logits_BxV):
-  """One prefill chunk: prompt positions [start, start + C). Keeps the logits of each row whose
-  last real token lies in this chunk (the others keep `logits_BxV`)."""
+def _prefill(graphdef, state, cache, tokens_BxC, starts_B, stops_B, lengths_B, logits_BxV):
+  """One prefill chunk: row i feeds its tokens at positions [starts_B[i], starts_B[i] + C); those at
+  or past stops_B[i] are padding (they leave the row's state as it was). Keeps the logits of each
+  row whose last prompt token (position lengths_B - 1) is a real token of this chunk (the others
+  keep `logits_BxV`). Rows advance independently, so one call can carry prompts at different
+  points (the continuous engine's batched prefill) or a right-padded batch (the static engine)."""
   model = nnx.merge(graphdef.graphdef, state)
   c = tokens_BxC.shape[1]
-  positions = start + jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), tokens_BxC.shape)
-  segment_ids = (positions < lengths_B[:, None]).astype(jnp.int32)
+  positions = starts_B[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+  segment_ids = (positions < stops_B[:, None]).astype(jnp.int32)
   last = jnp.maximum(lengths_B - 1, 0)
   logits, cache = forward_last(model, tokens_BxC, positions, segment_ids, cache,
-                               jnp.clip(last - start, 0, c - 1))
-  here = (last >= start) & (last < start + c)
+                               jnp.clip(last - starts_B, 0, c - 1))
+  here = (last >= starts_B) & (last < starts_B + c) & (last < stops_B)
   return cache, jnp.where(here[:, None], logits, logits_BxV)
 
 
@@ -464,7 +467,8 @@ class Engine:
       logits = self._put(np.zeros((b, vocab), np.float32))
       for start in range(0, s, chunk):
         cache, logits = _prefill(*self._prefill_model(b * chunk), cache,
-                                 self._put(tokens[:, start:start + chunk]), np.int32(start),
+                                 self._put(tokens[:, start:start + chunk]),
+                                 self._put(np.full(b, start, np.int32)), self._put(len_b),
                                  self._put(len_b), logits)
       carry = dict(logits=logits, pos=self._put(len_b), n_gen=self._put(np.zeros(b, np.int32)),
                    done=self._put(done), finish=self._put(np.zeros(b, np.int32)),
