@@ -57,6 +57,9 @@ flags.DEFINE_integer("num_slots", 0, "continuous engine: rows decoded together (
                      lower_bound=0)
 flags.DEFINE_integer("cache_len", 0, "continuous engine: positions per slot, the longest prompt "
                      "plus reply served (0: the model's context)", lower_bound=0)
+flags.DEFINE_integer("prefill_batch_tokens", 512, "continuous engine: the most padded prompt "
+                     "tokens prefilled together in one call (prompts of similar length that wait "
+                     "for slots share a call; longer ones go alone)")
 flags.DEFINE_float("prefix_cache_mb", 256.0, "continuous engine: memory bound of the prefix "
                    "cache in MiB (0: off)", lower_bound=0.0)
 flags.DEFINE_integer("chunk_steps", 16, "decode steps per jit call (streaming granularity)")
@@ -100,7 +103,7 @@ def main(argv):
   try:
     extra = {} if f.engine == "static" else dict(
         num_slots=f.num_slots or None, cache_len=f.cache_len or None,
-        prefix_cache_mb=f.prefix_cache_mb)
+        prefix_cache_mb=f.prefix_cache_mb, prefill_batch_tokens=f.prefill_batch_tokens)
     sampler = Sampler.from_checkpoint(f.checkpoint, tokenizer=f.tokenizer, mesh=parse_mesh(f.mesh),
                                       engine=f.engine, **extra,
                                       chunk_steps=f.chunk_steps, max_batch=max(f.max_batch, 1),

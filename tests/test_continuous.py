@@ -152,7 +152,7 @@ def _batched_prefill_case(model):
   greedy = SamplingParams(temperature=0, max_new_tokens=6)
   want = [_alone(model, p, greedy) for p in prompts]
   eng = ContinuousEngine(model, **dict(SHAPES, prefill_chunk=32), num_slots=8,
-                         min_batch_bucket=8, cache_len=128, prefill_batch=4)
+                         min_batch_bucket=8, cache_len=128, prefill_batch_tokens=128)
   got = eng.generate(prompts, [greedy] * 7, [[]] * 7)
   for w, g in zip(want, got):
     assert g.token_ids == w.token_ids

@@ -6,8 +6,8 @@ model), and the per-slot decode state beside it (last logits, position, tokens g
 penalty counts, sampling settings). Work is split as in JetStream:
 
 - insert: the prompts waiting for free slots are prefilled together (the static engine's
-  `_prefill`, each row at its own position, up to `prefill_batch` prompts of similar length a
-  call, in chunks) into a batch cache whose rows are then copied, in one call, into every free
+  `_prefill`, each row at its own position; prompts of similar length, up to
+  `prefill_batch_tokens` padded tokens a call, in chunks) into a batch cache whose rows are then copied, in one call, into every free
   slot their rows take (the `n` choices of a request, and waiting rows of other requests with the
   same prompt, share one prefill row: the prompt's state is forked into their slots);
 - generate: one jit call runs up to `chunk_steps` decode steps over the slots (`engine.decode_steps`,
@@ -201,13 +201,13 @@ class ContinuousEngine(Engine):
   the model's context; a prompt plus its budget must fit, and the engine's `context` becomes this);
   prefix_cache_mb: the prefix cache's bound in MiB (0 turns it off); prefix_block: tokens per
   prefix-cache block; share_prefixes: False prefills every row on its own and turns the prefix
-  cache off (the benchmark's baseline); prefill_batch: the most distinct prompts prefilled in
-  one call.
+  cache off (the benchmark's baseline); prefill_batch_tokens: the most padded prompt tokens one
+  batched prefill call takes (prompts with more left to prefill go alone, in chunks).
   """
 
   def __init__(self, model, *, num_slots: int | None = None, cache_len: int | None = None,
                prefix_cache_mb: float = 256.0, prefix_block: int = 16,
-               share_prefixes: bool = True, prefill_batch: int = 16, **engine_kw: Any):
+               share_prefixes: bool = True, prefill_batch_tokens: int = 512, **engine_kw: Any):
     super().__init__(model, **engine_kw)
     self.num_slots = int(num_slots or self.max_batch)
     if self.num_slots < 1:
@@ -221,9 +221,9 @@ class ContinuousEngine(Engine):
       raise ValueError(f"prefix_cache_mb: must be >= 0, got {prefix_cache_mb}")
     self.cache_len = self.context = t
     self.share_prefixes = bool(share_prefixes)
-    if prefill_batch < 1:
-      raise ValueError(f"prefill_batch: must be at least 1, got {prefill_batch}")
-    self.prefill_batch = int(prefill_batch)
+    if prefill_batch_tokens < 1:
+      raise ValueError(f"prefill_batch_tokens: must be at least 1, got {prefill_batch_tokens}")
+    self.prefill_batch_tokens = int(prefill_batch_tokens)
     self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2 ** 20) if share_prefixes else 0,
                                     prefix_block)
     self._lock = threading.RLock()  # held by step(): one scheduler at a time
@@ -459,19 +459,23 @@ class ContinuousEngine(Engine):
       pending = later
 
   def _prefill_batches(self, units: list["_Unit"]) -> list[list["_Unit"]]:
-    """Units grouped for batched prefill: sorted by the tokens they have left to prefill, at
-    most `prefill_batch` a batch, and a batch's longest at most twice its shortest (or both
-    short), so padding costs little."""
-    units = sorted(units, key=lambda u: len(u.ids) - u.start)
+    """Units grouped for batched prefill: sorted by the tokens they have left to prefill; a batch
+    is at most `prefill_batch_tokens` padded tokens (its power-of-two row count times its
+    longest remainder's power of two) and its longest at most twice its shortest (or both
+    short), so padding costs little and long prompts, whose prefill is compute-bound, go alone."""
+    def left(u):
+      return len(u.ids) - u.start
+
     batches: list[list[_Unit]] = []
-    for u in units:
-      left = len(u.ids) - u.start
-      if batches and len(batches[-1]) < self.prefill_batch and \
-          left <= max(2 * (len(batches[-1][0].ids) - batches[-1][0].start),
-                      self.min_prompt_bucket):
-        batches[-1].append(u)
-      else:
-        batches.append([u])
+    for u in sorted(units, key=left):
+      if batches:
+        b = batches[-1]
+        width = _pow2(left(u), self.min_prompt_bucket)
+        if _pow2(len(b) + 1, 1) * width <= self.prefill_batch_tokens and \
+            left(u) <= max(2 * left(b[0]), self.min_prompt_bucket):
+          b.append(u)
+          continue
+      batches.append([u])
     return batches
 
   def _prefill_and_insert(self, batch: list["_Unit"], free: list[int]) -> None:
@@ -501,8 +505,9 @@ class ContinuousEngine(Engine):
 
   def _prefill_prompts(self, batch: list["_Unit"]):
     """(batch cache with one row per unit, last logits [U, V], prompt token sets [U, V]). Each
-    row starts from its restored prefix (or empty) and advances by up to one chunk per call, so
-    rows at different positions share a call; a row's state is stored in the prefix cache as it
+    row starts from its restored prefix (or empty) and advances by up to one chunk per call
+    towards its next stop (a snapshot point or its end), so rows at different positions share a
+    call; a row's state is stored in the prefix cache as it
     passes each of its snapshot points. The batch is padded to a power of two with empty rows."""
     t0 = time.perf_counter()
     u = len(batch)
@@ -513,7 +518,6 @@ class ContinuousEngine(Engine):
     pos[:u] = [x.start for x in batch]
     stops = [[p for p, _ in x.points] + [len(x.ids)] for x in batch] + [[0]] * (ub - u)
     keys = [[k for _, k in x.points] for x in batch] + [[]] * (ub - u)
-    chunk = min(_pow2(int((n - pos)[:u].max()), self.min_prompt_bucket), self.prefill_chunk)
     with self._ctx():
       pcache = _init_cache(self.graphdef, ub, self.cache_len, self.state)
       if self.mesh is not None:
@@ -527,9 +531,12 @@ class ContinuousEngine(Engine):
       while True:
         nxt = np.array([stops[j][seg[j]] if seg[j] < len(stops[j]) else pos[j]
                         for j in range(ub)])
-        adv = np.minimum(chunk, np.maximum(nxt - pos, 0))
-        if not adv.any():
+        need = np.maximum(nxt - pos, 0)
+        if not need.any():
           break
+        # each call's chunk covers the longest stretch to a row's next stop (a power of two)
+        chunk = min(_pow2(int(need.max()), self.min_prompt_bucket), self.prefill_chunk)
+        adv = np.minimum(chunk, need)
         tokens = np.zeros((ub, chunk), np.int32)
         for j in range(u):
           tokens[j, :adv[j]] = batch[j].ids[pos[j]:pos[j] + adv[j]]
@@ -549,6 +556,7 @@ class ContinuousEngine(Engine):
       for j, x in enumerate(batch):
         tokens[j, :len(x.ids)] = x.ids
       seen = _prompt_seen(self.cfg.vocab_size, self._put(tokens), lengths)
+      jax.block_until_ready(logits)  # prefill_seconds counts the computation, not its dispatch
     self.prefills += u
     self.prefill_batches += 1
     self.prefill_tokens += int(sum(len(x.ids) - x.start for x in batch))
@@ -643,8 +651,8 @@ class ContinuousEngine(Engine):
                    batch_sizes: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
     """(bucket, "prefill" | "decode", chunk or window) shapes requests of up to
     `max_prompt_len` tokens with these budgets can need, smallest bucket first: a prefill's
-    bucket counts the prompts prefilled together (powers of two up to `prefill_batch`), a
-    decode's the slots."""
+    bucket counts the prompts prefilled together (powers of two, at most
+    `prefill_batch_tokens` tokens a call), a decode's the slots."""
     top = _pow2(self.num_slots, self.min_batch_bucket)
     sizes = sorted({min(_pow2(b, self.min_batch_bucket), self.num_slots)
                     for b in (batch_sizes or [])} or
@@ -656,9 +664,10 @@ class ContinuousEngine(Engine):
     longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
     windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
                       for n in range(1, longest + 1)})
-    most = min(self.prefill_batch, max(sizes))
-    prompts = sorted({_pow2(k, 1) for k in range(1, most + 1)})
-    plans = [(u, "prefill", c) for u in prompts for c in chunks]
+    most = min(self.num_slots, max(sizes))
+    plans = [(u, "prefill", c) for c in chunks
+             for u in sorted({min(_pow2(k, 1), most) for k in range(1, most + 1)})
+             if u == 1 or u * c <= self.prefill_batch_tokens]
     plans += [(b, "decode", w) for b in sizes for w in windows]
     return sorted(plans, key=lambda p: (p[0], p[1] != "prefill", p[2]))
 
