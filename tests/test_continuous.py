@@ -181,6 +181,36 @@ def test_batched_prefill_on_the_hybrid_model_equals_each_alone():
   _batched_prefill_case(Transformer(get_preset("tiny_hybrid"), rngs=nnx.Rngs(0)))
 
 
+def test_shapes_compiled_ahead_of_time_are_not_compiled_again(caplog):
+  """The server's background warm-up compiles shapes without running them (`compile_plan`, no
+  engine lock held while XLA works); the requests that later use those shapes find them
+  compiled. A model of its own (vocabulary 640) keeps other tests' compilations out."""
+  import dataclasses
+  import logging
+  import jax
+  model = Transformer(dataclasses.replace(get_preset("tiny"), vocab_size=640), rngs=nnx.Rngs(0))
+  eng = ContinuousEngine(model, **SHAPES, num_slots=2, min_batch_bucket=2, cache_len=64,
+                         prefix_cache_mb=0)
+  for plan in [(2, "prefill", 16), (2, "decode", 64)]:
+    assert plan in eng.warmup_plans(16, [8])
+    eng.compile_plan(plan)
+  assert eng.running() == 0 and not eng.busy()  # nothing ran
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 640, size=k).tolist() for k in (9, 14)]
+  greedy = SamplingParams(temperature=0, max_new_tokens=8)
+  jax.config.update("jax_log_compiles", True)
+  try:
+    with caplog.at_level(logging.WARNING):
+      got = eng.generate(prompts, [greedy] * 2, [[]] * 2)
+  finally:
+    jax.config.update("jax_log_compiles", False)
+  compiled = [r.getMessage() for r in caplog.records if "compil" in r.getMessage()]
+  assert any("_insert_rows" in m for m in compiled), compiled  # the log does name what compiles
+  assert not [m for m in compiled if "_prefill" in m or "_decode_slots" in m], compiled
+  for p, g in zip(prompts, got):
+    assert g.token_ids == _alone(model, p, greedy).token_ids
+
+
 def test_new_parameters_never_meet_cached_prefixes_of_the_old(tiny):
   # RL hands the engine the live policy after every update: a cached system prompt's keys and
   # values from the old weights must not be restored under the new ones.

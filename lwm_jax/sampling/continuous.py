@@ -64,6 +64,13 @@ def _time_axis(name: str) -> int | None:
   return CACHE_LAYOUT[name].index("t") if name in CACHE_LAYOUT else None
 
 
+def _spec(a, sharded: bool = False):
+  """The shape and dtype of an array (and its sharding when `sharded`: on one device the live
+  arrays carry none, and a lowering must see what the later call sees to share its executable)."""
+  return jax.ShapeDtypeStruct(a.shape, a.dtype,
+                              sharding=getattr(a, "sharding", None) if sharded else None)
+
+
 def _map_cache(fn, *caches):
   """Applies fn(name, *arrays) to each array of per-layer cache dicts."""
   return [{n: fn(n, *(c[i][n] for c in caches)) for n in caches[0][i]}
@@ -692,6 +699,32 @@ class ContinuousEngine(Engine):
           self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
           self.decode_state, self._cache, idle, self._rows)
       self._carry = dict(carry, done=keep_done)
+
+  def compile_plan(self, plan) -> None:
+    """Compiles one warm-up shape ahead of time without running it, holding the engine's lock
+    only to read the live state's shapes: requests keep being served while XLA compiles (the
+    server's background warm-up). The later call with that shape traces and lowers again but
+    finds the executable compiled."""
+    nb, kind, size = plan
+    with self._lock, self._ctx():
+      self._ensure_state()
+      live = jax.tree_util.tree_map(lambda a: _spec(a, self.mesh is not None),
+                                    (self._cache, self._carry, self._rows))
+    with self._ctx():
+      if kind == "prefill":
+        cache = jax.tree_util.tree_map(_spec, jax.eval_shape(
+            lambda: _init_cache(self.graphdef, nb, self.cache_len, self.state)))
+        if self.mesh is not None:
+          cache = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+              a.shape, a.dtype, sharding=self._batch_sharding(a)), cache)
+        rows = self._put(np.zeros(nb, np.int32))
+        _prefill.lower(*self._prefill_model(nb * size), cache,
+                       self._put(np.zeros((nb, size), np.int32)), rows, rows, rows,
+                       self._put(np.zeros((nb, self.cfg.vocab_size), np.float32))).compile()
+        return
+      cache, carry, rows = live
+      _decode_slots.lower(self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
+                          self.decode_state, cache, carry, rows).compile()
 
   def warmup(self, max_prompt_len: int, max_new_tokens: Sequence[int],
              batch_sizes: Sequence[int] | None = None) -> dict:

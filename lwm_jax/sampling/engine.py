@@ -508,9 +508,12 @@ class Engine:
                       tops[i] if params[i].top_logprobs else None)
             for i in range(n)]
 
+  def _batch_sharding(self, x) -> NamedSharding:
+    """How an array with a leading batch axis (a cache, a row table) lies on the mesh."""
+    return NamedSharding(self.mesh, sharding.batch_spec(x.shape[0], self.mesh, len(x.shape)))
+
   def _put_like_batch(self, x):
-    return jax.device_put(x, NamedSharding(self.mesh, sharding.batch_spec(x.shape[0], self.mesh,
-                                                                           x.ndim)))
+    return jax.device_put(x, self._batch_sharding(x))
 
 
 def _offset_cb(cb, offset, total, new_t, new_l):

@@ -243,7 +243,9 @@ class BackgroundWarmup:
   """Compiles warm-up shapes on a thread while the server answers: the `first` shapes (a lone
   request's, the commonest), after which the server reports ready (/health 200, as vLLM does once
   its engine is up; 503 "loading" before), then the rest. A warm-up shape runs on its own dummy
-  rows (the engine keeps no state between calls), so it never blocks a batch being served."""
+  rows (the static engine keeps no state between calls); the continuous engine compiles the
+  rest ahead of time without running them (`compile_plan`), so they never hold up its decode
+  loop."""
 
   def __init__(self, sampler: Sampler, first: Sequence, rest: Sequence):
     self.sampler, self.first, self.rest = sampler, list(first), list(rest)
@@ -260,8 +262,12 @@ class BackgroundWarmup:
 
   def _loop(self) -> None:
     try:
+      engine = self.sampler.engine
       for i, plan in enumerate(self.first + self.rest):
-        self.sampler.engine.warmup_plan(plan)
+        if i >= len(self.first) and hasattr(engine, "compile_plan"):
+          engine.compile_plan(plan)  # while serving: compile without holding up the requests
+        else:
+          engine.warmup_plan(plan)
         self.done += 1
         if i + 1 == len(self.first):
           self.ready_at = time.monotonic()
