@@ -134,9 +134,16 @@ def main(argv):
         x *= 2
       sizes.append(x)
       plans = engine.warmup_plans(f.warmup_prompt_len, budgets, batch_sizes=sizes)
-      # a lone request's shapes first: the smallest batch (the continuous engine: its decode
-      # bucket, and one prompt's prefill)
-      lone = [p[0] == sizes[0] or (p[1] == "prefill" and p[0] == 1) for p in plans]
+      # a lone request's shapes first: the smallest batch. The continuous engine: one prompt's
+      # prefill chunks and the smallest decode window of its smallest slot bucket; it compiles
+      # the rest without holding up requests, in order (the next windows first), and a request
+      # that gets ahead of it compiles the shape it needs on the spot.
+      if getattr(engine, "compile_plan", None):
+        windows = [p[2] for p in plans if p[1] == "decode" and p[0] == sizes[0]]
+        lone = [(p[1] == "prefill" and p[0] == 1) or (p[1] == "decode" and p[0] == sizes[0]
+                                                      and p[2] == min(windows)) for p in plans]
+      else:
+        lone = [p[0] == sizes[0] for p in plans]
       ready = BackgroundWarmup(sampler, [p for p, o in zip(plans, lone) if o],
                                [p for p, o in zip(plans, lone) if not o]).start()
       ready = ready.state
