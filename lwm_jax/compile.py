@@ -555,7 +555,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def write_report(rows: list[dict], out_json: str, out_md: str, notes: str = "") -> None:
-  """Merges `rows` into the JSON's rows (same preset, stage, topology, slices replaced)."""
+  """Merges `rows` into the JSON's rows (same preset, stage, topology, slices replaced) and
+  rewrites the markdown table; the markdown's text between its heading and the table (notes on
+  the rows, written by hand) is kept unless `notes` replaces it."""
   old = []
   if os.path.exists(out_json):
     with open(out_json, encoding="utf-8") as f:
@@ -566,8 +568,15 @@ def write_report(rows: list[dict], out_json: str, out_md: str, notes: str = "") 
   os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
   with open(out_json, "w", encoding="utf-8") as f:
     json.dump({"rows": merged, "jax": jax.__version__}, f, indent=1, sort_keys=True)
+  head = ("# Pod presets compiled for TPU topologies on a CPU host\n\n"
+          "Written by `launch/compile.py` (docs/pods.md explains each column). Estimates are "
+          "a roofline from XLA's per-chip cost and the chip's published figures, not "
+          "measurements.\n\n")
+  if not notes and os.path.exists(out_md):  # keep what was written about the rows by hand
+    with open(out_md, encoding="utf-8") as f:
+      text = f.read()
+    table = text.find("\n| preset |")
+    if text.startswith(head) and table >= len(head):
+      notes = text[len(head):table].strip()
   with open(out_md, "w", encoding="utf-8") as f:
-    f.write("# Pod presets compiled for TPU topologies on a CPU host\n\n"
-            "Written by `launch/compile.py` (docs/pods.md explains each column). Estimates are "
-            "a roofline from XLA's per-chip cost and the chip's published figures, not "
-            "measurements.\n\n" + (notes + "\n\n" if notes else "") + markdown(merged))
+    f.write(head + (notes + "\n\n" if notes else "") + markdown(merged))

@@ -84,6 +84,24 @@ def test_roofline_from_figures():
   assert r["est_mfu"] == pytest.approx(0.5) and r["tokens_per_s_per_chip"] == pytest.approx(1000)
 
 
+def test_report_merges_rows_and_keeps_the_notes_written_by_hand(tmp_path):
+  with open(os.path.join(ROOT, "benchmarks", "results", "pods.json"), encoding="utf-8") as f:
+    rows = json.load(f)["rows"][:2]  # two real report rows (the tiny smoke rows)
+  out_json, out_md = str(tmp_path / "pods.json"), str(tmp_path / "pods.md")
+  aot.write_report(rows[:1], out_json, out_md)
+  text = open(out_md, encoding="utf-8").read()
+  table = text.index("| preset |")
+  with open(out_md, "w", encoding="utf-8") as f:  # a note on the rows, written by hand
+    f.write(text[:table] + "**Notes.** Compiled on a busy host.\n\n" + text[table:])
+  again = dict(rows[1], preset=rows[0]["preset"], stage=rows[0]["stage"])  # same key: replaces
+  aot.write_report([again, rows[1]], out_json, out_md)
+  text = open(out_md, encoding="utf-8").read()
+  assert "**Notes.** Compiled on a busy host." in text
+  assert text.index("**Notes.**") < text.index("| preset |")
+  assert len(json.load(open(out_json, encoding="utf-8"))["rows"]) == 2
+  assert text.count("\n| " + rows[0]["preset"] + " |") == 1
+
+
 def test_topology_names_are_checked():
   assert aot.parse_topology("v5p:4x4x8")[2] == 128
   assert aot.parse_topology("v6e:16x16")[2] == 256
