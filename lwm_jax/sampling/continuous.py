@@ -489,6 +489,11 @@ class ContinuousEngine(Engine):
     """Prefills a batch of prompts and inserts their rows into free slots. When a batch fails,
     its prompts are retried one at a time, so only a prompt that fails alone fails its
     request."""
+    for u in batch:  # a request failed by an earlier batch of this admission leaves
+      u.rows = [r for r in u.rows if not r.group.finished]
+    batch = [u for u in batch if u.rows]
+    if not batch:
+      return
     try:
       pcache, logits, seen = self._prefill_prompts(batch)
     except Exception as e:  # noqa: BLE001
