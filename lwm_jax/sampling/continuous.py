@@ -690,13 +690,7 @@ class ContinuousEngine(Engine):
     with self._lock, self._ctx():
       self._ensure_state()
       if kind == "prefill":
-        pcache = _init_cache(self.graphdef, nb, self.cache_len, self.state)
-        if self.mesh is not None:
-          pcache = jax.tree_util.tree_map(self._put_like_batch, pcache)
-        logits = self._put(np.zeros((nb, self.cfg.vocab_size), np.float32))
-        zeros, ones = self._put(np.zeros(nb, np.int32)), self._put(np.ones(nb, np.int32))
-        _prefill(*self._prefill_model(nb * size), pcache,
-                 self._put(np.zeros((nb, size), np.int32)), zeros, ones, ones, logits)
+        _prefill(*self._prefill_model(nb * size), *self._dummy_prefill(nb, size))
         return
       idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
       keep_done = self._carry["done"]
@@ -704,6 +698,23 @@ class ContinuousEngine(Engine):
           self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
           self.decode_state, self._cache, idle, self._rows)
       self._carry = dict(carry, done=keep_done)
+
+  def _dummy_prefill(self, nb: int, size: int, abstract: bool = False) -> tuple:
+    """The arguments after the model of a prefill call of `nb` throw-away rows x `size` tokens
+    (each row one real token); with `abstract` the cache is only its shapes (nothing allocated)."""
+    if abstract:
+      cache = jax.tree_util.tree_map(_spec, jax.eval_shape(
+          lambda: _init_cache(self.graphdef, nb, self.cache_len, self.state)))
+      if self.mesh is not None:
+        cache = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=self._batch_sharding(a)), cache)
+    else:
+      cache = _init_cache(self.graphdef, nb, self.cache_len, self.state)
+      if self.mesh is not None:
+        cache = jax.tree_util.tree_map(self._put_like_batch, cache)
+    zeros, ones = self._put(np.zeros(nb, np.int32)), self._put(np.ones(nb, np.int32))
+    return (cache, self._put(np.zeros((nb, size), np.int32)), zeros, ones, ones,
+            self._put(np.zeros((nb, self.cfg.vocab_size), np.float32)))
 
   def compile_plan(self, plan) -> None:
     """Compiles one warm-up shape ahead of time without running it, holding the engine's lock
@@ -717,15 +728,8 @@ class ContinuousEngine(Engine):
                                     (self._cache, self._carry, self._rows))
     with self._ctx():
       if kind == "prefill":
-        cache = jax.tree_util.tree_map(_spec, jax.eval_shape(
-            lambda: _init_cache(self.graphdef, nb, self.cache_len, self.state)))
-        if self.mesh is not None:
-          cache = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
-              a.shape, a.dtype, sharding=self._batch_sharding(a)), cache)
-        rows = self._put(np.zeros(nb, np.int32))
-        _prefill.lower(*self._prefill_model(nb * size), cache,
-                       self._put(np.zeros((nb, size), np.int32)), rows, rows, rows,
-                       self._put(np.zeros((nb, self.cfg.vocab_size), np.float32))).compile()
+        _prefill.lower(*self._prefill_model(nb * size),
+                       *self._dummy_prefill(nb, size, abstract=True)).compile()
         return
       cache, carry, rows = live
       _decode_slots.lower(self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
