@@ -191,7 +191,7 @@ def test_shapes_compiled_ahead_of_time_are_not_compiled_again(caplog):
   model = Transformer(dataclasses.replace(get_preset("tiny"), vocab_size=640), rngs=nnx.Rngs(0))
   eng = ContinuousEngine(model, **SHAPES, num_slots=2, min_batch_bucket=2, cache_len=64,
                          prefix_cache_mb=0)
-  for plan in [(2, "prefill", 16), (2, "decode", 64)]:
+  for plan in [(2, "prefill", 16, 64), (2, "decode", 64)]:
     assert plan in eng.warmup_plans(16, [8])
     eng.compile_plan(plan)
   assert eng.running() == 0 and not eng.busy()  # nothing ran

@@ -21,8 +21,9 @@ bucket is the power of two covering the highest busy slot (free slots are taken 
 a lone request decodes one row, not `num_slots`) and the window is the smallest power of two
 (at least `min_cache_len`, at most `cache_len`) that holds every busy slot's position after the
 chunk (attention then reads only that much of the cache); prefill is compiled per (prompt
-bucket, chunk length) pair, the prompt bucket being the power of two covering the prompts
-prefilled together.
+bucket, chunk length, window) triple, the prompt bucket being the power of two covering the
+prompts prefilled together and the window the power of two (at least `prefill_chunk` and
+`min_cache_len`) covering the positions the call's rows reach (its attention reads only those).
 
 The prompt prefixes of earlier requests are kept in a `PrefixCache` (`prefix_cache.py`) under a
 byte bound: a prompt that starts with a stored prefix restores that state and prefills only its
@@ -94,6 +95,24 @@ def _restore_into(cache, trimmed, row):
   positions (the positions past them are never read before the row writes them)."""
   return _map_cache(lambda _, big, small: jax.lax.dynamic_update_slice(
       big, small.astype(big.dtype), (row,) + (0,) * (big.ndim - 1)), cache, trimmed)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _prefill_window(graphdef, window: int, state, cache, tokens_BxC, starts_B, stops_B, lengths_B,
+                    logits_BxV):
+  """The static engine's `_prefill` on the first `window` positions of a batch cache: attention
+  reads only those (on CPU a chunk's attention costs about as much per cached position as its
+  weights do per token: measured on the shipped model, a 512-token chunk takes 4x as long over
+  2048 positions as over 512). Every real token of the call lies inside the window; padding
+  past it is dropped, as past the cache's end."""
+  def view_of(name, a):
+    ax = _time_axis(name)
+    return a if ax is None else jax.lax.slice_in_dim(a, 0, window, axis=ax)
+
+  view, logits = _prefill(graphdef, state, _map_cache(view_of, cache), tokens_BxC, starts_B,
+                          stops_B, lengths_B, logits_BxV)
+  return _map_cache(lambda _, a, v: jax.lax.dynamic_update_slice(a, v, (0,) * a.ndim),
+                    cache, view), logits
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
@@ -552,9 +571,11 @@ class ContinuousEngine(Engine):
         tokens = np.zeros((ub, chunk), np.int32)
         for j in range(u):
           tokens[j, :adv[j]] = batch[j].ids[pos[j]:pos[j] + adv[j]]
-        pcache, logits = _prefill(*self._prefill_model(ub * chunk), pcache, self._put(tokens),
-                                  self._put(pos.astype(np.int32)),
-                                  self._put((pos + adv).astype(np.int32)), lengths, logits)
+        graph, state = self._prefill_model(ub * chunk)
+        pcache, logits = _prefill_window(
+            graph, self._prefill_window_for(int((pos + adv).max())), state, pcache,
+            self._put(tokens), self._put(pos.astype(np.int32)),
+            self._put((pos + adv).astype(np.int32)), lengths, logits)
         pos = pos + adv
         for j in range(u):
           if seg[j] < len(stops[j]) and pos[j] == stops[j][seg[j]]:
@@ -592,6 +613,12 @@ class ContinuousEngine(Engine):
     for row, slot, _ in placed:
       row.slot = slot
       self._slots[slot] = row
+
+  def _prefill_window_for(self, end: int) -> int:
+    """The cache positions a prefill call attends over when its rows end by position `end`: a
+    power of two, at least `prefill_chunk` and `min_cache_len` (so that few shapes are compiled:
+    512, 1024 and 2048 positions for a 2048-token model by default), at most the cache."""
+    return min(_pow2(end, max(self.prefill_chunk, self.min_cache_len)), self.cache_len)
 
   def _buckets(self) -> tuple[int, int]:
     """(slot bucket, window) for the next chunk."""
@@ -660,11 +687,11 @@ class ContinuousEngine(Engine):
 
   # ------------------------------------------------------------------------ warm-up
   def warmup_plans(self, max_prompt_len: int, max_new_tokens: Sequence[int],
-                   batch_sizes: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
-    """(bucket, "prefill" | "decode", chunk or window) shapes requests of up to
-    `max_prompt_len` tokens with these budgets can need, smallest bucket first: a prefill's
-    bucket counts the prompts prefilled together (powers of two, at most
-    `prefill_batch_tokens` tokens a call), a decode's the slots."""
+                   batch_sizes: Sequence[int] | None = None) -> list[tuple]:
+    """The shapes requests of up to `max_prompt_len` tokens with these budgets can need,
+    smallest bucket first: (prompts, "prefill", chunk, window), the prompts prefilled together
+    (powers of two, at most `prefill_batch_tokens` tokens a call), and (slots, "decode",
+    window)."""
     top = _pow2(self.num_slots, self.min_batch_bucket)
     sizes = sorted({min(_pow2(b, self.min_batch_bucket), self.num_slots)
                     for b in (batch_sizes or [])} or
@@ -676,8 +703,9 @@ class ContinuousEngine(Engine):
     longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
     windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
                       for n in range(1, longest + 1)})
+    spans = sorted({self._prefill_window_for(n) for n in range(1, max_prompt_len + 1)})
     most = min(self.num_slots, max(sizes))
-    plans = [(u, "prefill", c) for c in chunks
+    plans = [(u, "prefill", c, w) for c in chunks for w in spans
              for u in sorted({min(_pow2(k, 1), most) for k in range(1, most + 1)})
              if u == 1 or u * c <= self.prefill_batch_tokens]
     plans += [(b, "decode", w) for b in sizes for w in windows]
@@ -686,11 +714,12 @@ class ContinuousEngine(Engine):
   def warmup_plan(self, plan) -> None:
     """Compiles one warm-up shape: a prefill chunk on throw-away rows, or a decode chunk over
     the live slots with every slot marked finished (the loop runs no step; nothing changes)."""
-    nb, kind, size = plan
+    nb, kind, size = plan[:3]
     with self._lock, self._ctx():
       self._ensure_state()
       if kind == "prefill":
-        _prefill(*self._prefill_model(nb * size), *self._dummy_prefill(nb, size))
+        graph, state = self._prefill_model(nb * size)
+        _prefill_window(graph, plan[3], state, *self._dummy_prefill(nb, size))
         return
       idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
       keep_done = self._carry["done"]
@@ -721,15 +750,16 @@ class ContinuousEngine(Engine):
     only to read the live state's shapes: requests keep being served while XLA compiles (the
     server's background warm-up). The later call with that shape traces and lowers again but
     finds the executable compiled."""
-    nb, kind, size = plan
+    nb, kind, size = plan[:3]
     with self._lock, self._ctx():
       self._ensure_state()
       live = jax.tree_util.tree_map(lambda a: _spec(a, self.mesh is not None),
                                     (self._cache, self._carry, self._rows))
     with self._ctx():
       if kind == "prefill":
-        _prefill.lower(*self._prefill_model(nb * size),
-                       *self._dummy_prefill(nb, size, abstract=True)).compile()
+        graph, state = self._prefill_model(nb * size)
+        _prefill_window.lower(graph, plan[3], state,
+                              *self._dummy_prefill(nb, size, abstract=True)).compile()
         return
       cache, carry, rows = live
       _decode_slots.lower(self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
