@@ -70,12 +70,13 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
     proc.wait(timeout=30)
   log = proc.stdout.read()
   # The continuous engine (the default): slot buckets of 1, 2 and 4 rows, prompts up to 16 tokens
-  # (one prefill chunk), budgets 16 and the whole context (decode windows 64, 128, ..., 2048: six
-  # per slot bucket), and the prefill of 1, 2 and 4 prompts together; ready after the lone
-  # request's prefill and its smallest window, the other nineteen compiled while serving.
-  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 19 more in the background",
+  # (one prefill chunk), budgets 16 and the whole context (decode windows 64, 128, ..., 1024,
+  # 1536, 2048: seven per slot bucket), and the prefill of 1, 2 and 4 prompts together; ready after
+  # the lone request's prefill and its smallest window, the other twenty-two compiled while
+  # serving.
+  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 22 more in the background",
                    log), log[-3000:]
-  assert re.search(r"warm-up finished after [0-9.]+ s \(21 shapes\)", log), log[-3000:]
+  assert re.search(r"warm-up finished after [0-9.]+ s \(24 shapes\)", log), log[-3000:]
   assert os.listdir(checkpoint / "jax_cache")  # compiled shapes kept for the next start
 
 

@@ -19,11 +19,11 @@ finished, so a short reply leaves at once and a late request starts at the next 
 Shapes stay static: a decode chunk is compiled per (slot bucket, window) pair, where the slot
 bucket is the power of two covering the highest busy slot (free slots are taken lowest first, so
 a lone request decodes one row, not `num_slots`) and the window is the smallest power of two
-(at least `min_cache_len`, at most `cache_len`) that holds every busy slot's position after the
-chunk (attention then reads only that much of the cache); prefill is compiled per (prompt
-bucket, chunk length, window) triple, the prompt bucket being the power of two covering the
-prompts prefilled together and the window the power of two (at least `prefill_chunk` and
-`min_cache_len`) covering the positions the call's rows reach (its attention reads only those).
+(at least `min_cache_len`, at most `cache_len`; past 1,024 positions also 1.5 x a power of two)
+that holds every busy slot's position after the chunk (attention then reads only that much of
+the cache); prefill is compiled per (prompt bucket, chunk length, window) triple, the prompt
+bucket being the power of two covering the prompts prefilled together and the window (as for
+decoding, at least `prefill_chunk`) covering the positions the call's rows reach.
 
 The prompt prefixes of earlier requests are kept in a `PrefixCache` (`prefix_cache.py`) under a
 byte bound: a prompt that starts with a stored prefix restores that state and prefills only its
@@ -61,6 +61,22 @@ class Cancelled(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ device helpers
+# Attention windows of more than 1,024 positions also come in 1.5 x powers of two (1,536, 3,072,
+# ...): for a small model on CPU a long window's attention costs more than the weights (the
+# shipped model: 4x as long over 2,048 positions as over 512), and the half steps cut a window's
+# padding from up to 50% to up to 33% for one more compiled shape per doubling.
+HALF_STEPS_ABOVE = 1024
+
+
+def _window(n: int, lo: int, cap: int) -> int:
+  """The attention window holding `n` positions: a power of two >= lo (or 1.5 x one above
+  HALF_STEPS_ABOVE), at most `cap`."""
+  p = _pow2(n, lo)
+  if p > 2 * HALF_STEPS_ABOVE - 1 and 3 * p // 4 >= n and p % 4 == 0:
+    p = 3 * p // 4
+  return min(p, cap)
+
+
 def _time_axis(name: str) -> int | None:
   return CACHE_LAYOUT[name].index("t") if name in CACHE_LAYOUT else None
 
@@ -616,16 +632,16 @@ class ContinuousEngine(Engine):
 
   def _prefill_window_for(self, end: int) -> int:
     """The cache positions a prefill call attends over when its rows end by position `end`: a
-    power of two, at least `prefill_chunk` and `min_cache_len` (so that few shapes are compiled:
-    512, 1024 and 2048 positions for a 2048-token model by default), at most the cache."""
-    return min(_pow2(end, max(self.prefill_chunk, self.min_cache_len)), self.cache_len)
+    `_window` of at least `prefill_chunk` and `min_cache_len` positions (so that few shapes are
+    compiled: 512, 1024, 1536 and 2048 for a 2048-token model by default), at most the cache."""
+    return _window(end, max(self.prefill_chunk, self.min_cache_len), self.cache_len)
 
   def _buckets(self) -> tuple[int, int]:
     """(slot bucket, window) for the next chunk."""
     busy = [i for i, s in enumerate(self._slots) if s is not None]
     nb = min(_pow2(max(busy) + 1, self.min_batch_bucket), self.num_slots)
     need = max(len(s.prompt) + len(s.tokens) for s in self._slots if s is not None)
-    window = min(_pow2(need + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+    window = _window(need + self.chunk_steps + 1, self.min_cache_len, self.cache_len)
     return nb, window
 
   def _decode_chunk(self) -> None:
@@ -701,7 +717,7 @@ class ContinuousEngine(Engine):
     chunks = sorted({min(_pow2(n, self.min_prompt_bucket), self.prefill_chunk)
                      for n in range(1, max_prompt_len + 1)})
     longest = max_prompt_len + max(min(int(m), self.cache_len) for m in max_new_tokens)
-    windows = sorted({min(_pow2(n + self.chunk_steps + 1, self.min_cache_len), self.cache_len)
+    windows = sorted({_window(n + self.chunk_steps + 1, self.min_cache_len, self.cache_len)
                       for n in range(1, longest + 1)})
     spans = sorted({self._prefill_window_for(n) for n in range(1, max_prompt_len + 1)})
     most = min(self.num_slots, max(sizes))
