@@ -21,7 +21,9 @@ compiles while requests wait, as it would in service).
 Rollout: a GSPO group is G replies to one prompt. `--rollout_prompts` records' prompts, each as G
 rows, through the continuous engine in this process, once with `share_prefixes` (one prefill per
 prompt, forked into G slots) and once without (G prefills per prompt); prefill seconds and the
-whole rollout's seconds for each, after an unmeasured group that compiles the shapes.
+whole rollout's seconds for each, after an unmeasured pass over the same prompts on an engine of
+its own (it compiles every shape they need; the measured engine's prefix cache starts empty) and
+an unmeasured group of another prompt.
 
 Writes benchmarks/results/serving_load.json: {"rows": [{"engine", "clients", "tokens_per_s",
 "p50_s", "p99_s", "ttft_p50_s", "ttft_p99_s", ...}], "prefix_prefill_speedup", "rollout", the
@@ -190,9 +192,18 @@ def rollout_part(args, items) -> dict:
                       seed=args.seed)
   out = {}
   for share in (False, True):
-    eng = ContinuousEngine(sampler.model, num_slots=g, share_prefixes=share,
-                           chunk_steps=args.chunk_steps)
-    eng.generate([prompts[0]] * g, [sp] * g, [[]] * g, choices=list(range(g)))  # compiles
+    def engine():
+      return ContinuousEngine(sampler.model, num_slots=g, share_prefixes=share,
+                              chunk_steps=args.chunk_steps)
+    # compiles every shape the measured groups use (prefill shapes depend on the prompts'
+    # lengths), on an engine of its own so that the measured one starts with an empty prefix
+    # cache: engines of one model share their compiled code
+    warm = engine()
+    for p in prompts:
+      warm.generate([p] * g, [sp] * g, [[]] * g, choices=list(range(g)))
+    del warm
+    eng = engine()
+    eng.generate([prompts[0]] * g, [sp] * g, [[]] * g, choices=list(range(g)))
     eng.prefill_seconds, eng.prefill_tokens = 0.0, 0
     t = time.perf_counter()
     for p in prompts[1:]:

@@ -135,17 +135,16 @@ def main(argv):
       sizes.append(x)
       plans = engine.warmup_plans(f.warmup_prompt_len, budgets, batch_sizes=sizes)
       # a lone request's shapes first: the smallest batch. The continuous engine: one prompt's
-      # prefill chunks over the smallest window, the longest chunk over every window, and the
-      # smallest decode window of its smallest slot bucket; it compiles the rest without holding
-      # up requests, in order (the next windows first), and a request that gets ahead of it
-      # compiles the shape it needs on the spot.
+      # prefill chunks over the smallest prefill window and the smallest decode window of its
+      # smallest slot bucket; it compiles the rest without holding up requests, in order (the
+      # next windows first), and a request that gets ahead of it compiles the shape it needs on
+      # the spot.
       if getattr(engine, "compile_plan", None):
         windows = [p[2] for p in plans if p[1] == "decode" and p[0] == sizes[0]]
-        fills = [p for p in plans if p[1] == "prefill" and p[0] == 1]
-        first_fill = {p for p in fills if p[3] == min(q[3] for q in fills)
-                      or p[2] == max(q[2] for q in fills)}
-        lone = [p in first_fill or (p[1] == "decode" and p[0] == sizes[0]
-                                    and p[2] == min(windows)) for p in plans]
+        spans = [p[3] for p in plans if p[1] == "prefill"]
+        lone = [(p[1] == "prefill" and p[0] == 1 and p[3] == min(spans))
+                or (p[1] == "decode" and p[0] == sizes[0] and p[2] == min(windows))
+                for p in plans]
       else:
         lone = [p[0] == sizes[0] for p in plans]
       ready = BackgroundWarmup(sampler, [p for p, o in zip(plans, lone) if o],
