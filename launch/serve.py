@@ -134,17 +134,19 @@ def main(argv):
         x *= 2
       sizes.append(x)
       plans = engine.warmup_plans(f.warmup_prompt_len, budgets, batch_sizes=sizes)
-      # a lone request's shapes first: the smallest batch. The continuous engine: one prompt's
-      # prefill chunks over the smallest prefill window and the smallest decode window of its
-      # smallest slot bucket; it compiles the rest without holding up requests, in order (the
-      # next windows first), and a request that gets ahead of it compiles the shape it needs on
-      # the spot.
+      # a lone request's shapes first: the smallest batch. The continuous engine: the largest
+      # prefill shape of one prompt and the largest decode window of the smallest slot bucket,
+      # which hold every lone request (until the rest is compiled the engine runs a call in the
+      # smallest compiled shape that holds it: more padding instead of a wait); it compiles the
+      # rest without holding up requests, in order, and a request that needs a shape nothing
+      # compiled holds (more rows) compiles it on the spot.
       if getattr(engine, "compile_plan", None):
-        windows = [p[2] for p in plans if p[1] == "decode" and p[0] == sizes[0]]
-        spans = [p[3] for p in plans if p[1] == "prefill"]
-        lone = [(p[1] == "prefill" and p[0] == 1 and p[3] == min(spans))
-                or (p[1] == "decode" and p[0] == sizes[0] and p[2] == min(windows))
-                for p in plans]
+        whole = (1, "prefill", min(engine.prefill_chunk, engine.cache_len),
+                 engine.cache_len)  # any prompt, in chunks
+        decodes = [p for p in plans if p[1] == "decode" and p[0] == sizes[0]]
+        first = [whole, max(decodes, key=lambda p: p[2])]
+        plans = first + [p for p in plans if p not in first]
+        lone = [p in first for p in plans]
       else:
         lone = [p[0] == sizes[0] for p in plans]
       ready = BackgroundWarmup(sampler, [p for p, o in zip(plans, lone) if o],

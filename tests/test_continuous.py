@@ -211,6 +211,47 @@ def test_shapes_compiled_ahead_of_time_are_not_compiled_again(caplog):
     assert g.token_ids == _alone(model, p, greedy).token_ids
 
 
+def test_until_the_warm_up_is_done_calls_run_in_larger_compiled_shapes(caplog):
+  """While the server's background warm-up compiles (`reuse_larger_shapes`), a call whose own
+  shape is not compiled runs in the smallest compiled one that holds it (a larger chunk, window
+  or slot bucket: padding only), so a first request never waits for XLA; afterwards calls take
+  their own shapes again. A model of its own (vocabulary 576) keeps other tests' compilations
+  out."""
+  import dataclasses
+  import logging
+  import jax
+  model = Transformer(dataclasses.replace(get_preset("tiny"), vocab_size=576), rngs=nnx.Rngs(0))
+  eng = ContinuousEngine(model, **SHAPES, num_slots=2, min_batch_bucket=1, cache_len=128,
+                         prefix_cache_mb=0)
+  for plan in [(1, "prefill", 16, 128), (2, "decode", 128)]:  # the largest of each kind
+    eng.compile_plan(plan)
+  rng = np.random.default_rng(6)
+  prompt = rng.integers(0, 576, size=9).tolist()  # alone: prefill (1, 16, 64), decode (1, 64)
+  greedy = SamplingParams(temperature=0, max_new_tokens=8)
+
+  def run():
+    jax.config.update("jax_log_compiles", True)
+    caplog.clear()
+    try:
+      with caplog.at_level(logging.WARNING):
+        got = eng.generate([prompt], [greedy], [[]])[0]
+    finally:
+      jax.config.update("jax_log_compiles", False)
+    assert got.token_ids == _alone(model, prompt, greedy).token_ids
+    return [r.getMessage() for r in caplog.records if "compil" in r.getMessage()
+            and ("_prefill" in r.getMessage() or "_decode_slots" in r.getMessage())]
+
+  eng.reuse_larger_shapes = True
+  assert run() == []
+  reused = eng.reused_shapes
+  assert reused == 1 + eng.chunks == eng.stats()["reused_shapes"]  # the prefill, each chunk
+  eng.reuse_larger_shapes = False
+  own = run()  # its own shapes now: compiled on the spot
+  assert any("_prefill" in m for m in own) and any("_decode_slots" in m for m in own), own
+  assert eng.reused_shapes == reused
+  assert {(1, "prefill", 16, 64), (1, "decode", 64)} <= eng.compiled_shapes
+
+
 def test_new_parameters_never_meet_cached_prefixes_of_the_old(tiny):
   # RL hands the engine the live policy after every update: a cached system prompt's keys and
   # values from the old weights must not be restored under the new ones.

@@ -71,12 +71,13 @@ def test_serve_with_bfloat16_decode_weights(checkpoint):
   log = proc.stdout.read()
   # The continuous engine (the default): slot buckets of 1, 2 and 4 rows, prompts up to 16 tokens
   # (one prefill chunk), budgets 16 and the whole context (decode windows 64, 128, ..., 1024,
-  # 1536, 2048: seven per slot bucket), and the prefill of 1, 2 and 4 prompts together; ready after
-  # the lone request's prefill and its smallest window, the other twenty-two compiled while
-  # serving.
-  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 22 more in the background",
+  # 1536, 2048: seven per slot bucket), and the prefill of 1, 2 and 4 prompts together, besides
+  # one prompt's prefill in 512-token chunks over the whole cache; ready after that and the
+  # largest window of one slot (which hold any lone request), the other twenty-three compiled
+  # while serving.
+  assert re.search(r"ready after [0-9.]+ s: 2 warm-up shapes compiled; 23 more in the background",
                    log), log[-3000:]
-  assert re.search(r"warm-up finished after [0-9.]+ s \(24 shapes\)", log), log[-3000:]
+  assert re.search(r"warm-up finished after [0-9.]+ s \(25 shapes\)", log), log[-3000:]
   assert os.listdir(checkpoint / "jax_cache")  # compiled shapes kept for the next start
 
 

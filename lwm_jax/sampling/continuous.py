@@ -277,10 +277,17 @@ class ContinuousEngine(Engine):
     self._k = 4  # stop ids per slot (grows in powers of two)
     self._cache = self._carry = self._rows = None
     self.wakeup = threading.Condition()  # notified when work arrives (the server's loop waits)
+    # Shapes known to be compiled (warm-up plans, and the shapes of calls made). With
+    # `reuse_larger_shapes` a call whose own shape is not among them runs in the smallest one
+    # that holds it (more padding, no wait for XLA): the server sets it while its background
+    # warm-up is still compiling, so the first requests never wait for a compilation.
+    self.compiled_shapes: set[tuple] = set()
+    self.reuse_larger_shapes = False
     # counters
     self.chunks = self.decode_steps_run = 0
     self.prefills = self.prefill_batches = self.prefill_tokens = self.forked_rows = 0
     self.prefill_seconds = 0.0
+    self.reused_shapes = 0  # calls that ran in a larger compiled shape than their own
 
   # ------------------------------------------------------------------------ public
   def submit(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
@@ -354,7 +361,7 @@ class ContinuousEngine(Engine):
             "prefills": self.prefills, "prefill_batches": self.prefill_batches,
             "prefill_tokens": self.prefill_tokens,
             "prefill_seconds": self.prefill_seconds, "forked_rows": self.forked_rows,
-            "prefix_cache": self.prefix_cache.stats()}
+            "reused_shapes": self.reused_shapes, "prefix_cache": self.prefix_cache.stats()}
 
   def step(self) -> bool:
     """Admits waiting rows into free slots and runs one decode chunk; False when idle."""
@@ -584,13 +591,16 @@ class ContinuousEngine(Engine):
         # each call's chunk covers the longest stretch to a row's next stop (a power of two)
         chunk = min(_pow2(int(need.max()), self.min_prompt_bucket), self.prefill_chunk)
         adv = np.minimum(chunk, need)
+        # a larger chunk (only when this one is below prefill_chunk, so it takes all of `need`)
+        # or window changes nothing but padding
+        _, _, chunk, span = self._shape(
+            (ub, "prefill", chunk, self._prefill_window_for(int((pos + adv).max()))))
         tokens = np.zeros((ub, chunk), np.int32)
         for j in range(u):
           tokens[j, :adv[j]] = batch[j].ids[pos[j]:pos[j] + adv[j]]
         graph, state = self._prefill_model(ub * chunk)
         pcache, logits = _prefill_window(
-            graph, self._prefill_window_for(int((pos + adv).max())), state, pcache,
-            self._put(tokens), self._put(pos.astype(np.int32)),
+            graph, span, state, pcache, self._put(tokens), self._put(pos.astype(np.int32)),
             self._put((pos + adv).astype(np.int32)), lengths, logits)
         pos = pos + adv
         for j in range(u):
@@ -644,10 +654,28 @@ class ContinuousEngine(Engine):
     window = _window(need + self.chunk_steps + 1, self.min_cache_len, self.cache_len)
     return nb, window
 
+  def _shape(self, plan: tuple) -> tuple:
+    """The plan a call runs in: its own, or with `reuse_larger_shapes` and its own not compiled
+    yet, the compiled plan of the same kind (and, for prefill, the same prompt bucket) whose
+    sizes all hold it at the least cost (product of the sizes); recorded as compiled."""
+    if self.reuse_larger_shapes and plan not in self.compiled_shapes:
+      same = 0 if plan[1] == "decode" else 1  # decode: any slot bucket >= its own
+      fits = [q for q in tuple(self.compiled_shapes)  # a copy: the warm-up thread adds to it
+              if q[1] == plan[1] and len(q) == len(plan) and (q[0] == plan[0] if same
+                                                                 else q[0] >= plan[0])
+              and all(a >= b for a, b in zip(q[2:], plan[2:]))]
+      if fits:
+        self.reused_shapes += 1
+        return min(fits, key=lambda q: (q[0] * int(np.prod(q[2:])), q))
+    self.compiled_shapes.add(plan)
+    return plan
+
   def _decode_chunk(self) -> None:
-    nb, window = self._buckets()
     active = [(i, s) for i, s in enumerate(self._slots) if s is not None]
     top_n = TOP_LOGPROBS if any(s.params.top_logprobs for _, s in active) else 0
+    nb, window = self._buckets()
+    if not top_n:  # the warm-up compiles no variant with top logprobs
+      nb, _, window = self._shape((nb, "decode", window))
     try:
       with self._ctx():
         self._cache, self._carry, out_tok, out_lp, top = _decode_slots(
@@ -736,13 +764,14 @@ class ContinuousEngine(Engine):
       if kind == "prefill":
         graph, state = self._prefill_model(nb * size)
         _prefill_window(graph, plan[3], state, *self._dummy_prefill(nb, size))
-        return
-      idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
-      keep_done = self._carry["done"]
-      self._cache, carry, *_ = _decode_slots(
-          self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
-          self.decode_state, self._cache, idle, self._rows)
-      self._carry = dict(carry, done=keep_done)
+      else:
+        idle = dict(self._carry, done=jnp.ones_like(self._carry["done"]))
+        keep_done = self._carry["done"]
+        self._cache, carry, *_ = _decode_slots(
+            self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
+            self.decode_state, self._cache, idle, self._rows)
+        self._carry = dict(carry, done=keep_done)
+      self.compiled_shapes.add(tuple(plan))
 
   def _dummy_prefill(self, nb: int, size: int, abstract: bool = False) -> tuple:
     """The arguments after the model of a prefill call of `nb` throw-away rows x `size` tokens
@@ -776,10 +805,11 @@ class ContinuousEngine(Engine):
         graph, state = self._prefill_model(nb * size)
         _prefill_window.lower(graph, plan[3], state,
                               *self._dummy_prefill(nb, size, abstract=True)).compile()
-        return
-      cache, carry, rows = live
-      _decode_slots.lower(self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
-                          self.decode_state, cache, carry, rows).compile()
+      else:
+        cache, carry, rows = live
+        _decode_slots.lower(self.decode_graphdef, self.chunk_steps, self.cache_len, nb, size, 0,
+                            self.decode_state, cache, carry, rows).compile()
+    self.compiled_shapes.add(tuple(plan))  # from now on the scheduler may pick it
 
   def warmup(self, max_prompt_len: int, max_new_tokens: Sequence[int],
              batch_sizes: Sequence[int] | None = None) -> dict:

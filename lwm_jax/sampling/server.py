@@ -261,8 +261,12 @@ class BackgroundWarmup:
     return self
 
   def _loop(self) -> None:
+    engine = self.sampler.engine
+    # until every shape is compiled, a request runs in a larger compiled shape rather than wait
+    reuse = hasattr(engine, "reuse_larger_shapes")
+    if reuse:
+      engine.reuse_larger_shapes = True
     try:
-      engine = self.sampler.engine
       for i, plan in enumerate(self.first + self.rest):
         if i >= len(self.first) and hasattr(engine, "compile_plan"):
           engine.compile_plan(plan)  # while serving: compile without holding up the requests
@@ -279,6 +283,8 @@ class BackgroundWarmup:
       self.error = f"{type(e).__name__}: {e}"
       log.exception("warm-up failed; shapes will compile when first used")
       self.ready_at = self.ready_at or time.monotonic()
+    if reuse:
+      engine.reuse_larger_shapes = False
     self.finished_at = time.monotonic()
     log.info("warm-up finished after %.1f s (%d shapes)", self.finished_at - self.t0, self.done)
 
