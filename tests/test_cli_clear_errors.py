@@ -66,6 +66,7 @@ def test_mcp_sim_garbage_tokenizer_is_one_line(tmp_path, capsys):
   assert e.value.code == 2 and "not a readable SentencePiece model" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a dozen launcher processes: `make test-slow`
 def test_launchers_name_the_bad_flag(tmp_path):
   """Run as the user runs them, all at once; each must exit 2 with its message and no traceback."""
   (tmp_path / "dir").mkdir()

@@ -201,6 +201,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a subprocess on 4 host devices: `make test-slow`
 def test_sampler_stages_lower_on_host_devices():
   # The report lowers the engines' own jitted functions from abstract arguments, so a field added
   # to an engine's inputs must reach it too (checked here without libtpu, on 4 host devices).

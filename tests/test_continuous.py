@@ -44,7 +44,8 @@ def _alone(model, prompt, sp, stop_ids=()):
 
 # Slots of 128 positions, attention windows of 64: (3 slots, bucket 4) decodes every slot in each
 # chunk; (4 slots, bucket 1) decodes only the first one or two slots while the others are idle.
-@pytest.mark.parametrize("num_slots,bucket", [(3, 4), (4, 1)], ids=["all_slots", "slot_buckets"])
+@pytest.mark.parametrize("num_slots,bucket", [
+    (3, 4), pytest.param(4, 1, marks=pytest.mark.slow)], ids=["all_slots", "slot_buckets"])
 def test_interleaved_requests_in_reused_slots_equal_each_alone(tiny, num_slots, bucket):
   rng = np.random.default_rng(0)
   n = 9

@@ -122,8 +122,9 @@ def test_mcp_reports_rpc_errors_tool_errors_partial_writes_and_row_changes(mcp_e
     env.set_perturb(None)
 
 
-@pytest.mark.parametrize("name,episodes", [("terminal", 12), ("search", 10), ("mcp", 10),
-                                           ("swe", 5)])
+@pytest.mark.parametrize("name,episodes", [
+    ("terminal", 12), ("search", 10), ("mcp", 10),
+    pytest.param("swe", 5, marks=pytest.mark.slow)])  # swe runs git and pytest per turn: 20 s
 def test_the_error_rule_reads_real_episodes_as_the_environment_reported_them(name, episodes):
   """On recorded episodes (every turn carries the env's own facts), the domain's `error` rule
   finds an error in exactly the observations whose step the environment reported as failed."""

@@ -141,6 +141,7 @@ RULES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess on a mesh of 2 host devices: `make test-slow`
 def test_sharding_rules_from_the_config_place_the_parameters(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
