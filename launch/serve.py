@@ -145,7 +145,10 @@ def main(argv):
                  engine.cache_len)  # any prompt, in chunks
         decodes = [p for p in plans if p[1] == "decode" and p[0] == sizes[0]]
         first = [whole, max(decodes, key=lambda p: p[2])]
-        plans = first + [p for p in plans if p not in first]
+        # then one slot's smaller windows (a lone reply decodes many steps, its prefill is one
+        # call), then the rest in order
+        plans = first + sorted(decodes, key=lambda p: p[2])[:-1] + [
+            p for p in plans if p not in first and p not in decodes]
         lone = [p in first for p in plans]
       else:
         lone = [p[0] == sizes[0] for p in plans]

@@ -240,3 +240,43 @@ def test_readiness_gates_health_and_generation_then_background_warmup(served):
   assert warm.state()[0] is False
   warm.start()._thread.join(timeout=300)  # pylint: disable=protected-access
   assert warm.state() == (True, "") and warm.done == len(plans) and warm.error is None
+
+
+def test_background_warmup_waits_for_requests_in_flight_and_lends_larger_shapes():
+  """Between shapes, the background warm-up waits (up to YIELD_S) while the engine has requests
+  in flight, and lets the engine run calls in larger compiled shapes only while it works."""
+  import time
+  from lwm_jax.sampling.server import BackgroundWarmup  # pylint: disable=import-outside-toplevel
+
+  class Engine:
+    reuse_larger_shapes = False
+
+    def __init__(self):
+      self.until = time.monotonic() + 0.6
+      self.log = []
+
+    def busy(self):
+      return time.monotonic() < self.until
+
+    def warmup_plan(self, plan):
+      self.log.append((plan, self.reuse_larger_shapes, self.busy()))
+
+    compile_plan = warmup_plan
+
+  class S:
+    engine = Engine()
+
+  warm = BackgroundWarmup(S, ["first"], ["a", "b"])
+  warm.start()._thread.join(timeout=30)  # pylint: disable=protected-access
+  log = S.engine.log
+  assert [p for p, _, _ in log] == ["first", "a", "b"] and all(r for _, r, _ in log)
+  assert log[0][2] and not log[1][2]  # ready at once; the rest after the request finished
+  assert S.engine.reuse_larger_shapes is False and warm.state() == (True, "")
+  S.engine.until = float("inf")  # a request that never ends holds each shape up YIELD_S only
+  BackgroundWarmup.YIELD_S, old = 0.2, BackgroundWarmup.YIELD_S
+  try:
+    t = time.monotonic()
+    BackgroundWarmup(S, [], ["c", "d"]).start()._thread.join(timeout=30)  # pylint: disable=protected-access
+    assert 0.4 <= time.monotonic() - t < 5 and [p for p, _, _ in S.engine.log[-2:]] == ["c", "d"]
+  finally:
+    BackgroundWarmup.YIELD_S = old
