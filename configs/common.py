@@ -58,7 +58,10 @@ PRESETS = {
                           lr=1e-5),
     # the released Qwen-AgentWorld bases (Qwen3.5-MoE hybrid): start from their HF checkpoints
     # with --config.init_from_hf=PATH
-    "qwen35_35b_a3b": _pod("qwen35_35b_a3b", batch_size=256, seq_len=16384, micro_batches=8,
+    # 4 micro-batches of 64 rows: one row a chip on v5p:4x4x4 (64 chips). With 8 or 16 (32 or 16
+    # rows) the rows could not split over fsdp x expert: the activations were replicated over the
+    # expert axis and the MoE ran without its all-to-all (benchmarks/results/pods.md)
+    "qwen35_35b_a3b": _pod("qwen35_35b_a3b", batch_size=256, seq_len=16384, micro_batches=4,
                            lr=1e-5),
     "qwen35_397b_a17b": _pod("qwen35_397b_a17b", batch_size=512, seq_len=16384,
                              micro_batches=16, lr=5e-6, expert=16, checkpoint_every=250),

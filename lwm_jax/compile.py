@@ -380,6 +380,8 @@ def build_lowered(c, stage: str, devices: list, platform_name: str = "tpu"):
       lowered = step.lower(state, batch)
       info.update(batch=t.batch_size, seq_len=t.seq_len, micro_batches=t.micro_batches,
                   tokens=t.batch_size * t.seq_len,
+                  batch_replicated_over=list(shd.replicated_batch_axes(
+                      t.batch_size // t.micro_batches, mesh)),
                   model_flops=_train_flops(model_cfg, t.seq_len, stage) * t.batch_size * t.seq_len)
       return lowered, info
     return _sampler_lowered(c, stage, graphdef, state.params, model_cfg, mesh, info)

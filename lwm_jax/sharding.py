@@ -116,6 +116,16 @@ def batch_spec(batch: int, mesh, ndim: int = 2) -> P:
   return P(lead, *([None] * (ndim - 1)))
 
 
+def replicated_batch_axes(batch: int, mesh) -> tuple[str, ...]:
+  """The batch axes (of more than one device) that `batch_spec` leaves out because the batch does
+  not divide over them: activations are then replicated over those axes, each device of one
+  doing the same work (and an expert axis left out also stops the MoE's all-to-all dispatch)."""
+  shape = mesh.shape if hasattr(mesh.shape, "get") else dict(mesh.shape)
+  spec = batch_spec(batch, mesh)[0]
+  used = set(spec if isinstance(spec, tuple) else (spec,) if spec else ())
+  return tuple(a for a in BATCH_AXES if shape.get(a, 1) > 1 and a not in used)
+
+
 def constrain_batch(x: jax.Array) -> jax.Array:
   """Inside jit under a mesh: keeps activations split over the batch axes. No-op without a mesh."""
   mesh = jax.sharding.get_abstract_mesh()

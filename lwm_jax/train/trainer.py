@@ -237,9 +237,15 @@ def _init_distributed(d: ml_collections.ConfigDict) -> None:
 def _warn_if_replicated(c: ml_collections.ConfigDict, mesh) -> None:
   dp = int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES]))
   rows = c.train.batch_size // c.train.micro_batches
-  if dp > 1 and rows % dp:
-    logging.warning("train.batch_size/micro_batches=%d is not divisible by the %d data-parallel "
-                    "devices: the batch is replicated", rows, dp)
+  left = shd.replicated_batch_axes(rows, mesh)
+  if left:
+    ways = int(np.prod([mesh.shape[a] for a in left]))
+    logging.warning("train.batch_size/micro_batches = %d rows a micro-batch do not split over the "
+                    "%d devices of the batch axes: activations are replicated over %s (%dx the "
+                    "compute and activation memory of an even split%s); choose batch_size / "
+                    "micro_batches divisible by %d", rows, dp, "+".join(left), ways,
+                    ", and the MoE runs without its all-to-all dispatch" if "expert" in left
+                    else "", dp)
 
 
 def _model_and_init(c: ml_collections.ConfigDict, model_cfg):
