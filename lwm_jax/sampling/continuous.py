@@ -51,7 +51,8 @@ import numpy as np
 from lwm_jax.model.attention import CACHE_LAYOUT
 from lwm_jax.sampling.engine import (FINISH_NAMES, FINISH_STOP, TOP_LOGPROBS,
                                      Engine, RowOutput, _init_cache, _nullcontext,
-                                     _pow2, _prefill, _prompt_seen, _Rows, decode_steps)
+                                     _half_pow2, _pow2, _prefill, _prompt_seen, _Rows,
+                                     decode_steps)
 from lwm_jax.sampling.params import SamplingParams
 from lwm_jax.sampling.prefix_cache import PrefixCache
 
@@ -72,13 +73,26 @@ def _window(n: int, lo: int, cap: int) -> int:
   """The attention window holding `n` positions: a power of two >= lo (or 1.5 x one above
   HALF_STEPS_ABOVE), at most `cap`."""
   p = _pow2(n, lo)
-  if p > 2 * HALF_STEPS_ABOVE - 1 and 3 * p // 4 >= n and p % 4 == 0:
-    p = 3 * p // 4
-  return min(p, cap)
+  return min(_half_pow2(n, lo) if p > 2 * HALF_STEPS_ABOVE - 1 else p, cap)
 
 
 def _time_axis(name: str) -> int | None:
   return CACHE_LAYOUT[name].index("t") if name in CACHE_LAYOUT else None
+
+
+def _window_view(cache, window: int, rows: int | None = None):
+  """The first `rows` rows (all when None) and first `window` positions of a cache (a view for a
+  jitted call; `_write_back` puts it in place)."""
+  def view_of(name, a):
+    a = a if rows is None else a[:rows]
+    ax = _time_axis(name)
+    return a if ax is None else jax.lax.slice_in_dim(a, 0, window, axis=ax)
+  return _map_cache(view_of, cache)
+
+
+def _write_back(cache, view):
+  return _map_cache(lambda _, a, v: jax.lax.dynamic_update_slice(a, v, (0,) * a.ndim),
+                    cache, view)
 
 
 def _spec(a, sharded: bool = False):
@@ -121,14 +135,9 @@ def _prefill_window(graphdef, window: int, state, cache, tokens_BxC, starts_B, s
   weights do per token: measured on the shipped model, a 512-token chunk takes 4x as long over
   2048 positions as over 512). Every real token of the call lies inside the window; padding
   past it is dropped, as past the cache's end."""
-  def view_of(name, a):
-    ax = _time_axis(name)
-    return a if ax is None else jax.lax.slice_in_dim(a, 0, window, axis=ax)
-
-  view, logits = _prefill(graphdef, state, _map_cache(view_of, cache), tokens_BxC, starts_B,
+  view, logits = _prefill(graphdef, state, _window_view(cache, window), tokens_BxC, starts_B,
                           stops_B, lengths_B, logits_BxV)
-  return _map_cache(lambda _, a, v: jax.lax.dynamic_update_slice(a, v, (0,) * a.ndim),
-                    cache, view), logits
+  return _write_back(cache, view), logits
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
@@ -156,18 +165,12 @@ def _insert_rows(cache, carry, rows, slots_R, src_R, pcache, logits_UxV, seen_Ux
 def _decode_slots(graphdef, steps: int, cache_len: int, nb: int, window: int, top_n: int, state,
                   cache, carry, rows: _Rows):
   """A decode chunk over the first `nb` slots, attention reading the first `window` positions."""
-  def view_of(name, a):
-    a = a[:nb]
-    ax = _time_axis(name)
-    return a if ax is None else jax.lax.slice_in_dim(a, 0, window, axis=ax)
-
-  view = _map_cache(view_of, cache)
+  view = _window_view(cache, window, nb)
   sub = {k: v[:nb] for k, v in carry.items()}
   sub_rows = jax.tree_util.tree_map(lambda a: a[:nb], rows)
   view, sub, out_tok, out_lp, top = decode_steps(graphdef, steps, cache_len, top_n, state, view,
                                                  sub, sub_rows)
-  cache = _map_cache(lambda _, a, v: jax.lax.dynamic_update_slice(a, v, (0,) * a.ndim),
-                     cache, view)
+  cache = _write_back(cache, view)
   carry = {k: jax.lax.dynamic_update_slice(v, sub[k], (0,) * v.ndim) for k, v in carry.items()}
   return cache, carry, out_tok, out_lp, top
 
@@ -659,10 +662,11 @@ class ContinuousEngine(Engine):
     yet, the compiled plan of the same kind (and, for prefill, the same prompt bucket) whose
     sizes all hold it at the least cost (product of the sizes); recorded as compiled."""
     if self.reuse_larger_shapes and plan not in self.compiled_shapes:
-      same = 0 if plan[1] == "decode" else 1  # decode: any slot bucket >= its own
+      # decode may take more slots (idle rows); a prefill's prompt bucket is its batch cache's
+      more_rows = plan[1] == "decode"
       fits = [q for q in tuple(self.compiled_shapes)  # a copy: the warm-up thread adds to it
-              if q[1] == plan[1] and len(q) == len(plan) and (q[0] == plan[0] if same
-                                                                 else q[0] >= plan[0])
+              if q[1] == plan[1] and len(q) == len(plan)
+              and (q[0] >= plan[0] if more_rows else q[0] == plan[0])
               and all(a >= b for a, b in zip(q[2:], plan[2:]))]
       if fits:
         self.reused_shapes += 1
