@@ -171,6 +171,7 @@ def _batched_prefill_case(model):
     np.testing.assert_allclose(hit.logprobs, ref.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow  # heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_batched_prefill_at_different_points_equals_each_alone(tiny):
   _batched_prefill_case(tiny)
 

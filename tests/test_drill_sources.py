@@ -238,6 +238,7 @@ def test_induction_alphabet_bounds_the_ids():
                               vocab_size=100)
 
 
+@pytest.mark.slow  # heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_scored_run_scores_each_checkpoint_of_the_trainer(tmp_path):
   """The flag drill trained by the one trainer, scored at its checkpoints: a record per saved
   step with that step's training loss, and the last record's score is the exported model's."""

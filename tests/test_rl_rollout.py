@@ -144,6 +144,7 @@ def test_bad_setup_is_refused(setup):
     RolloutSource(None, tok, pool, R.make_reward("rule=1"), rc).next_batch()
 
 
+@pytest.mark.slow  # heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_four_updates_per_rollout_move_the_ratio_and_resume_mid_rollout(setup):
   """One rollout feeds 4 optimizer updates: the first is on-policy (ratio 1: the sampler's
   log-probs are the training forward's), the later ones see a moved policy (ratio != 1, clipped)."""

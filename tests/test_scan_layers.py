@@ -19,7 +19,8 @@ def _pair(name: str, **kw):
 
 
 @pytest.mark.parametrize("name,layers,period,remat", [
-    ("tiny", 4, 1, False),
+    # both heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
+    pytest.param("tiny", 4, 1, False, marks=pytest.mark.slow),
     # the hybrid's period of 4 (3 linear, 1 full) needs 8 layers: a longer compile
     pytest.param("tiny_hybrid", 8, 4, True, marks=pytest.mark.slow)])
 def test_scan_matches_the_loop(name, layers, period, remat):

@@ -13,6 +13,7 @@ def sampler():
   return tiny_sampler()
 
 
+@pytest.mark.slow  # heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_gymnasium_env_checker_passes(sampler):
   # Short sampled actions keep every prompt in one compiled shape.
   env = SimulatedGymEnv(sampler, terminal_world(), params=GREEDY, max_turns=3,

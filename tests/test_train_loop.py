@@ -32,6 +32,7 @@ def _tiny(num_steps=40, **train):
   return c
 
 
+@pytest.mark.slow  # heavy (over 10 s): `make test-slow`, which CI runs, keeps `make test` under 8 minutes
 def test_exact_resume(tmp_path):
   straight = trainer.train(_tiny(), str(tmp_path / "a"))
   first = trainer.train(_tiny(stop_after=20), str(tmp_path / "b"))
