@@ -259,6 +259,13 @@ def _model_and_init(c: ml_collections.ConfigDict, model_cfg):
   hf_model = hf.load_pretrained(c.init_from_hf, dtype="float32",
                                 **{k: v for k, v in model_cfg.to_dict().items() if k in keep})
   loaded = hf_model.cfg.replace(dtype=model_cfg.dtype, param_dtype="float32")
+  seq_len = int(c.train.seq_len)
+  if seq_len > loaded.max_position_embeddings:
+    # continued training on rows longer than the start's context: the model's context is the
+    # longest row it trained on (what the export records and a sampler cuts history to)
+    logging.info("init_from_hf %s has a context of %d positions; train.seq_len %d extends it to "
+                 "%d", c.init_from_hf, loaded.max_position_embeddings, seq_len, seq_len)
+    loaded = loaded.replace(max_position_embeddings=seq_len)
   return loaded, nnx.state(hf_model)
 
 
