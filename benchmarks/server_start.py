@@ -1,6 +1,6 @@
 """Start-up time of `launch/serve.py`: seconds from launching the process to /health answering 200
-and to the first chat answer, with an empty compilation cache (cold) and again with the cache the
-cold start filled (warm), on one checkpoint. The machine's load average is recorded beside the
+and to the first chat answer (its first streamed token and its end), with an empty compilation
+cache (cold) and again with the cache the cold start filled (warm), on one checkpoint. The machine's load average is recorded beside the
 figures (these machines are shared; compare cold and warm of one run).
 
   python benchmarks/server_start.py --checkpoint=data/world_model
@@ -45,11 +45,21 @@ def start(checkpoint: str, cache: str, extra: list[str], limit: float) -> dict:
       if time.monotonic() - t0 > limit:
         raise TimeoutError(f"no /health 200 within {limit} s")
       time.sleep(0.25)
-    r = requests.post(base + "/v1/chat/completions", timeout=limit, json={
+    # streamed, so the first token's time is seen apart from the answer's length
+    r = requests.post(base + "/v1/chat/completions", timeout=limit, stream=True, json={
         "messages": [{"role": "system", "content": "You simulate a Linux terminal."},
                      {"role": "user", "content": "ls -la /tmp"}],
-        "temperature": 0})  # no max_tokens: the server's default, as most clients send
-    r.raise_for_status()
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    r.raise_for_status()  # no max_tokens above: the server's default, as most clients send
+    for line in r.iter_lines():
+      if not line.startswith(b"data: ") or line == b"data: [DONE]":
+        continue
+      chunk = json.loads(line[6:])
+      if chunk.get("usage"):
+        out["completion_tokens"] = chunk["usage"]["completion_tokens"]
+      if "first_token_s" not in out and any(c["delta"].get("content")
+                                            for c in chunk.get("choices", [])):
+        out["first_token_s"] = time.monotonic() - t0
     out["first_answer_s"] = time.monotonic() - t0
     out["load_avg_at_end"] = os.getloadavg()
   finally:
@@ -78,7 +88,8 @@ def main():
   res = {"checkpoint": os.path.relpath(a.checkpoint, REPO), "serve_flags": extra,
          "cpus": os.cpu_count(), "cold": cold, "warm": warm,
          "note": "seconds from process launch; health_s = /health 200 (ready), first_answer_s = "
-                 "a greedy chat answer with the default max_tokens; load averages show how busy the shared machine was"}
+                 "a greedy chat answer with the default max_tokens (streamed: first_token_s its first token, "
+                 "completion_tokens its length); load averages show how busy the shared machine was"}
   with open(a.out, "w") as f:
     json.dump(res, f, indent=1)
   print(json.dumps(res, indent=1))

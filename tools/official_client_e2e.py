@@ -3,7 +3,8 @@
 Needs a checkout of QwenLM/Qwen-AgentWorld (its `eval/eval.py` and `prompts/`; only `openai` is
 required to run it). Nothing of it is copied: it runs from where it is. Steps:
 
-1. a few records per domain of evals/mini_bench and a tiny random-weight HF checkpoint;
+1. a few records per domain of evals/mini_bench (`--counts`, or `all` of them) and a tiny
+   random-weight HF checkpoint (or `--checkpoint`, e.g. the shipped data/world_model);
 2. `launch/serve.py` on that checkpoint, and the stand-in judge (tools/stand_in_judge.py);
 3. the official `infer`, `judge`, `score` on the subset, against our server;
 4. our CLI scoring the official client's files (`--import_predictions/--import_judged`), and
@@ -13,6 +14,8 @@ required to run it). Nothing of it is copied: it runs from where it is. Steps:
 6. a table of the per-domain scores and both overall figures from each side.
 
   python tools/official_client_e2e.py --official=/path/to/Qwen-AgentWorld --work=/tmp/awb_e2e
+  python tools/official_client_e2e.py --official=... --work=... --counts=all \
+      --checkpoint=data/world_model --max_tokens=128      # the whole bundled benchmark
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ DOMAINS = ("mcp", "search", "terminal", "swe", "android", "web", "os")
 CLI = os.path.join(REPO, "evals", "agentworldbench.py")
 
 
-def build(work: str, counts: dict[str, int]) -> str:
-  """The benchmark subset (the first N records of each domain) and a tiny checkpoint."""
+def build(work: str, counts: dict[str, int | None], checkpoint: str = "") -> str:
+  """The benchmark subset (the first N records of each domain; None: all) and the checkpoint
+  served: `checkpoint`, else a tiny random-weight one trained a tokenizer here."""
   from flax import nnx
 
   from lwm_jax import hf
@@ -50,9 +54,13 @@ def build(work: str, counts: dict[str, int]) -> str:
       lines = f.readlines()
     with open(os.path.join(bench, f"{dom}_test.jsonl"), "w", encoding="utf-8") as f:
       f.writelines(lines[:counts[dom]])
-    for line in lines[:20]:
+    if checkpoint:
+      continue
+    for line in lines[:20]:  # the tiny checkpoint's tokenizer text
       row = json.loads(line)
       texts += [row["system_str"], *row["prompt"], *row["response"]]
+  if checkpoint:
+    return os.path.abspath(checkpoint)
   ckpt = os.path.join(work, "tiny_hf")
   sp = tok_lib.train_sentencepiece(texts, 2000, os.path.join(ckpt, "tokenizer"))
   vocab = tok_lib.load_tokenizer(sp).vocab_size
@@ -100,15 +108,20 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--official", required=True, help="Qwen-AgentWorld checkout (has eval/eval.py)")
   ap.add_argument("--work", required=True, help="empty working directory")
-  ap.add_argument("--counts", default="mcp=1,search=2,terminal=3,swe=4,android=2,web=3,os=1")
+  ap.add_argument("--counts", default="mcp=1,search=2,terminal=3,swe=4,android=2,web=3,os=1",
+                  help="records per domain (the first N of each file), or `all`")
+  ap.add_argument("--checkpoint", default="",
+                  help="HF folder to serve (default: a tiny random-weight model built here)")
   ap.add_argument("--max_tokens", type=int, default=64)
   args = ap.parse_args()
-  counts = {k: int(v) for k, v in (x.split("=") for x in args.counts.split(","))}
+  counts = (dict.fromkeys(DOMAINS) if args.counts == "all" else
+            {k: int(v) for k, v in (x.split("=") for x in args.counts.split(","))})
   work = os.path.abspath(args.work)
   os.makedirs(work, exist_ok=True)
   log = os.path.join(work, "commands.log")
   py = sys.executable
-  ckpt = build(work, counts)
+  ckpt = build(work, counts, args.checkpoint)
+  name = os.path.basename(ckpt.rstrip("/"))
   bench = os.path.join(work, "bench")
   port = free_port()
   env = dict(os.environ, PYTHONPATH=REPO)
@@ -137,7 +150,7 @@ def main() -> None:
     rows: list[tuple[str, dict[str, float | None]]] = []
     # 3. the official client on our bench against our server
     run([py, "eval.py", "infer", "--data-dir", bench, "--model-base-url", model_url,
-         "--model-name", "tiny_hf", "--output-dir", off, "--max-tokens", str(args.max_tokens)],
+         "--model-name", name, "--output-dir", off, "--max-tokens", str(args.max_tokens)],
         ev, log)
     run([py, "eval.py", "judge", "--predictions", f"{off}/predictions.jsonl", *judge_args,
          "--output-dir", off], ev, log)
@@ -160,7 +173,7 @@ def main() -> None:
     # 5. our own run, exported and judged/scored by the official client
     c = os.path.join(work, "ours_run")
     run([py, CLI, "all", f"--data={bench}", f"--out={c}", f"--endpoint={model_url}",
-         "--model=tiny_hf", f"--max_tokens={args.max_tokens}", f"--judge_endpoint={judge_url}",
+         f"--model={name}", f"--max_tokens={args.max_tokens}", f"--judge_endpoint={judge_url}",
          "--judge_model=stand-in", "--noprogress"], REPO, log)
     run([py, CLI, "export", f"--data={bench}", f"--out={c}"], REPO, log)
     d = os.path.join(work, "ours_run_drop_empty")
@@ -169,7 +182,7 @@ def main() -> None:
          "--judge_systems=copy_previous_x", "--drop_empty", f"--judge_endpoint={judge_url}",
          "--judge_model=stand-in", "--noprogress"], REPO, log)
     run([py, CLI, "score", f"--data={bench}", f"--out={d}"], REPO, log)
-    for system in ("tiny_hf", "copy_previous"):
+    for system in (name, "copy_previous"):
       rows.append((f"our all, {system}", our_figures(c, system)))
       rows.append((f"official score of our exported judged file, {system}", official_figures(
           run([py, "eval.py", "score", "--predictions",
