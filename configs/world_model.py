@@ -40,7 +40,7 @@ import os
 
 import ml_collections
 
-from configs import ConfigError, close_matches, reproduce, sft, stages as stage_configs
+from configs import ConfigError, close_matches, reproduce, sft
 
 TOURS = ("runs/listing_usual_tour/terminal_train.jsonl.gz",
          "runs/listing_madeup_tour/terminal_train.jsonl.gz")
@@ -86,27 +86,6 @@ def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_sh
                                         config=c))
 
 
-def corpus_sft(init_from: str, output: str, *, steps: int, lr: float, seq_len: int,
-               batch: int, corpus: str = "data/corpus") -> ml_collections.ConfigDict:
-  """An SFT stage on the bundled corpus's training split through the trainer (the recipe's SFT
-  run, configs/stages.py, without the reproduce script's CPT and evaluation): from `init_from`,
-  in its reply mode without a think block (the shipped model's), `steps` steps of `batch` rows of
-  `seq_len` tokens at peak `lr`. Rows longer than `init_from`'s context extend it."""
-  files = lambda split: ",".join(os.path.join(corpus, f"{d}_{split}.jsonl.gz")  # noqa: E731
-                                 for d in ("android", "mcp", "os", "search", "swe", "terminal",
-                                           "web"))
-  c = stage_configs.stage_config(
-      "sft", preset="demo", vocab=2048, steps=steps, batch=batch, seq_len=seq_len,
-      workdir=output, tokenizer=os.path.join(init_from, "tokenizer.model"),
-      train=files("train"), valid=files("validation"), init_from_hf=init_from, export_hf=True,
-      thinking=False)
-  c.seed = 0
-  c.optim.lr = lr
-  c.checkpoint.update(every=50, keep=1)
-  return ml_collections.ConfigDict(dict(kind="train", init_from=init_from, output=output,
-                                        config=c))
-
-
 def _drill_defaults() -> ml_collections.ConfigDict:
   from lwm_jax.data import drill_sources  # pylint: disable=import-outside-toplevel
   return drill_sources.default_config()
@@ -133,10 +112,6 @@ def stages() -> dict[str, ml_collections.ConfigDict]:
       "copy": _reproduce("runs/cs3/hf", ship, "runs/reproduce_ship_copy", cpt_lr=1e-3,
                          sft_lr=3e-4, cpt_steps=800, more_worlds=worlds, drill_share=0.125,
                          drill_rows="far1024"),
-      # the context from 2,048 to 4,608 positions (every bundled AgentWorldBench prompt, the
-      # longest 4,165 tokens, and room for its reply): SFT on rows of up to 4,608 tokens of the
-      # corpus (longer histories kept whole), RoPE unchanged
-      "sft4608": corpus_sft(ship, "runs/sft4608", steps=150, lr=1e-4, seq_len=4608, batch=2),
   }
 
 

@@ -43,12 +43,9 @@ def train(name: str, stage) -> dict:
   from lwm_jax.train import trainer  # pylint: disable=import-outside-toplevel
   summary = trainer.train(stage.config, stage.output)
   hf_dir = summary["export_hf"]
-  if stage.config.data.source == "drills":
-    drill = stage.config.data.drills
-    thinking = (checkpoints.recorded_thinking(stage.init_from) if drill.thinking == "auto"
-                else drill.thinking == "on")
-  else:  # the pipeline's SFT rows
-    thinking = bool(stage.config.data.pipeline.thinking)
+  drill = stage.config.data.drills
+  thinking = (checkpoints.recorded_thinking(stage.init_from) if drill.thinking == "auto"
+              else drill.thinking == "on")
   prov = {"made_by": " ".join(["launch/world_model.py"] + sys.argv[1:]),
           "stage": f"configs/world_model.py:{name}", "start": stage.init_from,
           "config": summary["config_file"],
