@@ -63,7 +63,8 @@ def _collect(output: str, **args) -> ml_collections.ConfigDict:
 
 def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_short: int = 0,
                   batch: int = 8, seq_len: int = 1024, mix_share: float = 0.25,
-                  copy_share: float = 0.5) -> ml_collections.ConfigDict:
+                  copy_share: float = 0.5,
+                  listing: str = ",".join(TOURS)) -> ml_collections.ConfigDict:
   """A listing-drill stage: the SFT demo config (its optimizer: AdamW, warm-up, cosine decay
   over `steps`) at peak `lr`, from `init_from`, on the listing turns of the tours (the first 12
   turns of each episode), a share `mix_share` of each batch of ordinary SFT rows of the bundled
@@ -74,11 +75,12 @@ def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_sh
   c.train.update(num_steps=steps, batch_size=batch, seq_len=seq_len, log_every=10,
                  eval_every=0)
   c.optim.lr = lr
+  c.model.max_position_embeddings = max(c.model.max_position_embeddings, seq_len)
   c.checkpoint.update(every=100, keep=1)
   c.data.source = "drills"
   c.data.tokenizer = os.path.join(init_from, "tokenizer.model")
   c.data.drills = _drill_defaults()
-  c.data.drills.update(kind="listing", listing=",".join(TOURS), max_turn=12, mix="data/corpus",
+  c.data.drills.update(kind="listing", listing=listing, max_turn=12, mix="data/corpus",
                        mix_share=mix_share, copy_share=copy_share, copy_short=copy_short)
   c.init_from_hf = init_from
   c.export_hf = True
@@ -112,6 +114,13 @@ def stages() -> dict[str, ml_collections.ConfigDict]:
       "copy": _reproduce("runs/cs3/hf", ship, "runs/reproduce_ship_copy", cpt_lr=1e-3,
                          sft_lr=3e-4, cpt_steps=800, more_worlds=worlds, drill_share=0.125,
                          drill_rows="far1024"),
+      # the context from 2,048 to 4,608 positions (every bundled AgentWorldBench prompt, the
+      # longest 4,165 tokens, and room for its reply), keeping the copying: rows of 4,608 tokens,
+      # each batch one listing turn of the corpus's terminal episodes, two ordinary SFT rows
+      # (long histories kept whole) and one far copy row; RoPE unchanged
+      "long_drill": listing_drill(ship, "runs/long_drill", steps=150, lr=1e-4, batch=4,
+                                  seq_len=4608, mix_share=0.5, copy_share=0.25,
+                                  listing="data/corpus/terminal_train.jsonl.gz"),
   }
 
 
