@@ -114,13 +114,6 @@ def stages() -> dict[str, ml_collections.ConfigDict]:
       "copy": _reproduce("runs/cs3/hf", ship, "runs/reproduce_ship_copy", cpt_lr=1e-3,
                          sft_lr=3e-4, cpt_steps=800, more_worlds=worlds, drill_share=0.125,
                          drill_rows="far1024"),
-      # the context from 2,048 to 4,608 positions (every bundled AgentWorldBench prompt, the
-      # longest 4,165 tokens, and room for its reply), keeping the copying: rows of 4,608 tokens,
-      # each batch one listing turn of the corpus's terminal episodes, two ordinary SFT rows
-      # (long histories kept whole) and one far copy row; RoPE unchanged
-      "long_drill": listing_drill(ship, "runs/long_drill", steps=150, lr=1e-4, batch=4,
-                                  seq_len=4608, mix_share=0.5, copy_share=0.25,
-                                  listing="data/corpus/terminal_train.jsonl.gz"),
   }
 
 
