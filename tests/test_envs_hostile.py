@@ -202,7 +202,7 @@ def _in_tests(swe, code: str) -> str:
   """Runs `code` from the repository's conftest (agent code under test), then restores it."""
   original = swe.world.files["tests/conftest.py"]
   body = code.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-  swe.step(f'edit(path="tests/conftest.py", old="import os, sys", new="import os, sys\\n{body}")')
+  swe.step(f'edit(path="tests/conftest.py", old="# shared test setup", new="# shared test setup\\n{body}")')
   out = swe.step(f'run_tests(target="{swe.goal["test_path"]}")')
   confined.write_text(swe.repo, "tests/conftest.py", original)
   return out

@@ -182,7 +182,7 @@ def test_swe_tests_run_inside_the_sandbox(swe):
   code = (f"import subprocess\\nopen({probe!r}, 'w').write('x')\\n"
           f"subprocess.Popen(['setsid', 'sleep', '{tag}'])\\n"
           f"print(open({os.path.join(REPO, 'setup.py')!r}).read())\\n")
-  obs = swe.step(f'edit(path="tests/conftest.py", old="import os, sys", new="import os, sys\\n{code}")')
+  obs = swe.step(f'edit(path="tests/conftest.py", old="# shared test setup", new="# shared test setup\\n{code}")')
   assert obs.startswith("Edited tests/conftest.py.")
   obs = swe.step(f'run_tests(target="{swe.goal["test_path"]}")')
   assert "FileNotFoundError" in obs and "setup.py" in obs, obs  # the checkout is not there

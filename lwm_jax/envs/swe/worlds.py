@@ -379,8 +379,11 @@ def generate_world(seed: int) -> Repo:
       break
   files[f"{package}/__init__.py"] = f'"""{package}: small helpers."""\n'
   files["README.md"] = (f"# {package}\n\n{_readme_line(r, groups)}\nRun `pytest` to test.\n")
-  files["setup.cfg"] = "[tool:pytest]\ntestpaths = tests\n"
-  files["tests/conftest.py"] = "import os, sys\nsys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))\n"
+  # pytest puts the repository root on the import path (`pythonpath`), so the tests import the
+  # package as its users would
+  files["setup.cfg"] = "[tool:pytest]\ntestpaths = tests\npythonpath = .\n"
+  files["tests/conftest.py"] = ("# shared test setup\n"
+                                "# (setup.cfg puts the repository root on the import path)\n")
   return Repo(package=package, files=dict(sorted(files.items())), path=mod_path, good=good,
               bad=bad, func=bug_name, test=f"test_{bug_name}", test_path=test_path, report=report,
               functions=functions, tests=tests)
