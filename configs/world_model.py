@@ -75,7 +75,6 @@ def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_sh
   c.train.update(num_steps=steps, batch_size=batch, seq_len=seq_len, log_every=10,
                  eval_every=0)
   c.optim.lr = lr
-  c.model.max_position_embeddings = max(c.model.max_position_embeddings, seq_len)
   c.checkpoint.update(every=100, keep=1)
   c.data.source = "drills"
   c.data.tokenizer = os.path.join(init_from, "tokenizer.model")

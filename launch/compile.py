@@ -59,11 +59,6 @@ def main(argv):
                             dump_hlo=hlo)
     if overrides:
       row["overrides"] = {k: v for k, v in overrides.items()}
-    if row.get("batch_replicated_over"):
-      print(f"warning: {stage}: {row['batch'] // row['micro_batches']} rows a micro-batch do not "
-            f"split over the mesh's batch axes: activations are replicated over "
-            f"{'+'.join(row['batch_replicated_over'])} (train.batch_size / train.micro_batches "
-            f"should divide by data x fsdp x expert)", file=sys.stderr, flush=True)
     rows.append(row)
     print(aot.markdown([row]), flush=True)
   aot.write_report(rows, FLAGS.out + ".json", FLAGS.out + ".md")

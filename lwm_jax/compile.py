@@ -378,6 +378,7 @@ def build_lowered(c, stage: str, devices: list, platform_name: str = "tpu"):
                                                                 "advantages", "ref_logprobs")
                                        else jnp.int32) for k, s in shapes.items()}
       lowered = step.lower(state, batch)
+      trainer._warn_if_replicated(c, mesh)  # pylint: disable=protected-access
       info.update(batch=t.batch_size, seq_len=t.seq_len, micro_batches=t.micro_batches,
                   tokens=t.batch_size * t.seq_len,
                   batch_replicated_over=list(shd.replicated_batch_axes(

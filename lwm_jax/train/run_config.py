@@ -39,7 +39,8 @@ def validate_config(c: ml_collections.ConfigDict) -> ModelConfig:
     need(int(t[f]) > 0, f"train.{f}", f"must be positive, got {t[f]}")
   need(t.batch_size % t.micro_batches == 0, "train.micro_batches",
        f"{t.micro_batches} does not divide train.batch_size={t.batch_size}")
-  need(t.seq_len <= model.max_position_embeddings, "train.seq_len",
+  # from init_from_hf the model is the folder's, its context extended to longer rows (trainer)
+  need(c.get("init_from_hf") or t.seq_len <= model.max_position_embeddings, "train.seq_len",
        f"{t.seq_len} exceeds model.max_position_embeddings={model.max_position_embeddings}")
   need(int(t.get("xent_chunk", 0)) >= 0, "train.xent_chunk",
        f"must be >= 0 (0 = off), got {t.get('xent_chunk', 0)}")
