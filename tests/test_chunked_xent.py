@@ -63,3 +63,54 @@ def test_chunk_must_be_positive():
   h, head, tokens, seg, lw = _inputs()
   with pytest.raises(ValueError, match="chunk=0"):
     losses.chunked_cross_entropy_sums(h, head, tokens, seg, lw, chunk=0)
+
+
+_SHARDED = r'''
+import jax, jax.numpy as jnp, numpy as np
+from lwm_jax import sharding as shd
+from lwm_jax.train import losses
+from tests.test_chunked_xent import _inputs
+from tests.test_train_xent_chunk import jaxpr_shapes
+h, head, tokens, seg, lw = _inputs(b=3, s=17, d=16, v=101)
+rep = lambda x: jnp.concatenate([x] * 4)[:8]   # 8 rows
+h, tokens, seg, lw = rep(h), rep(tokens), rep(seg), rep(lw)
+f = lambda h, w: losses.chunked_cross_entropy_sums(h, w, tokens, seg, lw, chunk=4)["loss"]
+plain = lambda h, w: losses.cross_entropy_sums(jnp.einsum("bsd,dv->bsv", h, w), tokens, seg,
+                                               lw)["nll"]
+slices = lambda jaxpr: {s for s in jaxpr_shapes(jaxpr.jaxpr) if len(s) == 2 and s[1] == 101
+                       and s[0] != 16}   # [tokens, V] logits, not the [16, V] head
+alone = slices(jax.make_jaxpr(f)(h, head))
+for sizes in [dict(fsdp=2, expert=4), dict(data=2, fsdp=4)]:
+  mesh = shd.make_mesh(**sizes)
+  with jax.set_mesh(mesh):
+    shapes = slices(jax.make_jaxpr(f)(h, head))
+    hs = jax.device_put(h, jax.sharding.NamedSharding(mesh, shd.batch_spec(8, mesh, 3)))
+    ws = jax.device_put(head, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp")))
+    got = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(hs, ws)
+  want = jax.jit(jax.value_and_grad(plain, argnums=(0, 1)))(h, head)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+  print(sizes, sorted(shapes))
+print("alone", sorted(alone))
+'''
+
+
+def test_chunk_counts_tokens_per_device_under_a_mesh():
+  """`chunk` tokens on each device the batch splits over: 8 rows over 8 devices with chunk 4 take
+  4 positions of each device's one row a slice ([4, V] logits a device), where one device alone
+  takes one position of all 8 rows ([8, V]); the loss and gradients stay the plain loss's on
+  meshes with and without an expert axis, the head split over fsdp (gathered inside, its gradient
+  scattered back)."""
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from conftest import xla_env  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  res = subprocess.run([sys.executable, "-c", _SHARDED], env=xla_env(8), cwd=root,
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = dict(line.split(" ", 1) if line.startswith("alone") else line.split("} ", 1)
+               for line in res.stdout.strip().splitlines())
+  assert lines["alone"] == "[(8, 101)]", res.stdout
+  assert lines["{'fsdp': 2, 'expert': 4"] == "[(4, 101)]", res.stdout
+  assert lines["{'data': 2, 'fsdp': 4"] == "[(4, 101)]", res.stdout

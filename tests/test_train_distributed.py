@@ -30,7 +30,10 @@ SHARDED = textwrap.dedent("""
       (m, meshes[m]) for m in sys.argv[1:]]:
     mesh = shd.make_mesh(**axes)
     g, s, sh = st.create_train_state(cfg, tx, mesh, 0)
-    f = steps.compile_xent_step(g, tx, sch, steps.StepConfig(micro_batches=2), mesh, sh,
+    # the meshes take the token-chunked loss (gathered head, scattered head gradient) against the
+    # single device's plain full-logits loss
+    sc = steps.StepConfig(micro_batches=2, xent_chunk=0 if name == "single" else 16)
+    f = steps.compile_xent_step(g, tx, sch, sc, mesh, sh,
                                 {k: v.shape for k, v in batches[0].items()})
     losses = []
     for b in batches:

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 Metrics = dict[str, jax.Array]
 
@@ -69,12 +70,12 @@ def cross_entropy_loss(logits_BxSxV, tokens_BxS, segment_ids_BxS, loss_weights_B
 
 
 def _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int,
-               grads: bool):
+               grads: bool, head_grad_f32: bool = False):
   """(loss, nll, z, hit) sums, and with `grads` the gradients of `loss` w.r.t. h and the head
-  (accumulated in fp32, returned in their dtypes). A slice is `chunk // B` positions of every row
-  (at least one), so the batch axis, and any sharding of it, is kept in every slice."""
+  (accumulated in fp32, returned in their dtypes, or the head's in fp32 with `head_grad_f32`).
+  A slice is `chunk // B` positions of every row (at least one, at most the row)."""
   b, t, d = h_BxTxD.shape
-  p = max(1, chunk // b)
+  p = min(max(1, chunk // b), t)
   n = -(-t // p)
   pad = n * p - t
 
@@ -111,15 +112,77 @@ def _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk
   if not grads:
     return out, None
   dh = jnp.swapaxes(dh.reshape(n, b, p, d), 0, 1).reshape(b, n * p, d)[:, :t]
-  return out, (dh.astype(h_BxTxD.dtype), dhead.astype(head_DxV.dtype))
+  return out, (dh.astype(h_BxTxD.dtype), dhead if head_grad_f32 else dhead.astype(head_DxV.dtype))
+
+
+def _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int,
+             grads: bool):
+  """`_xent_rows` on every device's own rows under a mesh (None without one). The head comes in
+  split as the parameters are (embed over fsdp, vocab over tensor) and is gathered whole inside,
+  once a call; the sums are added over the devices; the head's gradient, summed over the rows'
+  devices, leaves split as the head came in (a reduce-scatter over fsdp when the rows are split
+  over fsdp too), and each device keeps its rows' hidden-state gradient. Made in the forward pass
+  only, so nothing here is differentiated: one all-gather and one reduce-scatter of the head a
+  call, where XLA left to itself all-reduced logits or fp32 head gradients inside the loop."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return None
+  shape = dict(mesh.shape)
+  b, d, v = h_BxTxD.shape[0], head_DxV.shape[0], head_DxV.shape[1]
+  rows, ways = [], 1
+  for ax in ("data", "fsdp", "expert"):       # as sharding.batch_spec splits a batch
+    if shape.get(ax, 1) > 1 and b % (ways * shape[ax]) == 0:
+      rows.append(ax)
+      ways *= shape[ax]
+  rows = tuple(rows)
+  fs = "fsdp" if shape.get("fsdp", 1) > 1 and d % shape["fsdp"] == 0 else None
+  tp = "tensor" if shape.get("tensor", 1) > 1 and v % shape["tensor"] == 0 else None
+  rspec = P(rows or None)
+  hspec = P(fs, tp)
+
+  def body(h, head, tgt, w):
+    if fs:
+      head = jax.lax.all_gather(head, fs, axis=0, tiled=True)
+    if tp:
+      head = jax.lax.all_gather(head, tp, axis=1, tiled=True)
+    out, g = _xent_rows(h, head, tgt, w, z_coef, chunk, grads, head_grad_f32=True)
+    if rows:
+      out = tuple(jax.lax.psum(x, rows) for x in out)
+    if not grads:
+      return out
+    dh, dhead = g
+    for ax, dim in ((fs, 0), (tp, 1)):    # back to the head's own split
+      if ax is None:
+        continue
+      if ax in rows:
+        dhead = jax.lax.psum_scatter(dhead, ax, scatter_dimension=dim, tiled=True)
+      else:                                # every device of `ax` saw the same rows
+        n = dhead.shape[dim] // shape[ax]
+        dhead = jax.lax.dynamic_slice_in_dim(dhead, jax.lax.axis_index(ax) * n, n, axis=dim)
+    rest = tuple(a for a in rows if a not in (fs, tp))
+    if rest:
+      dhead = jax.lax.psum(dhead, rest)
+    return out, (dh, dhead.astype(head_DxV.dtype))
+
+  sums = (P(),) * 4
+  out_specs = (sums, (rspec, hspec)) if grads else sums
+  return jax.shard_map(body, mesh=mesh, in_specs=(rspec, hspec, rspec, rspec),
+                       out_specs=out_specs, check_vma=False)(h_BxTxD, head_DxV, targets_BxT,
+                                                             weights_BxT)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _chunked_xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int):
+  sharded = _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)
+  if sharded is not None:
+    return sharded
   return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)[0]
 
 
 def _chunked_xent_fwd(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk):
+  sharded = _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
+  if sharded is not None:
+    return sharded
   return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
 
 
@@ -137,15 +200,14 @@ def chunked_cross_entropy_sums(hidden_BxSxD, head_DxV, tokens_BxS, segment_ids_B
                                loss_weights_BxS, z_loss_coef: float = 0.0,
                                chunk: int = 512) -> Metrics:
   """`cross_entropy_sums` from the final hidden states and the output head, without ever holding
-  the [B*S, V] logits: about `chunk` tokens at a time (chunk // B positions of every row),
-  gradients made in the same pass (see above). Also returns `loss` = nll + z_loss_coef * z, the
-  one entry that carries gradients (to hidden_BxSxD and head_DxV)."""
+  the [B*S, V] logits: about `chunk` tokens at a time on each device (chunk // B positions of
+  every row it holds), gradients made in the same pass (see above). Also returns `loss` = nll +
+  z_loss_coef * z, the one entry that carries gradients (to hidden_BxSxD and head_DxV)."""
   if chunk <= 0:
     raise ValueError(f"chunked_cross_entropy_sums: chunk={chunk} must be positive")
   targets, w = shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS)
-  b, s = tokens_BxS.shape
   loss, nll, z, hit = _chunked_xent(hidden_BxSxD[:, :-1], head_DxV, targets, w,
-                                    float(z_loss_coef), min(int(chunk), b * (s - 1)))
+                                    float(z_loss_coef), int(chunk))
   sg = jax.lax.stop_gradient
   return {"loss": loss, "nll": sg(nll), "weight": jnp.sum(w), "correct": sg(hit),
           "tokens": jnp.sum((w > 0).astype(jnp.float32)),
