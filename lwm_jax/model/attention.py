@@ -9,6 +9,8 @@ cache transposed, or runs a slow strided product, every step (about 20% of a dec
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -77,6 +79,100 @@ def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: fl
     outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
   out = jnp.concatenate(outs, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, s, h, kd)
+
+
+# ------------------------------------------------------------ the same, recomputed in the backward
+# `causal_attention` differentiated by XLA keeps every chunk's probabilities for the backward pass:
+# B x H x S^2 / 2 values a layer (4.3 GB for one 16,384-token row of 16 heads in bf16), which
+# decided whether the hybrid preset's CPT step fitted a v5p chip (benchmarks/results/pods.md).
+# `recomputed_causal_attention` keeps only the output and each query's log-partition (fp32) and
+# recomputes a chunk's scores in the backward pass, as FlashAttention does: one more pair of
+# products a chunk, O(chunk x S) memory. The model takes it where the step is built for a TPU or
+# GPU; on CPU, where the demo's rows are short, the stored probabilities stay faster.
+
+
+def _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK):
+  b, s, h, kd = q_BxSxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  q = q_BxSxHxK.reshape(b, s, g, h // g, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, -1, kd)
+  return q, k_BxSxGxK.transpose(0, 2, 1, 3), v_BxSxGxK.transpose(0, 2, 1, 3)
+
+
+def _chunk_mask(segment_ids_BxS, start: int, end: int):
+  """[1 or B, C, end]: query positions [start, end) against keys [0, end)."""
+  mask = (jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None])[None]
+  if segment_ids_BxS is not None:
+    mask = mask & (segment_ids_BxS[:, start:end, None] == segment_ids_BxS[:, None, :end])
+  return mask
+
+
+def _recomputed_fwd(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale, chunk):
+  b, s, h, kd = q_BxSxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  r = h // g
+  q, k, v = _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK)
+  outs, lses = [], []
+  for start in range(0, s, chunk):
+    end = min(start + chunk, s)
+    c = end - start
+    scores = jnp.einsum("bgqk,bgtk->bgqt", q[:, :, start * r:end * r], k[:, :, :end],
+                        preferred_element_type=jnp.float32).reshape(b, g, c, r, end)
+    scores = jnp.where(_chunk_mask(segment_ids_BxS, start, end)[:, None, :, None],
+                       scores * scale, NEG_INF)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    probs = jnp.exp(scores - lse[..., None]).astype(v.dtype).reshape(b, g, c * r, end)
+    outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
+    lses.append(lse.reshape(b, g, c * r))
+  out = jnp.concatenate(outs, axis=2)                          # [B, G, S * R, K]
+  res = (q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, jnp.concatenate(lses, axis=2))
+  return out.reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4).reshape(b, s, h, kd), res
+
+
+def _recomputed_bwd(scale, chunk, res, dout_BxSxHxK):
+  q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, lse = res
+  b, s, h, kd = q_BxSxHxK.shape
+  g = k_BxSxGxK.shape[2]
+  r = h // g
+  q, k, v = _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK)
+  do = dout_BxSxHxK.reshape(b, s, g, r, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, s * r, kd)
+  # sum_t p_t * dp_t per query, from the output: the softmax's backward needs nothing else
+  delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+  dq_chunks = []
+  dk = jnp.zeros(k.shape, jnp.float32)
+  dv = jnp.zeros(v.shape, jnp.float32)
+  for start in range(0, s, chunk):
+    end = min(start + chunk, s)
+    c = end - start
+    rows = slice(start * r, end * r)
+    scores = jnp.einsum("bgqk,bgtk->bgqt", q[:, :, rows], k[:, :, :end],
+                        preferred_element_type=jnp.float32).reshape(b, g, c, r, end)
+    mask = _chunk_mask(segment_ids_BxS, start, end)[:, None, :, None]
+    p = jnp.where(mask, jnp.exp(scores * scale - lse[:, :, rows].reshape(b, g, c, r, 1)), 0.0)
+    p = p.reshape(b, g, c * r, end)
+    dv = dv.at[:, :, :end].add(jnp.einsum("bgqt,bgqk->bgtk", p.astype(v.dtype), do[:, :, rows],
+                                          preferred_element_type=jnp.float32))
+    dp = jnp.einsum("bgqk,bgtk->bgqt", do[:, :, rows], v[:, :, :end],
+                    preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta[:, :, rows, None]) * scale).astype(q.dtype)
+    dq_chunks.append(jnp.einsum("bgqt,bgtk->bgqk", ds, k[:, :, :end],
+                                preferred_element_type=jnp.float32))
+    dk = dk.at[:, :, :end].add(jnp.einsum("bgqt,bgqk->bgtk", ds, q[:, :, rows],
+                                          preferred_element_type=jnp.float32))
+  dq = jnp.concatenate(dq_chunks, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
+  return (dq.reshape(b, s, h, kd).astype(q_BxSxHxK.dtype),
+          dk.transpose(0, 2, 1, 3).astype(k_BxSxGxK.dtype),
+          dv.transpose(0, 2, 1, 3).astype(v_BxSxGxK.dtype), None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def recomputed_causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: float,
+                                chunk: int = 512):
+  """`causal_attention`'s values, with a backward pass that recomputes each query chunk's scores
+  from the stored output and log-partition instead of keeping the probabilities (see above)."""
+  return _recomputed_fwd(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale, chunk)[0]
+
+
+recomputed_causal_attention.defvjp(_recomputed_fwd, _recomputed_bwd)
 
 
 def training_mask(segment_ids_BxS: jax.Array | None, b: int, s: int) -> jax.Array:
@@ -150,8 +246,10 @@ class Attention(nnx.Module):
     if cache is None:
       # query chunks of 128 suit CPU caches; on TPU larger chunks fill the matrix units and
       # keep the unrolled chunk loop (and its compile time) 4x shorter
-      out = causal_attention(q, k, v, segment_ids_BxS, self.k ** -0.5,
-                             chunk=512 if platform.is_tpu() else 128)
+      # on an accelerator the backward recomputes the probabilities rather than store them
+      attend = causal_attention if platform.is_cpu() else recomputed_causal_attention
+      out = attend(q, k, v, segment_ids_BxS, self.k ** -0.5,
+                   chunk=512 if platform.is_tpu() else 128)
       new_cache = None
     else:
       new_cache = {n: write_cache(cache[n], x, positions_BxS, CACHE_LAYOUT[n])
