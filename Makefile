@@ -6,7 +6,7 @@ export MALLOC_MMAP_MAX_ ?= 0
 export MALLOC_TRIM_THRESHOLD_ ?= 17179869184
 export MALLOC_ARENA_MAX ?= 1
 
-.PHONY: demo test test-slow test-tpu pods bench corpus more-worlds fixtures clean sandbox-tool reproduce world-model
+.PHONY: demo test test-slow test-tpu pods bench corpus more-worlds fixtures clean sandbox-tool reproduce world-model world-model-long
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -78,6 +78,14 @@ reproduce: $(VENV)/.installed
 # sha256, scores; each nests the one before).
 world-model: $(VENV)/.installed more-worlds
 	$(PY) launch/world_model.py --config=configs/world_model.py
+
+# Its long-context companion (data/world_model_long/: 4,608 positions, so every bundled
+# AgentWorldBench record fits): the recipe's CPT (400 steps) and SFT (300 steps) continued from
+# data/world_model in rows of 4,608 tokens, configs/reproduce.py:long; about 50 minutes on 2 idle
+# cores. It reads whole histories but scores a point lower on the same 140 test turns
+# (experiments/long_context), so the demo and the defaults keep data/world_model.
+world-model-long: $(VENV)/.installed
+	$(PY) launch/reproduce.py --config=configs/reproduce.py:long --config.workdir=runs/reproduce_long --config.ship=data/world_model_long
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/model_step.py

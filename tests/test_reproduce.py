@@ -136,6 +136,22 @@ def test_each_variant_keeps_its_old_budget(rp, variant):
   assert reproduce_config.get_config().budget == "full"  # the old --budget default
 
 
+def test_the_long_variant_is_the_recipe_of_the_shipped_long_model(rp):
+  """`make world-model-long` (configs/reproduce.py:long) trains what data/world_model_long's
+  provenance says it was trained with, field by field (its command line set them by hand)."""
+  import json  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(REPO, "data", "world_model_long", "provenance.json")) as f:
+    shipped = json.load(f)["settings"]
+  got = json.loads(json.dumps(rp.settings(_resolve("long"))))   # tuples as the JSON's lists
+  # the start folder, absolute in both, was the checkout's data/world_model in both
+  assert os.path.relpath(got.pop("cpt_from"), REPO) == os.path.join("data", "world_model")
+  assert shipped.pop("cpt_from").endswith(os.path.join("", "data", "world_model"))
+  assert set(got) == set(shipped)
+  assert {k: got[k] for k in got if got[k] != shipped[k]} == {"budget": "long"}
+  with open(os.path.join(REPO, "data", "world_model_long", "config.json")) as f:
+    assert json.load(f)["max_position_embeddings"] == got["seq_len"] == 4608
+
+
 def test_a_bad_variant_or_field_is_named(rp):
   import configs
   with pytest.raises(ConfigError, match="no variant 'tinyy' \\(close matches: tiny\\); "
