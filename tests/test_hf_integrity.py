@@ -81,8 +81,21 @@ def test_a_changed_config_is_named(folder):
   hf.load_pretrained(folder)
 
 
-def test_the_shipped_model_verifies():
+def test_the_shipped_models_verify():
   assert hf.verify_checksums(os.path.join(REPO, "data", "world_model")) is True
+  assert hf.verify_checksums(os.path.join(REPO, "data", "world_model_long")) is True
+
+
+def test_the_long_model_carries_the_default_models_tokenizer_files():
+  """data/world_model_long was trained from data/world_model with its tokenizer: the same
+  tokenizer files byte for byte, so the AutoTokenizer checks of the default folder
+  (test_hf_tokenizer_files.py) hold for it; its context is the one its rows had."""
+  for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(REPO, "data", "world_model", name), "rb") as a, \
+         open(os.path.join(REPO, "data", "world_model_long", name), "rb") as b:
+      assert a.read() == b.read(), name
+  cfg = hf.read_config(os.path.join(REPO, "data", "world_model_long"))
+  assert cfg.max_position_embeddings == 4608
 
 
 def test_a_config_that_is_a_json_list_is_named(folder):
