@@ -71,17 +71,19 @@ def test_no_probabilities_are_kept_for_the_backward_pass():
   assert shapes and all(len(x) < 4 or x[-1] != 256 for x in shapes), kept   # no [..., key] array
 
 
-def test_the_model_takes_it_where_the_target_is_an_accelerator():
+def test_the_model_takes_it_where_the_target_is_an_accelerator_or_where_asked():
   from lwm_jax.model.config import get_preset  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  cfg = get_preset("tiny", num_hidden_layers=1)
-  layer = attention.Attention(cfg, rngs=nnx.Rngs(0))
-  x = jnp.ones((1, 200, cfg.hidden_size))
-  pos = jnp.arange(200)[None]
 
-  def calls(target):
+  def calls(target, choice="auto"):
+    cfg = get_preset("tiny", num_hidden_layers=1, attention_backward=choice)
+    layer = attention.Attention(cfg, rngs=nnx.Rngs(0))
+    x, pos = jnp.ones((1, 200, cfg.hidden_size)), jnp.arange(200)[None]
     with platform.target(target):
       jaxpr = jax.make_jaxpr(lambda x: layer(x, pos)[0])(x)
     return "custom_vjp_call" in str(jaxpr)
 
   assert not calls("cpu") and calls("gpu") and calls("tpu")
+  assert calls("cpu", "recomputed") and not calls("tpu", "stored")
+  with pytest.raises(ValueError, match="model.attention_backward: 'flash' is not one of"):
+    get_preset("tiny", attention_backward="flash").validate()

@@ -220,6 +220,7 @@ class Attention(nnx.Module):
     self.rope_scaling = cfg.rope_scaling_items
     self.max_position_embeddings = cfg.max_position_embeddings
     self.dtype = DTYPES[cfg.dtype]
+    self.attention_backward = cfg.attention_backward
 
   def _project(self, x_BxSxD):
     """(q, k, v) before normalisation: three matmuls, or one over the [q | k | v] rows that
@@ -247,7 +248,9 @@ class Attention(nnx.Module):
       # query chunks of 128 suit CPU caches; on TPU larger chunks fill the matrix units and
       # keep the unrolled chunk loop (and its compile time) 4x shorter
       # on an accelerator the backward recomputes the probabilities rather than store them
-      attend = causal_attention if platform.is_cpu() else recomputed_causal_attention
+      recompute = (self.attention_backward == "recomputed"
+                   or (self.attention_backward == "auto" and not platform.is_cpu()))
+      attend = recomputed_causal_attention if recompute else causal_attention
       out = attend(q, k, v, segment_ids_BxS, self.k ** -0.5,
                    chunk=512 if platform.is_tpu() else 128)
       new_cache = None

@@ -12,6 +12,7 @@ from typing import Any
 QWEN3_MOE = "qwen3_moe"
 QWEN35_MOE = "qwen3_5_moe_text"
 NORM_BACKWARDS = ("auto", "xla", "written")
+ATTENTION_BACKWARDS = ("auto", "stored", "recomputed")
 MOE_BACKENDS = ("auto", "ragged_dot", "gmm", "tiled", "blocked", "capacity", "sorted", "dense")
 
 
@@ -71,6 +72,11 @@ class ModelConfig:
   # scale_channels: the sums as products with ones), "auto" (written for the hybrid, where it was
   # measured faster at 1 x 2048; XLA's elsewhere, faster at the demo's CPT shape). Same values.
   norm_backward: str = "auto"
+  # Training attention's backward pass: "stored" (XLA differentiates the chunked attention and
+  # keeps every chunk's probabilities), "recomputed" (attention.recomputed_causal_attention: only
+  # the output and log-partition kept, scores recomputed; O(chunk x S) memory), "auto"
+  # (recomputed where the step is built for a TPU or GPU, stored on CPU). Same values.
+  attention_backward: str = "auto"
 
   # ------------------------------------------------------------------ derived
   @property
@@ -123,6 +129,8 @@ class ModelConfig:
          f"'{self.moe_backend}' is not one of {MOE_BACKENDS}")
     need(self.norm_backward in NORM_BACKWARDS, "norm_backward",
          f"'{self.norm_backward}' is not one of {NORM_BACKWARDS}")
+    need(self.attention_backward in ATTENTION_BACKWARDS, "attention_backward",
+         f"'{self.attention_backward}' is not one of {ATTENTION_BACKWARDS}")
     need(self.capacity_factor > 0, "capacity_factor", "must be positive")
     need(self.sorted_capacity_factor > 0, "sorted_capacity_factor", "must be positive")
     need(self.dtype in ("float32", "bfloat16", "float16"), "dtype", f"unknown dtype {self.dtype}")

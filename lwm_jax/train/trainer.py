@@ -255,7 +255,8 @@ def _model_and_init(c: ml_collections.ConfigDict, model_cfg):
     return model_cfg, None
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from lwm_jax import hf  # pylint: disable=import-outside-toplevel
-  keep = ("moe_backend", "capacity_factor", "remat", "ep_capacity_factor", "scan_layers")
+  keep = ("moe_backend", "capacity_factor", "remat", "ep_capacity_factor", "scan_layers",
+          "norm_backward", "attention_backward")
   hf_model = hf.load_pretrained(c.init_from_hf, dtype="float32",
                                 **{k: v for k, v in model_cfg.to_dict().items() if k in keep})
   loaded = hf_model.cfg.replace(dtype=model_cfg.dtype, param_dtype="float32")
