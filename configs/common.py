@@ -15,19 +15,27 @@ from lwm_jax import sharding
 from lwm_jax.model.config import get_preset
 
 
-def _pod(model: str, *, batch_size: int, seq_len: int, micro_batches: int, lr: float,
-         expert: int = 8, checkpoint_every: int = 500) -> tuple[str, dict]:
+def _pod(model: str, *, topology: str, batch_size: int, seq_len: int, micro_batches: int,
+         lr: float, expert: int = 8, checkpoint_every: int = 500) -> tuple[str, dict]:
   """A preset for a released size on a pod: experts split `expert` ways, parameters FSDP over the
   rest of the devices, rematerialised and scanned layers (one compiled layer body: compile time
-  flat in depth, docs/pods.md), automatic precision."""
+  flat in depth, docs/pods.md), automatic precision; sized for `topology`.
+
+  The expert exchange's buffers hold twice a device's even share of its tokens for each
+  destination (`ep_capacity_factor=2`; a token past that is dropped and counted in the
+  `dropped_tokens` metric). Dropless buffers are sized for every token going to one device: on
+  the hybrid preset they made 8x the rows the experts need, in memory and in the grouped matmul,
+  and the step needed 96 GiB a chip; with 2x, 75 GiB and 2.1x fewer FLOPs
+  (benchmarks/results/pods.md)."""
   return (model, dict(
+      topology=topology,
       train=dict(num_steps=10000, batch_size=batch_size, seq_len=seq_len,
                  micro_batches=micro_batches, log_every=10, eval_every=500, eval_batches=8,
                  precision="auto"),
       optim=dict(lr=lr, warmup_steps=100),
       mesh=dict(data=1, fsdp=-1, expert=expert, tensor=1),
       checkpoint=dict(every=checkpoint_every, keep=3),
-      model=dict(remat=True, scan_layers=True)))
+      model=dict(remat=True, scan_layers=True, ep_capacity_factor=2.0)))
 
 
 # name -> (model preset, overrides of train/optim/mesh/checkpoint)
@@ -54,17 +62,21 @@ PRESETS = {
                             optim=dict(lr=1e-3, warmup_steps=20),
                             checkpoint=dict(every=100, keep=2))),
     # a released size on a pod: experts split 8 ways, parameters FSDP over the rest
-    "qwen3_30b_a3b": _pod("qwen3_30b_a3b", batch_size=256, seq_len=8192, micro_batches=4,
-                          lr=1e-5),
+    "qwen3_30b_a3b": _pod("qwen3_30b_a3b", topology="v5p:4x4x4", batch_size=256, seq_len=8192,
+                          micro_batches=4, lr=1e-5),
     # the released Qwen-AgentWorld bases (Qwen3.5-MoE hybrid): start from their HF checkpoints
     # with --config.init_from_hf=PATH
     # 4 micro-batches of 64 rows: one row a chip on v5p:4x4x4 (64 chips). With 8 or 16 (32 or 16
     # rows) the rows could not split over fsdp x expert: the activations were replicated over the
     # expert axis and the MoE ran without its all-to-all (benchmarks/results/pods.md)
-    "qwen35_35b_a3b": _pod("qwen35_35b_a3b", batch_size=256, seq_len=16384, micro_batches=4,
-                           lr=1e-5),
-    "qwen35_397b_a17b": _pod("qwen35_397b_a17b", batch_size=512, seq_len=16384,
-                             micro_batches=16, lr=5e-6, expert=16, checkpoint_every=250),
+    "qwen35_35b_a3b": _pod("qwen35_35b_a3b", topology="v5p:4x4x4", batch_size=256,
+                           seq_len=16384, micro_batches=4, lr=1e-5),
+    # 128 chips (v5p:4x4x8): fp32 parameters and Adam moments of 397B parameters are 4.8 TB, 37 GB
+    # a chip; 4 micro-batches of 128 rows, one row a chip, as for the 35B (16 micro-batches of 32
+    # rows would leave the rows replicated over most of the mesh)
+    "qwen35_397b_a17b": _pod("qwen35_397b_a17b", topology="v5p:4x4x8", batch_size=512,
+                             seq_len=16384, micro_batches=4, lr=5e-6, expert=16,
+                             checkpoint_every=250),
 }
 
 
@@ -128,6 +140,10 @@ def base_config(stage: str) -> ml_collections.ConfigDict:
   c.dist = ml_collections.ConfigDict(dict(
       coordinator_address="", num_processes=1, process_id=0, timeout_s=300,
       cpu_collectives="", auto=False))
+  # The TPU topology a pod preset was sized for (its memory checked by `launch/compile.py`, which
+  # takes it as the default --topology; benchmarks/results/pods.md); "" for the CPU presets. The
+  # trainer runs on whatever devices it is given.
+  c.topology = ""
   c.init_from_hf = ""
   c.export_hf = False
   c.export_hf_dir = ""               # default <workdir>/hf
@@ -150,6 +166,9 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
   c.model = ml_collections.ConfigDict(model)
   for section, fields in over.items():
     if section == "model":
+      continue
+    if not isinstance(fields, dict):   # a top-level field (topology)
+      c[section] = fields
       continue
     for k, v in fields.items():
       c[section][k] = v

@@ -18,7 +18,9 @@ from absl import app, flags
 flags.DEFINE_string("preset", "tiny", "configs preset (tiny, small, qwen3_30b_a3b, ...)")
 flags.DEFINE_list("stages", ["cpt"], "cpt, sft, gspo, logprobs, agent-rl, prefill, decode (the "
                   "continuous engine), decode-static")
-flags.DEFINE_string("topology", "v5e:2x2", "chip:shape, e.g. v5p:4x4x8, v5e:16x16, v6e:16x16")
+flags.DEFINE_string("topology", "", "chip:shape, e.g. v5p:4x4x8, v5e:16x16, v6e:16x16 (default: "
+                    "the topology the preset was sized for, its config's `topology`; v5e:2x2 for "
+                    "a preset without one)")
 flags.DEFINE_integer("slices", 1, "slices over DCN (multi-slice)")
 flags.DEFINE_multi_string("set", [], "config override KEY=VALUE (e.g. train.micro_batches=8)")
 flags.DEFINE_integer("layers", 0, "cut the model to this many layers (0: the preset's depth)")
@@ -55,7 +57,8 @@ def main(argv):
     hlo = os.path.join(FLAGS.dump_hlo, f"{FLAGS.preset}_{stage}.hlo.txt") if FLAGS.dump_hlo else ""
     if hlo:
       os.makedirs(FLAGS.dump_hlo, exist_ok=True)
-    row = aot.compile_stage(c, stage, FLAGS.topology, FLAGS.slices, preset=FLAGS.preset,
+    topology = FLAGS.topology or c.get("topology") or "v5e:2x2"
+    row = aot.compile_stage(c, stage, topology, FLAGS.slices, preset=FLAGS.preset,
                             dump_hlo=hlo)
     if overrides:
       row["overrides"] = {k: v for k, v in overrides.items()}

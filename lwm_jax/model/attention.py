@@ -85,90 +85,134 @@ def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: fl
 # `causal_attention` differentiated by XLA keeps every chunk's probabilities for the backward pass:
 # B x H x S^2 / 2 values a layer (4.3 GB for one 16,384-token row of 16 heads in bf16), which
 # decided whether the hybrid preset's CPT step fitted a v5p chip (benchmarks/results/pods.md).
-# `recomputed_causal_attention` keeps only the output and each query's log-partition (fp32) and
-# recomputes a chunk's scores in the backward pass, as FlashAttention does: one more pair of
-# products a chunk, O(chunk x S) memory. The model takes it where the step is built for a TPU or
-# GPU; on CPU, where the demo's rows are short, the stored probabilities stay faster.
+# `recomputed_causal_attention` is FlashAttention's scheme in plain JAX: the sequence is cut into
+# blocks of `chunk` positions; the forward pass runs, for each query block, an online softmax over
+# the key blocks up to the diagonal and keeps only the output and each query's log-partition
+# (fp32); the backward pass runs, for each key block, over the query blocks from the diagonal on,
+# recomputing their scores. Both are `fori_loop`s (the backward is written out, never
+# differentiated), so one block pair's scores are alive at a time: O(chunk^2) memory where the
+# unrolled chunks let the compiler keep several [chunk, S] score blocks at once (6 GB more than
+# the stored probabilities on the hybrid preset, measured). The model takes it where the step is
+# built for a TPU or GPU (`model.attention_backward`); on CPU the stored probabilities stay faster.
 
 
-def _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK):
+def _blocked(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, chunk: int):
+  """Heads-first operands padded to whole blocks: queries [B, G, S'*R, K] (the R query heads of a
+  kv group next to each other, position-major), keys and values [B, G, S', K], segment ids
+  [B, S'] (padding -1: it sees only itself)."""
   b, s, h, kd = q_BxSxHxK.shape
   g = k_BxSxGxK.shape[2]
-  q = q_BxSxHxK.reshape(b, s, g, h // g, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, -1, kd)
-  return q, k_BxSxGxK.transpose(0, 2, 1, 3), v_BxSxGxK.transpose(0, 2, 1, 3)
+  pad = -s % chunk
+  seg = (jnp.zeros((b, s), jnp.int32) if segment_ids_BxS is None
+         else segment_ids_BxS.astype(jnp.int32))
+  seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=-1)
+  q = jnp.pad(q_BxSxHxK, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  q = q.reshape(b, s + pad, g, h // g, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, -1, kd)
+  k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+          for x in (k_BxSxGxK, v_BxSxGxK))
+  return q, k, v, seg
 
 
-def _chunk_mask(segment_ids_BxS, start: int, end: int):
-  """[1 or B, C, end]: query positions [start, end) against keys [0, end)."""
-  mask = (jnp.arange(end)[None, :] <= jnp.arange(start, end)[:, None])[None]
-  if segment_ids_BxS is not None:
-    mask = mask & (segment_ids_BxS[:, start:end, None] == segment_ids_BxS[:, None, :end])
-  return mask
+def _block_mask(seg, i, j, chunk: int):
+  """[B, C, C]: query block i against key block j (causal by position, same segment)."""
+  sq = jax.lax.dynamic_slice_in_dim(seg, i * chunk, chunk, axis=1)
+  sk = jax.lax.dynamic_slice_in_dim(seg, j * chunk, chunk, axis=1)
+  causal = (j * chunk + jnp.arange(chunk))[None, :] <= (i * chunk + jnp.arange(chunk))[:, None]
+  return causal[None] & (sq[:, :, None] == sk[:, None, :])
 
 
 def _recomputed_fwd(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale, chunk):
   b, s, h, kd = q_BxSxHxK.shape
   g = k_BxSxGxK.shape[2]
-  r = h // g
-  q, k, v = _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK)
-  outs, lses = [], []
-  for start in range(0, s, chunk):
-    end = min(start + chunk, s)
-    c = end - start
-    scores = jnp.einsum("bgqk,bgtk->bgqt", q[:, :, start * r:end * r], k[:, :, :end],
-                        preferred_element_type=jnp.float32).reshape(b, g, c, r, end)
-    scores = jnp.where(_chunk_mask(segment_ids_BxS, start, end)[:, None, :, None],
-                       scores * scale, NEG_INF)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    probs = jnp.exp(scores - lse[..., None]).astype(v.dtype).reshape(b, g, c * r, end)
-    outs.append(jnp.einsum("bgqt,bgtk->bgqk", probs, v[:, :, :end]))
-    lses.append(lse.reshape(b, g, c * r))
-  out = jnp.concatenate(outs, axis=2)                          # [B, G, S * R, K]
-  res = (q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, jnp.concatenate(lses, axis=2))
-  return out.reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4).reshape(b, s, h, kd), res
+  r, c = h // g, chunk
+  q, k, v, seg = _blocked(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, c)
+  n = seg.shape[1] // c
+  rows = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * c * r, c * r, axis=2)
+  keys = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * c, c, axis=2)
+
+  def query_block(i, carry):
+    out, lse = carry
+    qi = rows(q, i)
+
+    def key_block(j, state):
+      m, l, acc = state
+      scores = jnp.einsum("bgqk,bgtk->bgqt", qi, keys(k, j),
+                          preferred_element_type=jnp.float32).reshape(b, g, c, r, c) * scale
+      mask = _block_mask(seg, i, j, c)[:, None, :, None, :]
+      m_new = jnp.maximum(m, jnp.max(jnp.where(mask, scores, NEG_INF), axis=-1))
+      p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+      fade = jnp.exp(m - m_new)
+      pv = jnp.einsum("bgqt,bgtk->bgqk", p.reshape(b, g, c * r, c).astype(v.dtype), keys(v, j),
+                      preferred_element_type=jnp.float32).reshape(b, g, c, r, kd)
+      return m_new, l * fade + jnp.sum(p, axis=-1), acc * fade[..., None] + pv
+
+    init = (jnp.full((b, g, c, r), NEG_INF, jnp.float32), jnp.zeros((b, g, c, r), jnp.float32),
+            jnp.zeros((b, g, c, r, kd), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)
+    o = (acc / l[..., None]).astype(v.dtype).reshape(b, g, c * r, kd)
+    out = jax.lax.dynamic_update_slice_in_dim(out, o, i * c * r, axis=2)
+    lse = jax.lax.dynamic_update_slice_in_dim(lse, (m + jnp.log(l)).reshape(b, g, c * r),
+                                              i * c * r, axis=2)
+    return out, lse
+
+  out, lse = jax.lax.fori_loop(0, n, query_block, (jnp.zeros(q.shape, v.dtype),
+                                                   jnp.zeros(q.shape[:3], jnp.float32)))
+  res = (q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, lse)
+  y = out.reshape(b, g, -1, r, kd)[:, :, :s].transpose(0, 2, 1, 3, 4)
+  return y.reshape(b, s, h, kd), res
 
 
 def _recomputed_bwd(scale, chunk, res, dout_BxSxHxK):
   q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, lse = res
   b, s, h, kd = q_BxSxHxK.shape
   g = k_BxSxGxK.shape[2]
-  r = h // g
-  q, k, v = _heads_first(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK)
-  do = dout_BxSxHxK.reshape(b, s, g, r, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, s * r, kd)
+  r, c = h // g, chunk
+  q, k, v, seg = _blocked(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, c)
+  do = _blocked(dout_BxSxHxK, k_BxSxGxK, v_BxSxGxK, None, c)[0]
+  n = seg.shape[1] // c
   # sum_t p_t * dp_t per query, from the output: the softmax's backward needs nothing else
   delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-  dq_chunks = []
-  dk = jnp.zeros(k.shape, jnp.float32)
-  dv = jnp.zeros(v.shape, jnp.float32)
-  for start in range(0, s, chunk):
-    end = min(start + chunk, s)
-    c = end - start
-    rows = slice(start * r, end * r)
-    scores = jnp.einsum("bgqk,bgtk->bgqt", q[:, :, rows], k[:, :, :end],
-                        preferred_element_type=jnp.float32).reshape(b, g, c, r, end)
-    mask = _chunk_mask(segment_ids_BxS, start, end)[:, None, :, None]
-    p = jnp.where(mask, jnp.exp(scores * scale - lse[:, :, rows].reshape(b, g, c, r, 1)), 0.0)
-    p = p.reshape(b, g, c * r, end)
-    dv = dv.at[:, :, :end].add(jnp.einsum("bgqt,bgqk->bgtk", p.astype(v.dtype), do[:, :, rows],
-                                          preferred_element_type=jnp.float32))
-    dp = jnp.einsum("bgqk,bgtk->bgqt", do[:, :, rows], v[:, :, :end],
-                    preferred_element_type=jnp.float32)
-    ds = (p * (dp - delta[:, :, rows, None]) * scale).astype(q.dtype)
-    dq_chunks.append(jnp.einsum("bgqt,bgtk->bgqk", ds, k[:, :, :end],
-                                preferred_element_type=jnp.float32))
-    dk = dk.at[:, :, :end].add(jnp.einsum("bgqt,bgqk->bgtk", ds, q[:, :, rows],
-                                          preferred_element_type=jnp.float32))
-  dq = jnp.concatenate(dq_chunks, axis=2).reshape(b, g, s, r, kd).transpose(0, 2, 1, 3, 4)
-  return (dq.reshape(b, s, h, kd).astype(q_BxSxHxK.dtype),
-          dk.transpose(0, 2, 1, 3).astype(k_BxSxGxK.dtype),
-          dv.transpose(0, 2, 1, 3).astype(v_BxSxGxK.dtype), None)
+  rows = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * c * r, c * r, axis=2)
+  keys = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * c, c, axis=2)
+
+  def key_block(j, carry):
+    dq, dk, dv = carry
+    kj, vj = keys(k, j), keys(v, j)
+
+    def query_block(i, state):
+      dq, dkj, dvj = state
+      qi, doi = rows(q, i), rows(do, i)
+      scores = jnp.einsum("bgqk,bgtk->bgqt", qi, kj,
+                          preferred_element_type=jnp.float32).reshape(b, g, c, r, c) * scale
+      mask = _block_mask(seg, i, j, c)[:, None, :, None, :]
+      p = jnp.where(mask, jnp.exp(scores - rows(lse, i).reshape(b, g, c, r)[..., None]), 0.0)
+      p = p.reshape(b, g, c * r, c)
+      dvj = dvj + jnp.einsum("bgqt,bgqk->bgtk", p.astype(v.dtype), doi,
+                             preferred_element_type=jnp.float32)
+      dp = jnp.einsum("bgqk,bgtk->bgqt", doi, vj, preferred_element_type=jnp.float32)
+      ds = (p * (dp - rows(delta, i)[..., None]) * scale).astype(q.dtype)
+      dkj = dkj + jnp.einsum("bgqt,bgqk->bgtk", ds, qi, preferred_element_type=jnp.float32)
+      dqi = rows(dq, i) + jnp.einsum("bgqt,bgtk->bgqk", ds, kj, preferred_element_type=jnp.float32)
+      return jax.lax.dynamic_update_slice_in_dim(dq, dqi, i * c * r, axis=2), dkj, dvj
+
+    zeros = jnp.zeros(kj.shape, jnp.float32)
+    dq, dkj, dvj = jax.lax.fori_loop(j, n, query_block, (dq, zeros, zeros))
+    return (dq, jax.lax.dynamic_update_slice_in_dim(dk, dkj, j * c, axis=2),
+            jax.lax.dynamic_update_slice_in_dim(dv, dvj, j * c, axis=2))
+
+  dq, dk, dv = jax.lax.fori_loop(
+      0, n, key_block, (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+                        jnp.zeros(v.shape, jnp.float32)))
+  dq = dq.reshape(b, g, -1, r, kd)[:, :, :s].transpose(0, 2, 1, 3, 4).reshape(b, s, h, kd)
+  unpad = lambda x, like: x[:, :, :s].transpose(0, 2, 1, 3).astype(like.dtype)
+  return (dq.astype(q_BxSxHxK.dtype), unpad(dk, k_BxSxGxK), unpad(dv, v_BxSxGxK), None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def recomputed_causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: float,
                                 chunk: int = 512):
-  """`causal_attention`'s values, with a backward pass that recomputes each query chunk's scores
-  from the stored output and log-partition instead of keeping the probabilities (see above)."""
+  """`causal_attention`'s values, with a backward pass that recomputes each block's scores from
+  the stored output and log-partition instead of keeping the probabilities (see above)."""
   return _recomputed_fwd(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale, chunk)[0]
 
 
