@@ -114,3 +114,11 @@ def test_chunk_counts_tokens_per_device_under_a_mesh():
   assert lines["alone"] == "[(8, 101)]", res.stdout
   assert lines["{'fsdp': 2, 'expert': 4"] == "[(4, 101)]", res.stdout
   assert lines["{'data': 2, 'fsdp': 4"] == "[(4, 101)]", res.stdout
+
+
+@pytest.mark.parametrize("positions", [1, 4, 7, 100])
+def test_sliced_token_logprobs_equal_the_full_logits(positions):
+  h, head, tokens, _, _ = _inputs(b=3, s=9)
+  want, _ = losses.token_logprobs(jnp.einsum("bsd,dv->bsv", h, head), tokens)
+  got = losses.sliced_token_logprobs(h, head, tokens, positions)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

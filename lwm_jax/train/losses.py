@@ -27,6 +27,25 @@ def token_logprobs(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> tuple[jax
   return picked_BxS - lse_BxS, lse_BxS
 
 
+def sliced_token_logprobs(hidden_BxTxD, head_DxV, targets_BxT, positions: int) -> jax.Array:
+  """`token_logprobs(hidden @ head, targets)[0]`, [B, T] fp32, made `positions` positions of every
+  row at a time (a `lax.map` over slices), so only [B, positions, V] logits exist at once."""
+  b, t, _ = hidden_BxTxD.shape
+  p = max(1, min(positions, t))
+  n = -(-t // p)
+  pad = n * p - t
+  h = jnp.pad(hidden_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, p, -1).swapaxes(0, 1)
+  tgt = jnp.pad(targets_BxT, ((0, 0), (0, pad))).reshape(b, n, p).swapaxes(0, 1)
+  head = head_DxV.astype(hidden_BxTxD.dtype)
+
+  def one(xs):
+    h_s, t_s = xs
+    logits = jnp.einsum("bpd,dv->bpv", h_s, head, preferred_element_type=jnp.float32)
+    return token_logprobs(logits, t_s)[0]
+
+  return jax.lax.map(one, (h, tgt)).swapaxes(0, 1).reshape(b, n * p)[:, :t]
+
+
 def shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS):
   """Targets tokens[:, 1:] with weights loss_weights[:, 1:]; pairs that cross a segment boundary or
   lead into padding (segment 0) get weight 0."""

@@ -175,10 +175,19 @@ def _response_logp(graphdef, params, batch):
   return logp, logits, out
 
 
+LOGPROB_SLICE = 256   # positions of every row whose logits `sequence_logprobs` holds at a time
+
+
 def sequence_logprobs(graphdef, params, batch: dict) -> jax.Array:
   """log p(token i | tokens < i) aligned with tokens, [B, S] (column 0 is 0): what the RL loop
-  stores as `old_logprobs` / `ref_logprobs`."""
-  logp, _, _ = _response_logp(graphdef, params, batch)
+  stores as `old_logprobs` / `ref_logprobs`. Read from the final hidden states LOGPROB_SLICE
+  positions at a time, so the [B, S, V] logits never exist: at the hybrid preset's RL shape they
+  were 92 GiB of a v5p chip's 95 (benchmarks/results/pods.md)."""
+  model = nnx.merge(graphdef, params)
+  hidden = model(batch["tokens"], batch["positions"], batch["segment_ids"],
+                 return_hidden=True).logits[:, :-1]
+  logp = losses.sliced_token_logprobs(hidden, model.head_DxV(), batch["tokens"][:, 1:],
+                                      LOGPROB_SLICE)
   return jnp.pad(logp, ((0, 0), (1, 0)))
 
 
