@@ -83,7 +83,7 @@ world-model: $(VENV)/.installed more-worlds
 # AgentWorldBench record fits): the recipe's CPT (400 steps) and SFT (300 steps) continued from
 # data/world_model in rows of 4,608 tokens, configs/reproduce.py:long; about 50 minutes on 2 idle
 # cores. It reads whole histories but scores a point lower on the same 140 test turns
-# (experiments/long_context), so the demo and the defaults keep data/world_model.
+# (docs/world_model.md), so the demo and the defaults keep data/world_model.
 world-model-long: $(VENV)/.installed
 	$(PY) launch/reproduce.py --config=configs/reproduce.py:long --config.workdir=runs/reproduce_long --config.ship=data/world_model_long
 

@@ -63,8 +63,7 @@ def _collect(output: str, **args) -> ml_collections.ConfigDict:
 
 def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_short: int = 0,
                   batch: int = 8, seq_len: int = 1024, mix_share: float = 0.25,
-                  copy_share: float = 0.5,
-                  listing: str = ",".join(TOURS)) -> ml_collections.ConfigDict:
+                  copy_share: float = 0.5) -> ml_collections.ConfigDict:
   """A listing-drill stage: the SFT demo config (its optimizer: AdamW, warm-up, cosine decay
   over `steps`) at peak `lr`, from `init_from`, on the listing turns of the tours (the first 12
   turns of each episode), a share `mix_share` of each batch of ordinary SFT rows of the bundled
@@ -79,7 +78,7 @@ def listing_drill(init_from: str, output: str, *, steps: int, lr: float, copy_sh
   c.data.source = "drills"
   c.data.tokenizer = os.path.join(init_from, "tokenizer.model")
   c.data.drills = _drill_defaults()
-  c.data.drills.update(kind="listing", listing=listing, max_turn=12, mix="data/corpus",
+  c.data.drills.update(kind="listing", listing=",".join(TOURS), max_turn=12, mix="data/corpus",
                        mix_share=mix_share, copy_share=copy_share, copy_short=copy_short)
   c.init_from_hf = init_from
   c.export_hf = True

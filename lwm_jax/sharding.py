@@ -104,14 +104,22 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Modul
   return model
 
 
-def batch_spec(batch: int, mesh, ndim: int = 2) -> P:
-  """Batch split over the batch axes (data, fsdp, expert) whose sizes divide it."""
+def batch_axes(batch: int, mesh) -> tuple[str, ...]:
+  """The batch axes (data, fsdp, expert, in order, of more than one device) that a batch of
+  `batch` rows splits over: each whose size, times those before it, divides the batch."""
+  shape = mesh.shape if hasattr(mesh.shape, "get") else dict(mesh.shape)
   axes, size = [], 1
   for ax in BATCH_AXES:
-    s = mesh.shape.get(ax, 1) if hasattr(mesh.shape, "get") else dict(mesh.shape).get(ax, 1)
+    s = shape.get(ax, 1)
     if s > 1 and batch % (size * s) == 0:
       axes.append(ax)
       size *= s
+  return tuple(axes)
+
+
+def batch_spec(batch: int, mesh, ndim: int = 2) -> P:
+  """Batch split over the batch axes (data, fsdp, expert) whose sizes divide it."""
+  axes = batch_axes(batch, mesh)
   lead = tuple(axes) if len(axes) > 1 else (axes[0] if axes else None)
   return P(lead, *([None] * (ndim - 1)))
 
@@ -121,8 +129,7 @@ def replicated_batch_axes(batch: int, mesh) -> tuple[str, ...]:
   not divide over them: activations are then replicated over those axes, each device of one
   doing the same work (and an expert axis left out also stops the MoE's all-to-all dispatch)."""
   shape = mesh.shape if hasattr(mesh.shape, "get") else dict(mesh.shape)
-  spec = batch_spec(batch, mesh)[0]
-  used = set(spec if isinstance(spec, tuple) else (spec,) if spec else ())
+  used = batch_axes(batch, mesh)
   return tuple(a for a in BATCH_AXES if shape.get(a, 1) > 1 and a not in used)
 
 

@@ -23,7 +23,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ours(folder: str, work: str, positions: int) -> None:
-  sys.path.insert(0, REPO)
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from lwm_jax import hf  # pylint: disable=import-outside-toplevel
   from lwm_jax.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel

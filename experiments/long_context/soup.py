@@ -20,9 +20,7 @@ import sys
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from lwm_jax import hf  # pylint: disable=wrong-import-position
+from lwm_jax import hf
 
 
 def sha256(path: str) -> str:

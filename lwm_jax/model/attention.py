@@ -96,21 +96,25 @@ def causal_attention(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale: fl
 # built for a TPU or GPU (`model.attention_backward`); on CPU the stored probabilities stay faster.
 
 
+def _queries_first(x_BxSxHxK, g: int, pad: int):
+  """[B, S, H, K] -> [B, G, (S + pad) * R, K]: the R query heads of a kv group next to each other,
+  position-major, padded with `pad` positions."""
+  b, s, h, kd = x_BxSxHxK.shape
+  x = jnp.pad(x_BxSxHxK, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  return x.reshape(b, s + pad, g, h // g, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, -1, kd)
+
+
 def _blocked(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, chunk: int):
-  """Heads-first operands padded to whole blocks: queries [B, G, S'*R, K] (the R query heads of a
-  kv group next to each other, position-major), keys and values [B, G, S', K], segment ids
-  [B, S'] (padding -1: it sees only itself)."""
-  b, s, h, kd = q_BxSxHxK.shape
-  g = k_BxSxGxK.shape[2]
+  """Heads-first operands padded to whole blocks: queries [B, G, S'*R, K] (`_queries_first`),
+  keys and values [B, G, S', K], segment ids [B, S'] (padding -1: it sees only itself)."""
+  b, s = q_BxSxHxK.shape[:2]
   pad = -s % chunk
   seg = (jnp.zeros((b, s), jnp.int32) if segment_ids_BxS is None
          else segment_ids_BxS.astype(jnp.int32))
   seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=-1)
-  q = jnp.pad(q_BxSxHxK, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  q = q.reshape(b, s + pad, g, h // g, kd).transpose(0, 2, 1, 3, 4).reshape(b, g, -1, kd)
   k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
           for x in (k_BxSxGxK, v_BxSxGxK))
-  return q, k, v, seg
+  return _queries_first(q_BxSxHxK, k_BxSxGxK.shape[2], pad), k, v, seg
 
 
 def _block_mask(seg, i, j, chunk: int):
@@ -157,19 +161,18 @@ def _recomputed_fwd(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, scale, chu
 
   out, lse = jax.lax.fori_loop(0, n, query_block, (jnp.zeros(q.shape, v.dtype),
                                                    jnp.zeros(q.shape[:3], jnp.float32)))
-  res = (q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, lse)
+  res = (q, k, v, seg, out, lse)      # in the blocked layout, for the backward pass
   y = out.reshape(b, g, -1, r, kd)[:, :, :s].transpose(0, 2, 1, 3, 4)
   return y.reshape(b, s, h, kd), res
 
 
 def _recomputed_bwd(scale, chunk, res, dout_BxSxHxK):
-  q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, out, lse = res
-  b, s, h, kd = q_BxSxHxK.shape
-  g = k_BxSxGxK.shape[2]
+  q, k, v, seg, out, lse = res
+  b, s, h, kd = dout_BxSxHxK.shape
+  g = k.shape[1]
   r, c = h // g, chunk
-  q, k, v, seg = _blocked(q_BxSxHxK, k_BxSxGxK, v_BxSxGxK, segment_ids_BxS, c)
-  do = _blocked(dout_BxSxHxK, k_BxSxGxK, v_BxSxGxK, None, c)[0]
   n = seg.shape[1] // c
+  do = _queries_first(dout_BxSxHxK, g, n * c - s)
   # sum_t p_t * dp_t per query, from the output: the softmax's backward needs nothing else
   delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
   rows = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * c * r, c * r, axis=2)
@@ -205,7 +208,7 @@ def _recomputed_bwd(scale, chunk, res, dout_BxSxHxK):
                         jnp.zeros(v.shape, jnp.float32)))
   dq = dq.reshape(b, g, -1, r, kd)[:, :, :s].transpose(0, 2, 1, 3, 4).reshape(b, s, h, kd)
   unpad = lambda x, like: x[:, :, :s].transpose(0, 2, 1, 3).astype(like.dtype)
-  return (dq.astype(q_BxSxHxK.dtype), unpad(dk, k_BxSxGxK), unpad(dv, v_BxSxGxK), None)
+  return dq.astype(q.dtype), unpad(dk, k), unpad(dv, v), None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -42,12 +42,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from lwm_jax import sharding as shd
 from lwm_jax.model.config import ModelConfig
 from lwm_jax.model.dispatch import blocked_ffn, capacity_for, sorted_ffn, tiled_ffn
 from lwm_jax.model import platform
 from lwm_jax.model.layers import DTYPES, param, rows_matmul
 
-BATCH_AXES = ("data", "fsdp", "expert")
 # The dropless CPU layouts of `lwm_jax.model.dispatch`, by backend name: (x, expert [N, K],
 # valid [N, K], wg, wu, wd) -> [N, K, D].
 DROPLESS_FFN = {"blocked": blocked_ffn, "tiled": tiled_ffn}
@@ -281,17 +281,6 @@ def resolve_backend(backend: str) -> str:
   return "gmm" if platform.is_tpu() else "ragged_dot"
 
 
-def _batch_axes_for(mesh, batch: int) -> tuple[str, ...]:
-  """The batch mesh axes (in order) whose product divides the batch size."""
-  axes, size = [], 1
-  for ax in BATCH_AXES:
-    s = mesh.shape.get(ax, 1)
-    if s > 1 and batch % (size * s) == 0:
-      axes.append(ax)
-      size *= s
-  return tuple(axes)
-
-
 class MoE(nnx.Module):
   """Sparse MoE block of Qwen3-MoE (and the routed part of Qwen3.5-MoE)."""
 
@@ -340,7 +329,7 @@ class MoE(nnx.Module):
 
   def _sharded(self, x, mask, weights, kw, mesh):
     b, s, d = x.shape
-    baxes = _batch_axes_for(mesh, b)
+    baxes = shd.batch_axes(b, mesh)
     ep = mesh.shape.get("expert", 1)
     tp = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
     a2a = ep > 1 and "expert" in baxes

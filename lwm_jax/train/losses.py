@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from lwm_jax import sharding as shd
+
 Metrics = dict[str, jax.Array]
 
 
@@ -27,15 +29,26 @@ def token_logprobs(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> tuple[jax
   return picked_BxS - lse_BxS, lse_BxS
 
 
+def _position_slices(x_BxT, p: int):
+  """[B, T, ...] -> [n, B, p, ...]: slice i holds positions [i * p, (i + 1) * p) of every row
+  (the last one padded with zeros)."""
+  b, t = x_BxT.shape[:2]
+  n = -(-t // p)
+  x = jnp.pad(x_BxT, [(0, 0), (0, n * p - t)] + [(0, 0)] * (x_BxT.ndim - 2))
+  return jnp.swapaxes(x.reshape((b, n, p) + x_BxT.shape[2:]), 0, 1)
+
+
+def _unslice(x_NxBxP, t: int):
+  """`_position_slices`' inverse: [n, B, p, ...] -> [B, T, ...]."""
+  n, b, p = x_NxBxP.shape[:3]
+  return jnp.swapaxes(x_NxBxP, 0, 1).reshape((b, n * p) + x_NxBxP.shape[3:])[:, :t]
+
+
 def sliced_token_logprobs(hidden_BxTxD, head_DxV, targets_BxT, positions: int) -> jax.Array:
   """`token_logprobs(hidden @ head, targets)[0]`, [B, T] fp32, made `positions` positions of every
   row at a time (a `lax.map` over slices), so only [B, positions, V] logits exist at once."""
-  b, t, _ = hidden_BxTxD.shape
+  t = hidden_BxTxD.shape[1]
   p = max(1, min(positions, t))
-  n = -(-t // p)
-  pad = n * p - t
-  h = jnp.pad(hidden_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, p, -1).swapaxes(0, 1)
-  tgt = jnp.pad(targets_BxT, ((0, 0), (0, pad))).reshape(b, n, p).swapaxes(0, 1)
   head = head_DxV.astype(hidden_BxTxD.dtype)
 
   def one(xs):
@@ -43,7 +56,8 @@ def sliced_token_logprobs(hidden_BxTxD, head_DxV, targets_BxT, positions: int) -
     logits = jnp.einsum("bpd,dv->bpv", h_s, head, preferred_element_type=jnp.float32)
     return token_logprobs(logits, t_s)[0]
 
-  return jax.lax.map(one, (h, tgt)).swapaxes(0, 1).reshape(b, n * p)[:, :t]
+  return _unslice(jax.lax.map(one, (_position_slices(hidden_BxTxD, p),
+                                    _position_slices(targets_BxT, p))), t)
 
 
 def shifted_targets(tokens_BxS, segment_ids_BxS, loss_weights_BxS):
@@ -95,13 +109,10 @@ def _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk
   A slice is `chunk // B` positions of every row (at least one, at most the row)."""
   b, t, d = h_BxTxD.shape
   p = min(max(1, chunk // b), t)
-  n = -(-t // p)
-  pad = n * p - t
 
   def slices(x):  # [B, T, ...] -> [n, B * p, ...], slice i holding positions [i * p, (i + 1) * p)
-    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    x = jnp.swapaxes(x.reshape((b, n, p) + x.shape[2:]), 0, 1)
-    return x.reshape((n, b * p) + x.shape[3:])
+    x = _position_slices(x, p)
+    return x.reshape((x.shape[0], b * p) + x.shape[3:])
 
   hc, tc, wc = slices(h_BxTxD), slices(targets_BxT), slices(weights_BxT.astype(jnp.float32))
   head = head_DxV.astype(h_BxTxD.dtype)
@@ -130,13 +141,13 @@ def _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk
   out = (nll + z_coef * z, nll, z, hit)
   if not grads:
     return out, None
-  dh = jnp.swapaxes(dh.reshape(n, b, p, d), 0, 1).reshape(b, n * p, d)[:, :t]
+  dh = _unslice(dh.reshape(-1, b, p, d), t)
   return out, (dh.astype(h_BxTxD.dtype), dhead if head_grad_f32 else dhead.astype(head_DxV.dtype))
 
 
 def _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int,
              grads: bool):
-  """`_xent_rows` on every device's own rows under a mesh (None without one). The head comes in
+  """`_xent_rows` on every device's own rows under a mesh of several devices. The head comes in
   split as the parameters are (embed over fsdp, vocab over tensor) and is gathered whole inside,
   once a call; the sums are added over the devices; the head's gradient, summed over the rows'
   devices, leaves split as the head came in (a reduce-scatter over fsdp when the rows are split
@@ -144,16 +155,9 @@ def _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: 
   only, so nothing here is differentiated: one all-gather and one reduce-scatter of the head a
   call, where XLA left to itself all-reduced logits or fp32 head gradients inside the loop."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return None
   shape = dict(mesh.shape)
-  b, d, v = h_BxTxD.shape[0], head_DxV.shape[0], head_DxV.shape[1]
-  rows, ways = [], 1
-  for ax in ("data", "fsdp", "expert"):       # as sharding.batch_spec splits a batch
-    if shape.get(ax, 1) > 1 and b % (ways * shape[ax]) == 0:
-      rows.append(ax)
-      ways *= shape[ax]
-  rows = tuple(rows)
+  d, v = head_DxV.shape
+  rows = shd.batch_axes(h_BxTxD.shape[0], mesh)
   fs = "fsdp" if shape.get("fsdp", 1) > 1 and d % shape["fsdp"] == 0 else None
   tp = "tensor" if shape.get("tensor", 1) > 1 and v % shape["tensor"] == 0 else None
   rspec = P(rows or None)
@@ -168,7 +172,7 @@ def _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: 
     if rows:
       out = tuple(jax.lax.psum(x, rows) for x in out)
     if not grads:
-      return out
+      return out, None
     dh, dhead = g
     for ax, dim in ((fs, 0), (tp, 1)):    # back to the head's own split
       if ax is None:
@@ -184,25 +188,26 @@ def _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: 
     return out, (dh, dhead.astype(head_DxV.dtype))
 
   sums = (P(),) * 4
-  out_specs = (sums, (rspec, hspec)) if grads else sums
+  out_specs = (sums, (rspec, hspec) if grads else None)
   return jax.shard_map(body, mesh=mesh, in_specs=(rspec, hspec, rspec, rspec),
                        out_specs=out_specs, check_vma=False)(h_BxTxD, head_DxV, targets_BxT,
                                                              weights_BxT)
 
 
+def _xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int, grads: bool):
+  """`_xent_rows`, on each device's own rows under a mesh."""
+  mesh = jax.sharding.get_abstract_mesh()
+  on = _on_mesh if not mesh.empty and mesh.size > 1 else _xent_rows
+  return on(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _chunked_xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef: float, chunk: int):
-  sharded = _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)
-  if sharded is not None:
-    return sharded
-  return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)[0]
+  return _xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=False)[0]
 
 
 def _chunked_xent_fwd(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk):
-  sharded = _on_mesh(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
-  if sharded is not None:
-    return sharded
-  return _xent_rows(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
+  return _xent(h_BxTxD, head_DxV, targets_BxT, weights_BxT, z_coef, chunk, grads=True)
 
 
 def _chunked_xent_bwd(z_coef, chunk, res, g):
