@@ -17,13 +17,19 @@ from configs import common
 
 # preset -> (seq_len, tasks per batch, group size, turn limit, tokens per action)
 SHAPES = {"tiny": (1024, 2, 4, 4, 48), "demo": (2048, 2, 4, 6, 48), "small": (2048, 4, 8, 8, 64)}
-POD = (16384, 8, 16, 20, 512)
+# pods: tasks per batch 0 = as many as make each update one row a chip (the preset's rows per
+# micro-batch, its batch over its micro-batches): fewer rows than chips would leave the rows
+# replicated over part of the mesh and the MoE without its expert dispatch (docs/pods.md)
+POD = (16384, 0, 16, 20, 512)
 
 
 def get_config(arg: str | None = None):
   preset = arg or "tiny"
   c = common.get_stage_config("agent-rl", preset)
   seq_len, tasks, group, turns, new = SHAPES.get(preset, POD)
+  if not tasks:
+    rows = c.train.batch_size // c.train.micro_batches
+    tasks = max(rows * 4 // group, 1)  # 4 updates a batch, below
   c.data.source = "rollouts"
   c.rl.algo = "gspo"
   c.rl.group_size = group

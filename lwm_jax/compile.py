@@ -255,8 +255,144 @@ def analyze_hlo(text: str, devices_per_slice: int | None = None) -> dict[str, An
       if devices_per_slice and groups and any(
           len({d // devices_per_slice for d in g}) > 1 for g in groups):
         cross += sent * k_mult
+  hbm = _hbm_bytes(comps, entry, mult)
   return {"collectives": out, "cross_slice_bytes": cross, "loops": sorted(set(trips)),
-          "dot_flops_static": dot_static, "dot_flops": dot_total}
+          "dot_flops_static": dot_static, "dot_flops": dot_total, **hbm}
+
+
+# ops that move no HBM bytes of their own (control flow, views, and the collectives, which the
+# ICI term counts) for the byte count below
+_NO_BYTES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+             "conditional", "after-all", "partition-id", "replica-id", "opt-barrier",
+             "copy-start", "copy-done", "async-start", "async-update", "async-done", "send",
+             "send-done", "recv", "recv-done", "all-gather", "all-gather-start",
+             "all-gather-done", "all-reduce", "all-reduce-start", "all-reduce-done",
+             "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
+             "collective-permute-start", "collective-permute-done"}
+
+
+def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str, Any]:
+  """HBM bytes a step moves, counted per instruction of the computations that run as such (the
+  entry, loop bodies and conditions, branches, calls; not the bodies of fusions, which run in
+  registers and VMEM) as output + operand bytes, each multiplied by the trip counts of the
+  loops that hold it. A slice read (dynamic-slice of a fusion parameter) counts the slice, an
+  in-place update (a dynamic-update-slice root) counts the update, as XLA's cost analysis does.
+  Returns the scaled and unscaled sums and the instructions moving the most bytes."""
+  types: dict[str, str] = {}
+  for lines in comps.values():
+    for line in lines:
+      im = _INSTR.match(line)
+      if im:
+        types[im.group(1)] = im.group(2)
+  size = {k: sum(_arrays(v)) for k, v in types.items()}
+  # per fused computation: its parameters by index, each value's uses and definition, the
+  # fusions it calls, and its root
+  fused: dict[str, dict[str, Any]] = {}
+  for name, lines in comps.items():
+    fc: dict[str, Any] = {"params": {}, "root": None, "uses": {}, "defs": {}, "calls": {}}
+    for line in lines:
+      im = _INSTR.match(line)
+      if not im:
+        continue
+      v, op = im.group(1), im.group(3)
+      args = re.findall(r"%([\w.\-]+)", im.group(4).split("), ")[0])
+      if op == "parameter":
+        pm = re.match(r"(\d+)\)", im.group(4))
+        if pm:
+          fc["params"][int(pm.group(1))] = v
+      elif op == "fusion":
+        cm = re.search(r"calls=%?([\w.\-]+)", line)
+        if cm:
+          fc["calls"][v] = cm.group(1)
+      if line.lstrip().startswith("ROOT"):
+        fc["root"] = v
+      fc["defs"][v] = (op, args)
+      for pos, arg in enumerate(args):
+        fc["uses"].setdefault(arg, []).append((op, v, pos))
+    fused[name] = fc
+
+  def read(comp: str, value: str, full: float, depth: int = 0) -> float:
+    """Bytes of `value` the fused computation `comp` reads: the slices taken of it (through
+    bitcasts and nested fusions), nothing when it is only the buffer of an in-place update,
+    else all of it."""
+    fc = fused.get(comp)
+    us = fc["uses"].get(value, []) if fc else []
+    if not us or depth > 8:
+      return full
+    got = 0.0
+    for op, v, pos in us:
+      if op in ("dynamic-slice", "slice") and pos == 0:
+        got += size.get(v, full)
+      elif op == "dynamic-update-slice" and pos == 0:
+        continue
+      elif op == "bitcast":
+        got += read(comp, v, full, depth + 1)
+      elif op == "fusion" and v in fc["calls"]:
+        inner = fused.get(fc["calls"][v], {}).get("params", {}).get(pos)
+        got += read(fc["calls"][v], inner, full, depth + 1) if inner else full
+      else:
+        return full
+    return min(got, full)
+
+  def written(comp: str, value: str | None, full: float) -> float:
+    """Bytes the root `value` of `comp` writes: the update of an in-place update, per output."""
+    fc = fused.get(comp)
+    if not fc or value is None or value not in fc["defs"]:
+      return full
+    op, args = fc["defs"][value]
+    if op == "dynamic-update-slice" and len(args) > 1:
+      return size.get(args[1], full)
+    if op == "tuple":
+      return sum(written(comp, a, size.get(a, 0.0)) for a in args)
+    return full
+
+  # the computations reached from the entry as control flow (not as fusion bodies or reducers)
+  flow: dict[str, set[str]] = {}
+  for name, lines in comps.items():
+    for line in lines:
+      im = _INSTR.match(line)
+      for kind, target in _REFS.findall(line):
+        if kind in ("body", "condition", "branch_computations") or (
+            kind == "to_apply" and im and im.group(3) == "call"):
+          flow.setdefault(name, set()).update(
+              t.strip().lstrip("%") for t in target.strip("{}").split(",") if t.strip())
+  runs, todo = set(), [entry] if entry else []
+  while todo:
+    c_name = todo.pop()
+    if c_name not in runs:
+      runs.add(c_name)
+      todo.extend(flow.get(c_name, ()))
+  static = total = 0.0
+  top: list[tuple[float, str, str, str]] = []
+  for name in runs:
+    k_mult = mult(name)
+    for line in comps.get(name, []):
+      im = _INSTR.match(line)
+      if not im or im.group(3) in _NO_BYTES:
+        continue
+      op, out_b = im.group(3), sum(_arrays(im.group(2)))
+      args = re.findall(r"%([\w.\-]+)", im.group(4).split("), ")[0])
+      arg_b = [size.get(a, 0.0) for a in args]
+      if op == "dynamic-slice":
+        b = 2 * out_b
+      elif op == "dynamic-update-slice":
+        b = 2 * (arg_b[1] if len(arg_b) > 1 else out_b)
+      elif op == "fusion" and re.search(r"calls=%?([\w.\-]+)", line):
+        callee = re.search(r"calls=%?([\w.\-]+)", line).group(1)
+        params = fused.get(callee, {}).get("params", {})
+        b = written(callee, fused.get(callee, {}).get("root"), out_b) + sum(
+            read(callee, params[i], ab) if i in params else ab for i, ab in enumerate(arg_b))
+      else:
+        b = out_b + sum(arg_b)
+      b = max(b, 0.0)
+      static += b
+      total += b * k_mult
+      meta = re.search(r'op_name="([^"]*)"', line)
+      top.append((b * k_mult, im.group(1), op, meta.group(1)[-120:] if meta else ""))
+  top.sort(reverse=True)
+  return {"hbm_bytes_static": static, "hbm_bytes": total,
+          "top_hbm": [{"name": n, "op": o, "op_name": m, "gib": b / GIB}
+                      for b, n, o, m in top[:10]]}
 
 
 def _dot_flops(line: str, shapes: dict[str, list[int]]) -> float:
@@ -485,6 +621,8 @@ def compile_stage(c, stage: str, topology: str, slices: int = 1, *, preset: str 
     msg = str(e)
     row.update(compile_s=time.perf_counter() - t1, fits=False,
                error=msg.splitlines()[0][:500] if msg else type(e).__name__)
+    if len(msg.splitlines()) > 1:  # the compiler's list of the largest allocations, for the JSON
+      row["error_detail"] = msg[:20000]
     m = re.search(r"([\d.]+)G\) exceeds available HBM \(([\d.]+)G", msg)
     if m:
       row["hbm_gib_per_chip"] = float(m.group(1))
@@ -517,9 +655,17 @@ def compile_stage(c, stage: str, topology: str, slices: int = 1, *, preset: str 
   # accumulated in a scan) it undercounts. The matmul FLOPs counted from the HLO with each loop's
   # trip count correct it; the bytes accessed are scaled by the same factor.
   scale = coll["dot_flops"] / coll["dot_flops_static"] if coll["dot_flops_static"] else 1.0
+  # The bytes: XLA's count scaled by the loops' trips weighted by where the bytes are (each
+  # instruction's bytes with its own loops' trips, _hbm_bytes), not by where the matmul FLOPs
+  # are (which charged every byte outside the layer loop, the optimizer's included, at the
+  # layer loop's trips).
+  byte_scale = (coll["hbm_bytes"] / coll["hbm_bytes_static"] if coll["hbm_bytes_static"]
+                else scale)
   row.update(flops_per_chip_xla=flops, bytes_accessed_per_chip_xla=bytes_acc,
-             matmul_flops_per_chip=coll["dot_flops"], loop_scale=scale)
-  flops, bytes_acc = max(flops * scale, coll["dot_flops"]), bytes_acc * scale
+             matmul_flops_per_chip=coll["dot_flops"], loop_scale=scale, byte_scale=byte_scale,
+             hbm_bytes_counted_static=coll["hbm_bytes_static"],
+             bytes_accessed_flop_scaled=bytes_acc * scale, top_hbm=coll["top_hbm"])
+  flops, bytes_acc = max(flops * scale, coll["dot_flops"]), bytes_acc * byte_scale
   row.update(flops_per_chip=flops, bytes_accessed_per_chip=bytes_acc,
              model_flops_per_chip=info["model_flops"] / chips,
              collectives=coll["collectives"], cross_slice_bytes=coll["cross_slice_bytes"],

@@ -31,15 +31,19 @@ def run(model, tokens, segment_ids):
 
 
 def parse_case(case: str):
-  """'blocked:8:data=2,expert=2,tensor=2[:preset]' -> ('blocked', 8, {'data': 2, ...}, preset)."""
-  backend, batch, axes, *preset = case.split(":")
+  """'blocked:8:data=2,expert=2,tensor=2[:preset[:key=int,...]]' -> ('blocked', 8, {'data': 2,
+  ...}, preset, {key: int}): the last part configures the sharded model only (the reference
+  runs without it)."""
+  backend, batch, axes, *rest = case.split(":")
+  preset = rest[0] if rest else "tiny"
+  sharded_only = dict(kv.split("=") for kv in rest[1].split(",")) if len(rest) > 1 else {}
   return (backend, int(batch), {k: int(v) for k, v in (kv.split("=") for kv in axes.split(","))},
-          preset[0] if preset else "tiny")
+          preset, {k: int(v) for k, v in sharded_only.items()})
 
 
 def main(cases):
   refs = {}
-  for backend, batch, axes, preset in map(parse_case, cases):
+  for backend, batch, axes, preset, sharded_only in map(parse_case, cases):
     # The fewest layers that still cover every layer kind: one dense and one MoE layer for `tiny`,
     # one linear-attention and one full-attention layer (each with MoE) for `tiny_hybrid`. The
     # layers are unrolled, so every extra layer is compiled again (twice: reference and sharded).
@@ -58,7 +62,7 @@ def main(cases):
       refs[key] = run(Transformer(cfg, rngs=nnx.Rngs(0)), tokens, seg)
     ref = refs[key]
     mesh = sharding.make_mesh(**axes)
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = Transformer(cfg.replace(**sharded_only), rngs=nnx.Rngs(0))
     with jax.set_mesh(mesh):
       sharding.shard_model(model, mesh)
       spec = jax.NamedSharding(mesh, sharding.batch_spec(batch, mesh))
@@ -66,6 +70,7 @@ def main(cases):
     gdiff = max(float(np.max(np.abs(a - b))) for a, b in zip(
         jax.tree_util.tree_leaves(ref[3]), jax.tree_util.tree_leaves(got[3])))
     print(json.dumps({"mesh": axes, "backend": backend, "batch": batch, "preset": preset,
+                      "sharded_only": sharded_only,
                       "loss": float(abs(ref[0] - got[0])),
                       "logits": float(np.max(np.abs(ref[1] - got[1]))),
                       "aux": float(abs(ref[2] - got[2])), "grads": gdiff}), flush=True)

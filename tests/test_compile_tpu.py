@@ -74,6 +74,70 @@ def test_hlo_collectives_counted_per_step_with_loop_trips():
                                                  + c["all-reduce"]["bytes"])
 
 
+# A loop of 6 trips that reads one layer of a stacked [6, 256, 256] weight (a dynamic-slice
+# fusion) and writes one [1, 8, 256] row block of a [6, 8, 256] buffer in place (a fusion whose
+# root is a dynamic-update-slice), beside a top-level add of two [64, 128] f32 arrays.
+HLO_BYTES = """HloModule m
+
+%fds (p0: bf16[6,256,256], p1: s32[]) -> bf16[1,256,256] {
+  %p0 = bf16[6,256,256]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z1 = s32[] constant(0)
+  ROOT %ds = bf16[1,256,256]{2,1,0} dynamic-slice(%p0, %p1, %z1, %z1), dynamic_slice_sizes={1,256,256}
+}
+
+%fdus (q0: bf16[6,8,256], q1: bf16[1,8,256], q2: s32[]) -> bf16[6,8,256] {
+  %q0 = bf16[6,8,256]{2,1,0} parameter(0)
+  %q1 = bf16[1,8,256]{2,1,0} parameter(1)
+  %q2 = s32[] parameter(2)
+  %z2 = s32[] constant(0)
+  ROOT %u = bf16[6,8,256]{2,1,0} dynamic-update-slice(%q0, %q1, %q2, %z2, %z2)
+}
+
+%cond (p: (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256])) -> pred[] {
+  %pc = (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) parameter(0)
+  %six = s32[] constant(6)
+  %ic = s32[] get-tuple-element(%pc), index=0
+  ROOT %lt = pred[] compare(%ic, %six), direction=LT
+}
+
+%body (p: (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256])) -> (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) {
+  %p = (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %stack = bf16[6,256,256]{2,1,0} get-tuple-element(%p), index=1
+  %buf = bf16[6,8,256]{2,1,0} get-tuple-element(%p), index=2
+  %upd = bf16[1,8,256]{2,1,0} get-tuple-element(%p), index=3
+  %w = bf16[1,256,256]{2,1,0} fusion(%stack, %i), kind=kLoop, calls=%fds
+  %nb = bf16[6,8,256]{2,1,0} fusion(%buf, %upd, %i), kind=kLoop, calls=%fdus
+  ROOT %t = (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) tuple(%i, %stack, %nb, %upd)
+}
+
+ENTRY %main (a: bf16[6,256,256], b: bf16[6,8,256], c: bf16[1,8,256], g: f32[64,128]) -> f32[64,128] {
+  %a = bf16[6,256,256]{2,1,0} parameter(0)
+  %b = bf16[6,8,256]{2,1,0} parameter(1)
+  %c = bf16[1,8,256]{2,1,0} parameter(2)
+  %g = f32[64,128]{1,0} parameter(3)
+  %zero = s32[] constant(0)
+  %w0 = (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) tuple(%zero, %a, %b, %c)
+  %loop = (s32[], bf16[6,256,256], bf16[6,8,256], bf16[1,8,256]) while(%w0), condition=%cond, body=%body
+  ROOT %s = f32[64,128]{1,0} add(%g, %g)
+}
+"""
+
+
+def test_hbm_bytes_counted_per_loop_trip_with_slices_and_in_place_updates():
+  r = aot.analyze_hlo(HLO_BYTES)
+  layer, rows = 256 * 256 * 2, 8 * 256 * 2
+  per_trip = (layer + layer + 4) + (2 * rows + 4)  # slice out + slice read + index; update r/w
+  top_level = 3 * 64 * 128 * 4
+  cond = 4 + 4 + 1  # the loop condition's compare, counted once like its FLOP-free siblings
+  assert r["hbm_bytes_static"] == pytest.approx(per_trip + top_level + cond)
+  assert r["hbm_bytes"] == pytest.approx(6 * per_trip + top_level + cond)
+  # the fusion bodies themselves (fds, fdus) are not counted again
+  assert {t["name"] for t in r["top_hbm"]} == {"w", "nb", "s", "lt"}
+  assert r["top_hbm"][0]["name"] == "w"
+
+
 def test_roofline_from_figures():
   chip = aot.CHIPS["v5p"]
   coll = {"collectives": {"all-gather": {"bytes": 1.2e9}}, "cross_slice_bytes": 0.0}
@@ -107,6 +171,22 @@ def test_topology_names_are_checked():
   assert aot.parse_topology("v6e:16x16")[2] == 256
   with pytest.raises(ValueError, match="v7x:2x2"):
     aot.parse_topology("v7x:2x2")
+
+
+@pytest.mark.parametrize("stage", ["cpt", "sft", "rl", "agent_rl"])
+def test_every_pod_preset_gives_each_chip_of_its_topology_one_row_a_micro_batch(stage):
+  # fewer rows than chips leave the rows replicated over part of the mesh (the MoE then runs
+  # without its expert dispatch); more than one row a chip was what did not fit
+  import importlib  # pylint: disable=import-outside-toplevel
+  from configs import common  # pylint: disable=import-outside-toplevel
+  mod = importlib.import_module(f"configs.{stage}")
+  pods = [p for p in common.PRESETS if p.startswith("qwen")]
+  assert len(pods) == 3
+  for preset in pods:
+    c = mod.get_config(preset)
+    chips = aot.parse_topology(c.topology)[2]
+    assert c.train.batch_size // c.train.micro_batches == chips, (preset, stage)
+    assert c.train.batch_size % c.train.micro_batches == 0
 
 
 def test_choices_follow_the_target_platform_not_the_host():

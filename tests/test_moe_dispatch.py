@@ -84,17 +84,21 @@ def test_backward_pass_moves_rows_without_scatter(backend, want):
   assert (len(found) >= 1) == bool(want), found
 
 
-def _pair(norm=True, cf=2.0, seed=1, backend="sorted"):
+def _pair(norm=True, cf=2.0, seed=1, backend="sorted", chunk=0):
   base = get_preset("tiny", norm_topk_prob=norm)
   dense = MoE(base.replace(moe_backend="dense"), rngs=nnx.Rngs(seed))
-  fast = MoE(base.replace(moe_backend=backend, sorted_capacity_factor=cf), rngs=nnx.Rngs(seed))
+  fast = MoE(base.replace(moe_backend=backend, sorted_capacity_factor=cf, moe_chunk_tokens=chunk),
+             rngs=nnx.Rngs(seed))
   return base, dense, fast
 
 
-@pytest.mark.parametrize("backend,norm", [("sorted", True), ("sorted", False), ("blocked", True),
-                                          ("tiled", True), ("tiled", False)])
-def test_matches_dense_forward_and_gradients(backend, norm):
-  cfg, dense, fast = _pair(norm, cf=8.0, backend=backend)
+# chunk: the 33 tokens go through the MoE 8 at a time (5 rematerialised chunks, the last padded
+# with 7 masked rows): values, gradients and router statistics as in one pass
+@pytest.mark.parametrize("backend,norm,chunk", [
+    ("sorted", True, 0), ("sorted", False, 0), ("blocked", True, 0), ("tiled", True, 0),
+    ("tiled", False, 0), ("tiled", True, 8), ("sorted", True, 8)])
+def test_matches_dense_forward_and_gradients(backend, norm, chunk):
+  cfg, dense, fast = _pair(norm, cf=8.0, backend=backend, chunk=chunk)
   x = jax.random.normal(jax.random.key(3), (3, 11, cfg.hidden_size))
   mask = jnp.arange(11)[None, :] < jnp.array([[11], [7], [2]])  # padded rows route nowhere
 

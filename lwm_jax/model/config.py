@@ -58,6 +58,10 @@ class ModelConfig:
   capacity_factor: float = 1.25        # for moe_backend="capacity"
   sorted_capacity_factor: float = 2.0  # for moe_backend="sorted"; drops are counted
   ep_capacity_factor: float = 0.0      # expert-parallel send buffers; 0 = dropless (worst case)
+  # > 0: a device's tokens go through the MoE this many at a time, each chunk rematerialised in
+  # the backward pass: the dispatch buffers ([tokens x top_k, hidden] several times over) are
+  # held for one chunk, not the whole row, for one more forward pass of the experts. 0: at once
+  moe_chunk_tokens: int = 0
   dtype: str = "float32"               # compute dtype
   param_dtype: str = "float32"
   remat: bool = False                  # rematerialise each block in the backward pass

@@ -271,6 +271,28 @@ def _a2a_moe(x_NxD, mask_N, router, wg, wu, wd, *, top_k, norm_topk, backend, ca
   return out, dataclasses.replace(stats, dropped=dropped)
 
 
+def in_chunks(fn, x_NxD, mask_N, chunk: int):
+  """fn(x, mask) -> (y [N, D], RouterStats) run on `chunk` tokens at a time (a scan over
+  rematerialised chunks; the last chunk padded with masked rows), stats summed over chunks. Every
+  field of RouterStats is a sum, so the totals equal one call on all tokens; only the capacity
+  of capacity-bounded buffers, which is sized per call, differs."""
+  n, d = x_NxD.shape
+  if chunk <= 0 or n <= chunk:
+    return fn(x_NxD, mask_N)
+  c = -(-n // chunk)
+  pad = c * chunk - n
+  if pad:
+    x_NxD = jnp.concatenate([x_NxD, jnp.zeros((pad, d), x_NxD.dtype)])
+    mask_N = jnp.concatenate([mask_N, jnp.zeros((pad,), mask_N.dtype)])
+  one = jax.checkpoint(fn)
+
+  def step(_, xm):
+    return None, one(*xm)
+
+  _, (y, st) = jax.lax.scan(step, None, (x_NxD.reshape(c, chunk, d), mask_N.reshape(c, chunk)))
+  return y.reshape(c * chunk, d)[:n], jax.tree_util.tree_map(lambda v: jnp.sum(v, 0), st)
+
+
 def resolve_backend(backend: str) -> str:
   """`auto` -> the backend for the platform being compiled for (`lwm_jax.model.platform`: an
   ahead-of-time compile for TPU on a CPU host gets TPU code); other names pass through."""
@@ -297,6 +319,7 @@ class MoE(nnx.Module):
     self.capacity_factor = cfg.capacity_factor
     self.sorted_capacity_factor = cfg.sorted_capacity_factor
     self.ep_capacity_factor = cfg.ep_capacity_factor
+    self.chunk_tokens = cfg.moe_chunk_tokens
     self.dtype = DTYPES[cfg.dtype]
 
   def _backend(self) -> str:
@@ -322,8 +345,9 @@ class MoE(nnx.Module):
     kw = dict(top_k=self.top_k, norm_topk=self.norm_topk, backend=backend, capacity_factor=cf)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-      y, stats = _local_moe(x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),
-                            *weights, **kw)
+      y, stats = in_chunks(lambda xf, mf: _local_moe(xf, mf, *weights, **kw),
+                           x_BxSxD.reshape(b * s, d).astype(dt), mask_BxS.reshape(-1),
+                           self.chunk_tokens)
       return y.reshape(b, s, d), stats
     return self._sharded(x_BxSxD.astype(dt), mask_BxS, weights, kw, mesh)
 
@@ -342,6 +366,7 @@ class MoE(nnx.Module):
     ex = "expert" if ep > 1 else None
     w_specs = (P(), P(ex, fs, tp), P(ex, fs, tp), P(ex, tp, fs))
     ep_cf = self.ep_capacity_factor
+    chunk = self.chunk_tokens
 
     def body(x_l, m_l, router, wg, wu, wd):
       if fs:
@@ -350,10 +375,12 @@ class MoE(nnx.Module):
       bl, sl, _ = x_l.shape
       xf, mf = x_l.reshape(bl * sl, d), m_l.reshape(-1)
       if a2a:
-        y, st = _a2a_moe(xf, mf, router, wg, wu, wd, ep=ep, ep_capacity_factor=ep_cf, **kw)
+        y, st = in_chunks(lambda xc, mc: _a2a_moe(xc, mc, router, wg, wu, wd, ep=ep,
+                                                  ep_capacity_factor=ep_cf, **kw), xf, mf, chunk)
       else:
         offset = jax.lax.axis_index("expert") * wg.shape[0] if ep > 1 else 0
-        y, st = _local_moe(xf, mf, router, wg, wu, wd, expert_offset=offset, **kw)
+        y, st = in_chunks(lambda xc, mc: _local_moe(xc, mc, router, wg, wu, wd,
+                                                    expert_offset=offset, **kw), xf, mf, chunk)
         red = tuple(a for a in ("expert", "tensor") if mesh.shape.get(a, 1) > 1)
         if red:
           y = jax.lax.psum(y, red)

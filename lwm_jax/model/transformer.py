@@ -179,15 +179,22 @@ class Transformer(nnx.Module):
       states = [nnx.state(self.layers[g * period + j]) for g in range(groups)]
       stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *states))
 
+    def layer_call(gd, st, h):
+      h, st_j, _ = nnx.merge(gd, st)(h, positions, segment_ids, token_mask, None)
+      return h, st_j
+
+    # remat each layer of the group on its own, not the group as one: the backward then holds
+    # one layer's intermediates at a time (a hybrid's group of 4 layers held all four's), and
+    # the scan keeps the input of every layer, one [B, S, D] array each
+    call = jax.checkpoint(layer_call, static_argnums=(0,)) if self.cfg.remat else layer_call
+
     def body(h, states):
       stats = []
       for gd, st in zip(graphdefs, states):
-        h, st_j, _ = nnx.merge(gd, st)(h, positions, segment_ids, token_mask, None)
+        h, st_j = call(gd, st, h)
         stats.append(st_j)
       return h, stats
 
-    if self.cfg.remat:
-      body = jax.checkpoint(body)
     x, stats = jax.lax.scan(body, x, stacked)
     ordered = []
     for g in range(groups):
