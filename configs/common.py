@@ -16,7 +16,8 @@ from lwm_jax.model.config import get_preset
 
 
 def _pod(model: str, *, topology: str, batch_size: int, seq_len: int, micro_batches: int,
-         lr: float, expert: int = 8, checkpoint_every: int = 500) -> tuple[str, dict]:
+         lr: float, expert: int = 8, checkpoint_every: int = 500,
+         ep_capacity_factor: float = 2.0) -> tuple[str, dict]:
   """A preset for a released size on a pod: experts split `expert` ways, parameters FSDP over the
   rest of the devices, rematerialised and scanned layers (one compiled layer body: compile time
   flat in depth, docs/pods.md), automatic precision; sized for `topology`.
@@ -35,7 +36,7 @@ def _pod(model: str, *, topology: str, batch_size: int, seq_len: int, micro_batc
       optim=dict(lr=lr, warmup_steps=100),
       mesh=dict(data=1, fsdp=-1, expert=expert, tensor=1),
       checkpoint=dict(every=checkpoint_every, keep=3),
-      model=dict(remat=True, scan_layers=True, ep_capacity_factor=2.0)))
+      model=dict(remat=True, scan_layers=True, ep_capacity_factor=ep_capacity_factor)))
 
 
 # name -> (model preset, overrides of train/optim/mesh/checkpoint)
@@ -71,12 +72,14 @@ PRESETS = {
     # expert axis and the MoE ran without its all-to-all (benchmarks/results/pods.md)
     "qwen35_35b_a3b": _pod("qwen35_35b_a3b", topology="v5p:4x4x4", batch_size=256,
                            seq_len=16384, micro_batches=4, lr=1e-5),
-    # 128 chips (v5p:4x4x8): fp32 parameters and Adam moments of 397B parameters are 4.8 TB, 37 GB
-    # a chip; 4 micro-batches of 128 rows, one row a chip, as for the 35B (16 micro-batches of 32
-    # rows would leave the rows replicated over most of the mesh)
-    "qwen35_397b_a17b": _pod("qwen35_397b_a17b", topology="v5p:4x4x8", batch_size=512,
-                             seq_len=16384, micro_batches=4, lr=5e-6, expert=16,
-                             checkpoint_every=250),
+    # 512 chips (v5p:8x8x8), one 16,384-token row a chip in one micro-batch, exchange buffers of
+    # 1.25x a destination's even share: 83.2 GiB a chip. On 128 chips (4 micro-batches) the
+    # temporaries alone were 121.7 GiB; on 256 (2 micro-batches, MoE in 4,096-token chunks)
+    # 119 GiB in all; on 512 with 2x buffers 93.9 GiB, under 10% headroom
+    # (benchmarks/results/pods.md)
+    "qwen35_397b_a17b": _pod("qwen35_397b_a17b", topology="v5p:8x8x8", batch_size=512,
+                             seq_len=16384, micro_batches=1, lr=5e-6, expert=16,
+                             checkpoint_every=250, ep_capacity_factor=1.25),
 }
 
 

@@ -390,9 +390,14 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
       meta = re.search(r'op_name="([^"]*)"', line)
       top.append((b * k_mult, im.group(1), op, meta.group(1)[-120:] if meta else ""))
   top.sort(reverse=True)
+  by_op: dict[str, float] = {}  # the JAX primitive that made each instruction (its op_name's end)
+  for b, _, o, m in top:
+    key = m.rsplit("/", 1)[-1] if m else o
+    by_op[key] = by_op.get(key, 0.0) + b
   return {"hbm_bytes_static": static, "hbm_bytes": total,
           "top_hbm": [{"name": n, "op": o, "op_name": m, "gib": b / GIB}
-                      for b, n, o, m in top[:10]]}
+                      for b, n, o, m in top[:10]],
+          "hbm_by_op": {k: v / GIB for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]}}
 
 
 def _dot_flops(line: str, shapes: dict[str, list[int]]) -> float:
@@ -664,7 +669,8 @@ def compile_stage(c, stage: str, topology: str, slices: int = 1, *, preset: str 
   row.update(flops_per_chip_xla=flops, bytes_accessed_per_chip_xla=bytes_acc,
              matmul_flops_per_chip=coll["dot_flops"], loop_scale=scale, byte_scale=byte_scale,
              hbm_bytes_counted_static=coll["hbm_bytes_static"],
-             bytes_accessed_flop_scaled=bytes_acc * scale, top_hbm=coll["top_hbm"])
+             bytes_accessed_flop_scaled=bytes_acc * scale, top_hbm=coll["top_hbm"],
+             hbm_gib_by_op=coll["hbm_by_op"])
   flops, bytes_acc = max(flops * scale, coll["dot_flops"]), bytes_acc * byte_scale
   row.update(flops_per_chip=flops, bytes_accessed_per_chip=bytes_acc,
              model_flops_per_chip=info["model_flops"] / chips,

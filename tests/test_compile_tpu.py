@@ -136,6 +136,7 @@ def test_hbm_bytes_counted_per_loop_trip_with_slices_and_in_place_updates():
   # the fusion bodies themselves (fds, fdus) are not counted again
   assert {t["name"] for t in r["top_hbm"]} == {"w", "nb", "s", "lt"}
   assert r["top_hbm"][0]["name"] == "w"
+  assert sum(r["hbm_by_op"].values()) * aot.GIB == pytest.approx(r["hbm_bytes"])
 
 
 def test_roofline_from_figures():
