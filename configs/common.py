@@ -17,7 +17,7 @@ from lwm_jax.model.config import get_preset
 
 def _pod(model: str, *, topology: str, batch_size: int, seq_len: int, micro_batches: int,
          lr: float, expert: int = 8, checkpoint_every: int = 500,
-         ep_capacity_factor: float = 2.0) -> tuple[str, dict]:
+         ep_capacity_factor: float = 2.0, attention_backward: str = "auto") -> tuple[str, dict]:
   """A preset for a released size on a pod: experts split `expert` ways, parameters FSDP over the
   rest of the devices, rematerialised and scanned layers (one compiled layer body: compile time
   flat in depth, docs/pods.md), automatic precision; sized for `topology`.
@@ -36,7 +36,8 @@ def _pod(model: str, *, topology: str, batch_size: int, seq_len: int, micro_batc
       optim=dict(lr=lr, warmup_steps=100),
       mesh=dict(data=1, fsdp=-1, expert=expert, tensor=1),
       checkpoint=dict(every=checkpoint_every, keep=3),
-      model=dict(remat=True, scan_layers=True, ep_capacity_factor=ep_capacity_factor)))
+      model=dict(remat=True, scan_layers=True, ep_capacity_factor=ep_capacity_factor,
+                 attention_backward=attention_backward)))
 
 
 # name -> (model preset, overrides of train/optim/mesh/checkpoint)
@@ -63,8 +64,11 @@ PRESETS = {
                             optim=dict(lr=1e-3, warmup_steps=20),
                             checkpoint=dict(every=100, keep=2))),
     # a released size on a pod: experts split 8 ways, parameters FSDP over the rest
+    # attention keeps its probabilities for the backward pass: on 8,192-token rows that costs 7
+    # GiB a chip and saves a fifth of the estimated step (HBM bytes of the blockwise recompute;
+    # benchmarks/results/pods.md)
     "qwen3_30b_a3b": _pod("qwen3_30b_a3b", topology="v5p:4x4x4", batch_size=256, seq_len=8192,
-                          micro_batches=4, lr=1e-5),
+                          micro_batches=4, lr=1e-5, attention_backward="stored"),
     # the released Qwen-AgentWorld bases (Qwen3.5-MoE hybrid): start from their HF checkpoints
     # with --config.init_from_hf=PATH
     # 4 micro-batches of 64 rows: one row a chip on v5p:4x4x4 (64 chips). With 8 or 16 (32 or 16
