@@ -123,6 +123,11 @@ def test_matches_dense_forward_and_gradients(backend, norm, chunk):
     np.testing.assert_allclose(a, b, atol=2e-5, err_msg=name)
 
 
+def test_negative_chunk_is_refused_by_name():
+  with pytest.raises(ValueError, match="model.moe_chunk_tokens"):
+    get_preset("tiny", moe_chunk_tokens=-1)
+
+
 def test_sorted_drops_counted_like_capacity_order():
   cfg, _, fast = _pair(cf=0.5)
   x = jax.random.normal(jax.random.key(0), (2, 16, cfg.hidden_size))

@@ -137,6 +137,7 @@ class ModelConfig:
          f"'{self.attention_backward}' is not one of {ATTENTION_BACKWARDS}")
     need(self.capacity_factor > 0, "capacity_factor", "must be positive")
     need(self.sorted_capacity_factor > 0, "sorted_capacity_factor", "must be positive")
+    need(self.moe_chunk_tokens >= 0, "moe_chunk_tokens", "must be 0 (all at once) or positive")
     need(self.dtype in ("float32", "bfloat16", "float16"), "dtype", f"unknown dtype {self.dtype}")
     need(self.param_dtype in ("float32", "bfloat16"), "param_dtype", f"unknown {self.param_dtype}")
     if self.layer_types is not None:
