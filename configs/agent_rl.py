@@ -27,14 +27,14 @@ def get_config(arg: str | None = None):
   preset = arg or "tiny"
   c = common.get_stage_config("agent-rl", preset)
   seq_len, tasks, group, turns, new = SHAPES.get(preset, POD)
-  if not tasks:
-    rows = c.train.batch_size // c.train.micro_batches
-    tasks = max(rows * 4 // group, 1)  # 4 updates a batch, below
   c.data.source = "rollouts"
   c.rl.algo = "gspo"
   c.rl.group_size = group
   # 4 optimizer updates per rollout batch, as world-model RL: the ratio moves, the clip acts
   c.rl.updates_per_batch = 4
+  if not tasks:  # the preset's rows per micro-batch in each update
+    rows = c.train.batch_size // c.train.micro_batches
+    tasks = max(rows * c.rl.updates_per_batch // group, 1)
   c.rl.filter_zero_variance = True
   c.optim.lr = c.optim.lr / 10
   c.optim.warmup_steps = 0

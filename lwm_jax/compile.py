@@ -278,16 +278,12 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
   loops that hold it. A slice read (dynamic-slice of a fusion parameter) counts the slice, an
   in-place update (a dynamic-update-slice root) counts the update, as XLA's cost analysis does.
   Returns the scaled and unscaled sums and the instructions moving the most bytes."""
-  types: dict[str, str] = {}
-  for lines in comps.values():
-    for line in lines:
-      im = _INSTR.match(line)
-      if im:
-        types[im.group(1)] = im.group(2)
-  size = {k: sum(_arrays(v)) for k, v in types.items()}
-  # per fused computation: its parameters by index, each value's uses and definition, the
-  # fusions it calls, and its root
+  # one pass over the module: each value's bytes; per computation, its parameters by index,
+  # each value's definition (op, operands, line) and uses, the fusions it calls, its root; and
+  # the control-flow edges (loop bodies and conditions, branches, calls)
+  size: dict[str, float] = {}
   fused: dict[str, dict[str, Any]] = {}
+  flow: dict[str, set[str]] = {}
   for name, lines in comps.items():
     fc: dict[str, Any] = {"params": {}, "root": None, "uses": {}, "defs": {}, "calls": {}}
     for line in lines:
@@ -295,6 +291,7 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
       if not im:
         continue
       v, op = im.group(1), im.group(3)
+      size[v] = sum(_arrays(im.group(2)))
       args = re.findall(r"%([\w.\-]+)", im.group(4).split("), ")[0])
       if op == "parameter":
         pm = re.match(r"(\d+)\)", im.group(4))
@@ -304,9 +301,14 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
         cm = re.search(r"calls=%?([\w.\-]+)", line)
         if cm:
           fc["calls"][v] = cm.group(1)
+      for kind, target in _REFS.findall(line):
+        if kind in ("body", "condition", "branch_computations") or (
+            kind == "to_apply" and op == "call"):
+          flow.setdefault(name, set()).update(
+              t.strip().lstrip("%") for t in target.strip("{}").split(",") if t.strip())
       if line.lstrip().startswith("ROOT"):
         fc["root"] = v
-      fc["defs"][v] = (op, args)
+      fc["defs"][v] = (op, args, line)
       for pos, arg in enumerate(args):
         fc["uses"].setdefault(arg, []).append((op, v, pos))
     fused[name] = fc
@@ -339,7 +341,7 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
     fc = fused.get(comp)
     if not fc or value is None or value not in fc["defs"]:
       return full
-    op, args = fc["defs"][value]
+    op, args, _ = fc["defs"][value]
     if op == "dynamic-update-slice" and len(args) > 1:
       return size.get(args[1], full)
     if op == "tuple":
@@ -347,15 +349,6 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
     return full
 
   # the computations reached from the entry as control flow (not as fusion bodies or reducers)
-  flow: dict[str, set[str]] = {}
-  for name, lines in comps.items():
-    for line in lines:
-      im = _INSTR.match(line)
-      for kind, target in _REFS.findall(line):
-        if kind in ("body", "condition", "branch_computations") or (
-            kind == "to_apply" and im and im.group(3) == "call"):
-          flow.setdefault(name, set()).update(
-              t.strip().lstrip("%") for t in target.strip("{}").split(",") if t.strip())
   runs, todo = set(), [entry] if entry else []
   while todo:
     c_name = todo.pop()
@@ -366,19 +359,18 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
   top: list[tuple[float, str, str, str]] = []
   for name in runs:
     k_mult = mult(name)
-    for line in comps.get(name, []):
-      im = _INSTR.match(line)
-      if not im or im.group(3) in _NO_BYTES:
+    calls = fused.get(name, {}).get("calls", {})
+    for v, (op, args, line) in fused.get(name, {}).get("defs", {}).items():
+      if op in _NO_BYTES:
         continue
-      op, out_b = im.group(3), sum(_arrays(im.group(2)))
-      args = re.findall(r"%([\w.\-]+)", im.group(4).split("), ")[0])
+      out_b = size[v]
       arg_b = [size.get(a, 0.0) for a in args]
       if op == "dynamic-slice":
         b = 2 * out_b
       elif op == "dynamic-update-slice":
         b = 2 * (arg_b[1] if len(arg_b) > 1 else out_b)
-      elif op == "fusion" and re.search(r"calls=%?([\w.\-]+)", line):
-        callee = re.search(r"calls=%?([\w.\-]+)", line).group(1)
+      elif op == "fusion" and v in calls:
+        callee = calls[v]
         params = fused.get(callee, {}).get("params", {})
         b = written(callee, fused.get(callee, {}).get("root"), out_b) + sum(
             read(callee, params[i], ab) if i in params else ab for i, ab in enumerate(arg_b))
@@ -388,7 +380,7 @@ def _hbm_bytes(comps: dict[str, list[str]], entry: str | None, mult) -> dict[str
       static += b
       total += b * k_mult
       meta = re.search(r'op_name="([^"]*)"', line)
-      top.append((b * k_mult, im.group(1), op, meta.group(1)[-120:] if meta else ""))
+      top.append((b * k_mult, v, op, meta.group(1)[-120:] if meta else ""))
   top.sort(reverse=True)
   by_op: dict[str, float] = {}  # the JAX primitive that made each instruction (its op_name's end)
   for b, _, o, m in top:
@@ -658,7 +650,7 @@ def compile_stage(c, stage: str, topology: str, slices: int = 1, *, preset: str 
   coll = analyze_hlo(text, per_slice if slices > 1 else None)
   # XLA's cost analysis counts a loop body once: with the layers scanned (and micro-batches
   # accumulated in a scan) it undercounts. The matmul FLOPs counted from the HLO with each loop's
-  # trip count correct it; the bytes accessed are scaled by the same factor.
+  # trip count correct the FLOPs.
   scale = coll["dot_flops"] / coll["dot_flops_static"] if coll["dot_flops_static"] else 1.0
   # The bytes: XLA's count scaled by the loops' trips weighted by where the bytes are (each
   # instruction's bytes with its own loops' trips, _hbm_bytes), not by where the matmul FLOPs
